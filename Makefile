@@ -1,0 +1,193 @@
+# beamd top-level build. Out of tree into $(BUILD); nothing is written elsewhere.
+#
+#   make                 build daemon, tools, tests (CUDA if nvcc is found)
+#   make CUDA=0          force a CPU-only build (gpu/stubs.c instead of gpu/*.cu)
+#   make check           unit tests (cmocka) + integration tests (pytest, loopback)
+#   make check-unit      unit tests only;  make check-gpu: GPU cross-checks only
+#   make SANITIZER=address|undefined check-unit
+#   make bench           benchmarks (figures, not pass/fail)
+#   make fuzz            run the protocol decoder fuzzer for FUZZ_SECONDS
+#   make deps            install the Debian packages everything here needs
+#   make install         binary, tools, unit and config under $(DESTDIR)$(PREFIX)
+
+# `make deps <targets>` installs packages before anything below asks
+# pkg-config for flags, so one command works on a fresh machine.
+ifneq ($(filter deps,$(MAKECMDGOALS)),)
+DEPS_OUT := $(shell tools/install-deps.sh >&2; echo $$?)
+ifneq ($(DEPS_OUT),0)
+$(error tools/install-deps.sh failed)
+endif
+endif
+
+SANITIZER ?=
+ifeq ($(SANITIZER),)
+BUILD     ?= build
+SANFLAGS  :=
+else ifeq ($(SANITIZER),address)
+BUILD     ?= build/san-address
+SANFLAGS  := -fsanitize=address -fno-omit-frame-pointer
+else ifeq ($(SANITIZER),undefined)
+BUILD     ?= build/san-undefined
+SANFLAGS  := -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+else ifeq ($(SANITIZER),address,undefined)
+BUILD     ?= build/san-asan-ubsan
+SANFLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+else
+$(error SANITIZER must be address, undefined or address,undefined (got "$(SANITIZER)"))
+endif
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(shell command -v nvcc 2>/dev/null || ls $(CUDA_HOME)/bin/nvcc 2>/dev/null)
+CUDA      ?= $(if $(NVCC),1,0)
+# The H200 is sm_90; sm_80 covers A100 nodes. No GPU here, so "native" cannot be used.
+CUDA_ARCH ?= 80 90
+PYTHON    ?= /usr/bin/python3
+PREFIX    ?= /usr/local
+FUZZ_SECONDS ?= 60
+
+ifeq ($(CUDA),1)
+ifeq ($(NVCC),)
+$(error CUDA=1 but no nvcc found (set NVCC= or CUDA_HOME=))
+endif
+endif
+
+PKGS      := libzmq libuv yaml-0.1 hdf5 fftw3 fftw3f jansson liblz4 libsystemd openblas
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lfftw3f_threads -lfftw3_threads -llapacke
+
+CC        ?= cc
+OPT       ?= -O2
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wstrict-prototypes \
+               -Werror=implicit-function-declaration -Wno-unused-parameter -pthread -fPIC -I. \
+               $(PKG_CFLAGS) $(SANFLAGS)
+CFLAGS_BASE += -DBEAM_CUDA=$(CUDA)
+LDLIBS_BASE := $(PKG_LIBS) -lm -pthread
+ifeq ($(CUDA),1)
+CUDA_LIBDIR := $(CUDA_HOME)/lib64
+LDLIBS_BASE += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcufft -lcublas -lcudart
+NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-Wno-unused-parameter -Werror all-warnings \
+             $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -I. $(PKG_CFLAGS)
+endif
+
+$(info beamd: CUDA=$(CUDA) nvcc=$(or $(NVCC),none) arch=$(if $(filter 1,$(CUDA)),$(CUDA_ARCH),-) san=$(or $(SANITIZER),none) build=$(BUILD))
+
+# ---- sources --------------------------------------------------------------
+LIB_SRC   := $(wildcard proto/*.c pipeline/*.c pipeline/kern/*.c)
+GPU_C     := $(filter-out gpu/stubs.c,$(wildcard gpu/*.c))
+ifeq ($(CUDA),1)
+GPU_CU    := $(wildcard gpu/*.cu)
+GPU_OBJ   := $(GPU_CU:%.cu=$(BUILD)/%.o) $(GPU_C:%.c=$(BUILD)/%.o)
+else
+GPU_OBJ   := $(BUILD)/gpu/stubs.o $(GPU_C:%.c=$(BUILD)/%.o)
+endif
+DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+TOOLS      := $(notdir $(patsubst %/,%,$(dir $(wildcard tools/*/main.c))))
+UNIT_SRC   := $(wildcard tests/unit/test_*.c)
+GPUT_SRC   := $(wildcard tests/gpu/test_*.c)
+TEST_COMMON := $(wildcard tests/common/*.c)
+BENCH_SRC  := $(wildcard bench/*.c)
+
+LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/%.o) $(GPU_OBJ)
+DAEMON_OBJ := $(DAEMON_SRC:%.c=$(BUILD)/%.o)
+LIBBEAM    := $(BUILD)/libbeam.a
+LIBBEAMD   := $(BUILD)/libbeamd.a
+UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+GPUT_BIN   := $(GPUT_SRC:tests/gpu/%.c=$(BUILD)/tests/%)
+TOOL_BIN   := $(TOOLS:%=$(BUILD)/%)
+BENCH_BIN  := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+TEST_COMMON_OBJ := $(TEST_COMMON:%.c=$(BUILD)/%.o)
+
+ALL_OBJ := $(LIB_OBJ) $(DAEMON_OBJ) $(BUILD)/daemon/main.o $(TEST_COMMON_OBJ) \
+           $(foreach t,$(TOOLS),$(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/$(t)/*.c))) \
+           $(UNIT_SRC:%.c=$(BUILD)/%.o) $(GPUT_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o)
+
+.PHONY: all check check-unit check-integration check-gpu bench fuzz deps demo install clean print-config
+all: $(BUILD)/beamd $(TOOL_BIN) $(UNIT_BIN) $(GPUT_BIN) $(BENCH_BIN)
+
+# Rebuild everything when flags change (Redis .make-settings idea).
+FLAGS_STAMP := $(BUILD)/.flags
+FLAGS_NOW   := $(CC) $(CFLAGS_BASE) $(LDLIBS_BASE) $(NVCCFLAGS) CUDA=$(CUDA)
+$(shell mkdir -p $(BUILD); [ -f $(FLAGS_STAMP) ] && [ "$$(cat $(FLAGS_STAMP))" = '$(FLAGS_NOW)' ] || echo '$(FLAGS_NOW)' > $(FLAGS_STAMP))
+
+$(BUILD)/%.o: %.c $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/gpu/%.o: gpu/%.cu $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+$(LIBBEAM): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(LIBBEAMD): $(DAEMON_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+LINK = $(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS_BASE)
+ifeq ($(CUDA),1)
+LINK += -lstdc++
+endif
+
+$(BUILD)/beamd: $(BUILD)/daemon/main.o $(LIBBEAMD) $(LIBBEAM)
+	$(LINK)
+
+.SECONDEXPANSION:
+$(TOOL_BIN): $(BUILD)/%: $$(patsubst %.c,$(BUILD)/%.o,$$(wildcard tools/$$*/*.c)) $(LIBBEAMD) $(LIBBEAM)
+	$(LINK)
+
+$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(TEST_COMMON_OBJ) $(LIBBEAMD) $(LIBBEAM)
+	$(LINK) -lcmocka
+
+$(GPUT_BIN): $(BUILD)/tests/%: $(BUILD)/tests/gpu/%.o $(TEST_COMMON_OBJ) $(LIBBEAMD) $(LIBBEAM)
+	$(LINK) -lcmocka
+
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIBBEAMD) $(LIBBEAM)
+	$(LINK)
+
+# ---- tests ------------------------------------------------------------------
+check: check-unit check-integration
+
+check-unit: $(UNIT_BIN) $(GPUT_BIN) $(BUILD)/beamd
+	@tests/run-unit.sh $(UNIT_BIN) $(GPUT_BIN)
+
+check-integration: all
+	BEAMD_BUILD=$(BUILD) $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+
+check-gpu: $(GPUT_BIN)
+	@BEAM_REQUIRE_GPU=1 tests/run-unit.sh $(GPUT_BIN)
+
+bench: all
+	BEAMD_BUILD=$(BUILD) bench/run.sh
+
+FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+fuzz:
+	@mkdir -p build/fuzz
+	@set -e; for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
+	  clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined $$f proto/*.c -o build/fuzz/$$n -llz4; \
+	  mkdir -p build/fuzz/corpus-$$n; \
+	  build/fuzz/$$n -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 build/fuzz/corpus-$$n tests/fuzz/seeds; \
+	done
+
+deps:
+	@true # done while reading this Makefile (see the top)
+
+demo: all
+	BEAMD_BUILD=$(BUILD) tools/demo.sh
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/etc/beamd $(DESTDIR)/lib/systemd/system
+	install -m 755 $(BUILD)/beamd $(TOOL_BIN) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 systemd/beamd.service $(DESTDIR)/lib/systemd/system/beamd.service
+	[ -f $(DESTDIR)/etc/beamd/beamd.yaml ] || install -m 644 etc/beamd.yaml $(DESTDIR)/etc/beamd/beamd.yaml
+
+print-config:
+	@echo "CC=$(CC)"; echo "CUDA=$(CUDA) NVCC=$(or $(NVCC),none) CUDA_ARCH=$(CUDA_ARCH)"
+	@echo "SANITIZER=$(or $(SANITIZER),none) BUILD=$(BUILD) PYTHON=$(PYTHON)"
+	@echo "TOOLS=$(TOOLS)"
+
+clean:
+	rm -rf build
+
+-include $(ALL_OBJ:.o=.d)

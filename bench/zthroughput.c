@@ -1,0 +1,470 @@
+/* zthroughput: the C sender and receiver of the throughput and latency
+ * benchmarks (bench/run.py drives it). Written in C so that neither end is
+ * the bottleneck it is supposed to measure.
+ *
+ *   zthroughput send --endpoint EP [--bind] --shape HxW [--seconds S |
+ *                    --frames N] [--rate FPS] [--series ID] [--bank K]
+ *       PUSH (lossless: blocks when the peer is full) SERIES_START, frames,
+ *       SERIES_END in the beamd wire format. Frames are uint16 raw payloads
+ *       taken round-robin from a bank encoded once at start, sent zero-copy,
+ *       so the per-frame cost is one 128-byte header. t_acq_ns is stamped
+ *       with CLOCK_REALTIME at send time, which is what latency is measured
+ *       from. --rate paces against absolute deadlines (no drift).
+ *   zthroughput recv --endpoint EP [--bind] [--topic T] [--series ID]
+ *                    [--latency] [--skip N] [--timeout S]
+ *       PULL; counts FRAME messages (raw path) or RESULT messages whose
+ *       topic is T (beamd path) until the SERIES_END of the series, and
+ *       reports the steady rate between the first and the last counted
+ *       message. --latency records now - t_acq_ns for each counted message
+ *       and reports exact percentiles.
+ *   zthroughput ctl --endpoint EP COMMAND
+ *       one REQ/REP exchange with beamd's control socket; prints the reply.
+ *
+ * Each mode prints one JSON object on stdout; diagnostics go to stderr.
+ * Not a general tool: it exists to produce repeatable figures. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <zmq.h>
+
+#include "proto/proto.h"
+
+#define MAX_PARTS (BEAM_MAX_PAYLOAD_PARTS + 3)
+#define LAT_MAX 4000000u /* latency samples kept (about 1 h at 1000 frames/s) */
+
+typedef struct opts_s {
+  const char *endpoint;
+  int bind;
+  uint32_t h, w;
+  double seconds;
+  uint64_t frames;
+  double rate;
+  uint64_t series;
+  unsigned bank;
+  const char *topic;
+  int latency;
+  uint64_t skip;
+  double timeout_s;
+  int hwm;
+} opts_t;
+
+static uint64_t now_ns(clockid_t c) {
+  struct timespec ts;
+  clock_gettime(c, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: zthroughput send --endpoint EP [--bind] --shape HxW [--seconds S | --frames N]\n"
+          "                        [--rate FPS] [--series ID] [--bank K] [--hwm N]\n"
+          "       zthroughput recv --endpoint EP [--bind] [--topic T] [--series ID] [--latency]\n"
+          "                        [--skip N] [--timeout S] [--hwm N]\n"
+          "       zthroughput ctl --endpoint EP COMMAND\n");
+}
+
+static int open_sock(void *ctx, int type, const opts_t *o, void **out) {
+  void *s = zmq_socket(ctx, type);
+  if (!s) {
+    fprintf(stderr, "zthroughput: zmq_socket: %s\n", zmq_strerror(errno));
+    return -1;
+  }
+  if (o->hwm > 0) {
+    zmq_setsockopt(s, ZMQ_SNDHWM, &o->hwm, sizeof o->hwm);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &o->hwm, sizeof o->hwm);
+  }
+  int rc = o->bind ? zmq_bind(s, o->endpoint) : zmq_connect(s, o->endpoint);
+  if (rc != 0) {
+    fprintf(stderr, "zthroughput: cannot %s %s: %s\n", o->bind ? "bind" : "connect to",
+            o->endpoint, zmq_strerror(errno));
+    zmq_close(s);
+    return -1;
+  }
+  *out = s;
+  return 0;
+}
+
+/* ---- send ------------------------------------------------------------------ */
+
+static void hdr_base(beam_hdr_t *h, const opts_t *o, uint16_t type) {
+  memset(h, 0, sizeof *h);
+  h->type = type;
+  h->series_id = o->series;
+  h->dtype = BEAM_DT_U16;
+  h->ndim = 2;
+  h->shape[0] = o->h;
+  h->shape[1] = o->w;
+  h->codec = BEAM_CODEC_RAW;
+}
+
+static int send_hdr_only(void *s, beam_hdr_t *h) {
+  uint8_t buf[BEAM_HDR_SIZE_V1];
+  h->nparts = 0;
+  h->payload_size = 0;
+  h->raw_size = 0;
+  h->t_send_ns = h->t_acq_ns = now_ns(CLOCK_REALTIME);
+  if (beam_hdr_encode(h, buf, sizeof buf) < 0)
+    return -1;
+  return zmq_send(s, buf, sizeof buf, 0) < 0 ? -1 : 0;
+}
+
+/* Pseudo-Poisson-looking counts from a fixed LCG: the content does not
+ * matter for raw transfer, but zero pages would flatter memory figures. */
+static void fill_frame(uint16_t *px, size_t n, uint32_t seed) {
+  uint32_t x = seed * 2654435761u + 1u;
+  for (size_t i = 0; i < n; i++) {
+    x = x * 1664525u + 1013904223u;
+    px[i] = (uint16_t)((x >> 24) & 0x3f);
+  }
+}
+
+static int do_send(const opts_t *o) {
+  if (!o->h || !o->w) {
+    fprintf(stderr, "zthroughput send: --shape HxW is required\n");
+    return 2;
+  }
+  const size_t npix = (size_t)o->h * o->w, bytes = npix * sizeof(uint16_t);
+  unsigned nbank = o->bank ? o->bank : 8;
+  uint16_t **bank = calloc(nbank, sizeof *bank);
+  if (!bank)
+    return 1;
+  for (unsigned i = 0; i < nbank; i++) {
+    bank[i] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!bank[i]) {
+      fprintf(stderr, "zthroughput send: cannot allocate a %zu-byte frame bank\n", bytes * nbank);
+      return 1;
+    }
+    fill_frame(bank[i], npix, i + 1);
+  }
+  void *ctx = zmq_ctx_new(), *s = NULL;
+  if (open_sock(ctx, ZMQ_PUSH, o, &s) < 0)
+    return 1;
+  /* A stuck peer must not hang the benchmark run forever. */
+  int tmo = (int)(o->timeout_s * 1000);
+  zmq_setsockopt(s, ZMQ_SNDTIMEO, &tmo, sizeof tmo);
+
+  int rc = 0;
+  uint64_t seq = 0, sent = 0, payload = 0;
+  beam_hdr_t h;
+  hdr_base(&h, o, BEAM_MSG_SERIES_START);
+  h.seq = seq++;
+  if (send_hdr_only(s, &h) < 0) {
+    fprintf(stderr, "zthroughput send: SERIES_START: %s\n", zmq_strerror(errno));
+    rc = 1;
+    goto out;
+  }
+  const uint64_t t0 = now_ns(CLOCK_MONOTONIC);
+  const uint64_t t_end = t0 + (uint64_t)(o->seconds * 1e9);
+  const double period = o->rate > 0 ? 1e9 / o->rate : 0;
+  uint8_t buf[BEAM_HDR_SIZE_V1];
+  for (uint64_t i = 0;; i++) {
+    if (o->frames ? i >= o->frames : now_ns(CLOCK_MONOTONIC) >= t_end)
+      break;
+    if (period > 0) {
+      uint64_t due = t0 + (uint64_t)(period * (double)i);
+      struct timespec ts = {(time_t)(due / 1000000000ull), (long)(due % 1000000000ull)};
+      while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+      }
+    }
+    hdr_base(&h, o, BEAM_MSG_FRAME);
+    h.frame_id = i;
+    h.seq = seq++;
+    h.nparts = 1;
+    h.raw_size = h.payload_size = bytes;
+    h.t_acq_ns = h.t_send_ns = now_ns(CLOCK_REALTIME);
+    beam_hdr_encode(&h, buf, sizeof buf);
+    zmq_msg_t m;
+    /* ffn NULL: the bank outlives the context, ZeroMQ may keep pointers. */
+    zmq_msg_init_data(&m, bank[i % nbank], bytes, NULL, NULL);
+    if (zmq_send(s, buf, sizeof buf, ZMQ_SNDMORE) < 0 || zmq_msg_send(&m, s, 0) < 0) {
+      fprintf(stderr, "zthroughput send: frame %" PRIu64 ": %s\n", i, zmq_strerror(errno));
+      zmq_msg_close(&m);
+      rc = 1;
+      goto out;
+    }
+    sent++;
+    payload += bytes;
+  }
+  const uint64_t t1 = now_ns(CLOCK_MONOTONIC);
+  hdr_base(&h, o, BEAM_MSG_SERIES_END);
+  h.seq = seq++;
+  h.frame_id = sent;
+  if (send_hdr_only(s, &h) < 0) {
+    fprintf(stderr, "zthroughput send: SERIES_END: %s\n", zmq_strerror(errno));
+    rc = 1;
+  }
+  double el = (double)(t1 - t0) * 1e-9;
+  printf("{\"mode\":\"send\",\"frames\":%" PRIu64 ",\"bytes\":%" PRIu64
+         ",\"elapsed_s\":%.6f,\"fps\":%.3f,\"gbps\":%.4f}\n",
+         sent, payload, el, el > 0 ? (double)sent / el : 0.0,
+         el > 0 ? (double)payload / el / 1e9 : 0.0);
+out:
+  if (s) {
+    /* Linger so the last frames and SERIES_END reach the peer. */
+    int linger = tmo;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_close(s);
+  }
+  zmq_ctx_term(ctx);
+  for (unsigned i = 0; i < nbank; i++)
+    free(bank[i]);
+  free(bank);
+  return rc;
+}
+
+/* ---- recv ------------------------------------------------------------------ */
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank percentile of a sorted array. */
+static double pct_us(const uint64_t *v, size_t n, double q) {
+  if (!n)
+    return 0;
+  size_t k = (size_t)(q * (double)n + 0.999999);
+  if (k < 1)
+    k = 1;
+  if (k > n)
+    k = n;
+  return (double)v[k - 1] / 1e3;
+}
+
+static int recv_parts(void *s, zmq_msg_t *parts, int *n) {
+  int more = 1;
+  *n = 0;
+  while (more) {
+    zmq_msg_t *p = &parts[*n < MAX_PARTS ? *n : MAX_PARTS - 1];
+    if (*n >= MAX_PARTS)
+      zmq_msg_close(p);
+    zmq_msg_init(p);
+    if (zmq_msg_recv(p, s, 0) < 0) {
+      zmq_msg_close(p);
+      for (int i = 0; i < *n && i < MAX_PARTS; i++)
+        zmq_msg_close(&parts[i]);
+      return -1;
+    }
+    more = zmq_msg_more(p);
+    (*n)++;
+  }
+  return 0;
+}
+
+static int do_recv(const opts_t *o) {
+  uint64_t *lat = NULL;
+  if (o->latency && !(lat = malloc(LAT_MAX * sizeof *lat))) {
+    fprintf(stderr, "zthroughput recv: out of memory\n");
+    return 1;
+  }
+  void *ctx = zmq_ctx_new(), *s = NULL;
+  if (open_sock(ctx, ZMQ_PULL, o, &s) < 0)
+    return 1;
+  int tmo = (int)(o->timeout_s * 1000);
+  zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+  const size_t tlen = o->topic ? strlen(o->topic) : 0;
+  uint64_t messages = 0, counted = 0, bytes = 0, malformed = 0, nlat = 0, skipped = 0;
+  uint64_t t_first = 0, t_last = 0, gaps = 0, last_fid = 0;
+  int ended = 0, timed_out = 0, have_fid = 0;
+  zmq_msg_t zp[MAX_PARTS];
+  while (!ended) {
+    int n;
+    if (recv_parts(s, zp, &n) < 0) {
+      if (errno == EAGAIN)
+        timed_out = 1;
+      else
+        fprintf(stderr, "zthroughput recv: %s\n", zmq_strerror(errno));
+      break;
+    }
+    uint64_t t_mono = now_ns(CLOCK_MONOTONIC), t_real = now_ns(CLOCK_REALTIME);
+    messages++;
+    beam_part_t parts[MAX_PARTS];
+    int np = n < MAX_PARTS ? n : MAX_PARTS;
+    for (int i = 0; i < np; i++) {
+      parts[i].data = zmq_msg_data(&zp[i]);
+      parts[i].size = zmq_msg_size(&zp[i]);
+    }
+    beam_msg_t m;
+    const char *why = NULL;
+    if (n > MAX_PARTS || beam_msg_parse(parts, (size_t)np, &beam_limits_default, &m, &why) < 0) {
+      malformed++;
+    } else if (o->series && m.hdr.series_id != o->series) {
+      /* another run's leftovers */
+    } else if (m.hdr.type == BEAM_MSG_SERIES_END) {
+      ended = 1;
+    } else {
+      int want = o->topic ? m.hdr.type == BEAM_MSG_RESULT && m.topic && m.topic_len == tlen &&
+                                !memcmp(m.topic, o->topic, tlen)
+                          : m.hdr.type == BEAM_MSG_FRAME;
+      if (want && skipped < o->skip) {
+        skipped++;
+      } else if (want) {
+        if (!counted)
+          t_first = t_mono;
+        t_last = t_mono;
+        counted++;
+        bytes += m.hdr.payload_size;
+        if (have_fid && m.hdr.frame_id != last_fid + 1)
+          gaps++;
+        have_fid = 1;
+        last_fid = m.hdr.frame_id;
+        if (lat && nlat < LAT_MAX && m.hdr.t_acq_ns)
+          lat[nlat++] = t_real > m.hdr.t_acq_ns ? t_real - m.hdr.t_acq_ns : 0;
+      }
+    }
+    for (int i = 0; i < np; i++)
+      zmq_msg_close(&zp[i]);
+  }
+  double el = counted > 1 ? (double)(t_last - t_first) * 1e-9 : 0;
+  /* n messages span n-1 inter-arrival gaps; bytes likewise. */
+  double fps = el > 0 ? (double)(counted - 1) / el : 0;
+  double gbps = el > 0 && counted ? (double)bytes / (double)counted * fps / 1e9 : 0;
+  printf("{\"mode\":\"recv\",\"messages\":%" PRIu64 ",\"counted\":%" PRIu64 ",\"bytes\":%" PRIu64
+         ",\"malformed\":%" PRIu64 ",\"frame_id_gaps\":%" PRIu64
+         ",\"elapsed_s\":%.6f,\"fps\":%.3f,\"gbps\":%.4f,\"series_end\":%s,\"timed_out\":%s",
+         messages, counted, bytes, malformed, gaps, el, fps, gbps, ended ? "true" : "false",
+         timed_out ? "true" : "false");
+  if (lat) {
+    qsort(lat, nlat, sizeof *lat, cmp_u64);
+    double sum = 0;
+    for (uint64_t i = 0; i < nlat; i++)
+      sum += (double)lat[i];
+    printf(",\"latency\":{\"count\":%" PRIu64 ",\"skipped\":%" PRIu64
+           ",\"min_us\":%.1f,\"mean_us\":%.1f,\"p50_us\":%.1f,\"p90_us\":%.1f,\"p99_us\":%.1f,"
+           "\"p999_us\":%.1f,\"max_us\":%.1f}",
+           nlat, skipped, pct_us(lat, nlat, 0), nlat ? sum / (double)nlat / 1e3 : 0.0,
+           pct_us(lat, nlat, 0.50), pct_us(lat, nlat, 0.90), pct_us(lat, nlat, 0.99),
+           pct_us(lat, nlat, 0.999), nlat ? (double)lat[nlat - 1] / 1e3 : 0.0);
+  }
+  printf("}\n");
+  free(lat);
+  zmq_close(s);
+  zmq_ctx_term(ctx);
+  return ended ? 0 : 3;
+}
+
+/* ---- ctl ------------------------------------------------------------------- */
+
+static int do_ctl(const opts_t *o, const char *cmd) {
+  void *ctx = zmq_ctx_new(), *s = NULL;
+  if (open_sock(ctx, ZMQ_REQ, o, &s) < 0)
+    return 1;
+  int tmo = (int)(o->timeout_s * 1000), zero = 0;
+  zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+  zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+  int rc = 1;
+  if (zmq_send(s, cmd, strlen(cmd), 0) >= 0) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, s, 0) >= 0) {
+      fwrite(zmq_msg_data(&m), 1, zmq_msg_size(&m), stdout);
+      fputc('\n', stdout);
+      rc = 0;
+    } else {
+      fprintf(stderr, "zthroughput ctl: no reply from %s: %s\n", o->endpoint, zmq_strerror(errno));
+    }
+    zmq_msg_close(&m);
+  }
+  zmq_close(s);
+  zmq_ctx_term(ctx);
+  return rc;
+}
+
+/* ---- main ------------------------------------------------------------------ */
+
+static int parse_u64(const char *s, uint64_t *v) {
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(s, &end, 10);
+  if (errno || end == s || *end || s[0] == '-')
+    return -1;
+  *v = x;
+  return 0;
+}
+
+static int parse_pos_double(const char *s, double *v) {
+  char *end;
+  double x = strtod(s, &end);
+  if (end == s || *end || !(x >= 0))
+    return -1;
+  *v = x;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const char *mode = argv[1];
+  opts_t o = {.seconds = 3, .series = 1, .timeout_s = 30};
+  static const struct option lo[] = {
+      {"endpoint", required_argument, 0, 'e'}, {"bind", no_argument, 0, 'b'},
+      {"shape", required_argument, 0, 's'},    {"seconds", required_argument, 0, 'S'},
+      {"frames", required_argument, 0, 'n'},   {"rate", required_argument, 0, 'r'},
+      {"series", required_argument, 0, 'i'},   {"bank", required_argument, 0, 'k'},
+      {"topic", required_argument, 0, 't'},    {"latency", no_argument, 0, 'L'},
+      {"skip", required_argument, 0, 'x'},     {"timeout", required_argument, 0, 'T'},
+      {"hwm", required_argument, 0, 'H'},      {0, 0, 0, 0}};
+  int c;
+  optind = 2;
+  while ((c = getopt_long(argc, argv, "e:bs:S:n:r:i:k:t:Lx:T:H:", lo, NULL)) != -1) {
+    uint64_t u;
+    int bad = 0;
+    switch (c) {
+    case 'e': o.endpoint = optarg; break;
+    case 'b': o.bind = 1; break;
+    case 's': {
+      unsigned hh, ww;
+      char tail;
+      if (sscanf(optarg, "%ux%u%c", &hh, &ww, &tail) != 2 || !hh || !ww || hh > 65536 || ww > 65536)
+        bad = 1;
+      o.h = hh, o.w = ww;
+      break;
+    }
+    case 'S': bad = parse_pos_double(optarg, &o.seconds); break;
+    case 'n': bad = parse_u64(optarg, &o.frames); break;
+    case 'r': bad = parse_pos_double(optarg, &o.rate); break;
+    case 'i': bad = parse_u64(optarg, &o.series) || !o.series; break;
+    case 'k': bad = parse_u64(optarg, &u) || !u || u > 4096; o.bank = (unsigned)u; break;
+    case 't': o.topic = optarg; break;
+    case 'L': o.latency = 1; break;
+    case 'x': bad = parse_u64(optarg, &o.skip); break;
+    case 'T': bad = parse_pos_double(optarg, &o.timeout_s) || o.timeout_s <= 0; break;
+    case 'H': bad = parse_u64(optarg, &u) || u > 1000000; o.hwm = (int)u; break;
+    default: usage(stderr); return 2;
+    }
+    if (bad) {
+      const char *name = "?";
+      for (const struct option *p = lo; p->name; p++)
+        if (p->val == c)
+          name = p->name;
+      fprintf(stderr, "zthroughput: bad value for --%s: \"%s\"\n", name, optarg);
+      return 2;
+    }
+  }
+  if (!o.endpoint) {
+    fprintf(stderr, "zthroughput: --endpoint is required\n");
+    return 2;
+  }
+  if (!strcmp(mode, "send"))
+    return do_send(&o);
+  if (!strcmp(mode, "recv"))
+    return do_recv(&o);
+  if (!strcmp(mode, "ctl")) {
+    if (optind != argc - 1) {
+      fprintf(stderr, "zthroughput ctl: exactly one COMMAND expected\n");
+      return 2;
+    }
+    return do_ctl(&o, argv[optind]);
+  }
+  fprintf(stderr, "zthroughput: unknown mode \"%s\" (send, recv, ctl)\n", mode);
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,204 @@
+/* The daemon object and its parts, as the loop thread sees them.
+ *
+ * One libuv loop thread owns every ZeroMQ socket, timer and signal (ZeroMQ
+ * sockets are not thread-safe). Stage workers reach the loop only through
+ * the result queue (beamd_rq_*) and uv_async_send. This header is internal
+ * to daemon/; tools use proto/ and the control protocol instead. */
+#ifndef BEAMD_H
+#define BEAMD_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "daemon/config.h"
+#include "daemon/log.h"
+#include "pipeline/graph.h"
+#include "pipeline/hist.h"
+
+#define BEAMD_VERSION "0.1.0"
+#define BEAMD_MAX_DRAINING 8
+
+typedef struct beamd_s beamd_t;
+
+/* A ZeroMQ socket watched by the loop. ZMQ_FD is edge-triggered: callers
+ * drain until EAGAIN on every wake-up. */
+typedef struct beamd_zsock_s {
+  void *sock;
+  uv_poll_t poll;
+  int polling;
+  int open;
+  int unwatched; /* uv_poll handle closed (the socket may still be open) */
+  beamd_t *d;
+  void (*on_event)(struct beamd_zsock_s *zs);
+} beamd_zsock_t;
+
+/* Options set before bind/connect (0 = ZeroMQ default). */
+typedef struct beamd_zopts_s {
+  int rcvhwm, sndhwm;
+  int immediate; /* PUSH: queue only to completed connections */
+} beamd_zopts_t;
+
+int beamd_zsock_open(beamd_t *d, beamd_zsock_t *zs, int type, const char *endpoint, int bind,
+                     const beamd_zopts_t *o, void (*on_event)(beamd_zsock_t *), char *err,
+                     size_t errlen);
+/* Stops watching (closes the uv_poll handle) but keeps the socket. */
+void beamd_zsock_unwatch(beamd_zsock_t *zs);
+void beamd_zsock_close(beamd_zsock_t *zs, int linger_ms);
+int beamd_zsock_events(beamd_zsock_t *zs); /* ZMQ_EVENTS: ZMQ_POLLIN | ZMQ_POLLOUT */
+
+/* ---- input -------------------------------------------------------------- */
+typedef struct beamd_ingest_s {
+  beamd_zsock_t zs;
+  uv_idle_t more;     /* keeps reading after a bounded batch */
+  int more_on;
+  int paused;         /* lossless mode: waiting for room */
+  int stopped;        /* draining: no more reads */
+  int drain_read;     /* draining, lossless: read what ZeroMQ already holds */
+  void *scratch;      /* bitshuffle scratch, pool.frame_bytes */
+  size_t scratch_len;
+  int have_seq;
+  uint64_t last_seq;
+  uint64_t open_series; /* 0 = none */
+  beam_series_t *series; /* current series (for shape checks), one ref */
+  /* counters (loop thread writes, others read) */
+  atomic_uint_fast64_t messages, frames, bytes, malformed, gaps, lost, dropped_busy,
+      unknown_series, shape_mismatch, too_large, unexpected, series_started, series_aborted,
+      seq_resets, corrupt;
+  uint64_t paused_ns, paused_since;
+  beam_ratelimit_t rl;
+} beamd_ingest_t;
+
+int beamd_ingest_open(beamd_t *d, char *err, size_t errlen);
+void beamd_ingest_resume(beamd_t *d); /* room appeared */
+void beamd_ingest_stop(beamd_t *d);   /* draining */
+void beamd_ingest_close(beamd_t *d);
+
+/* ---- output ------------------------------------------------------------- */
+typedef struct beamd_pending_s {
+  beam_frame_t *frame; /* NULL for a non-frame message in parts[] */
+  int kind;
+} beamd_pending_t;
+
+typedef struct beamd_out_s {
+  beamd_zsock_t zs;
+  const char *name; /* "publish" or "push" */
+  int lossless;
+  uint64_t seq;
+  /* PUSH: messages waiting for a peer, in order (each holds a frame ref). */
+  struct beamd_msgq_s *pending;
+  atomic_uint_fast64_t messages, bytes, dropped, results;
+  uint64_t blocked_ns, blocked_since;
+} beamd_out_t;
+
+/* Descriptor attachment bookkeeping: first result of each output pool (one
+ * per stage output per series), then at most once a second. */
+#define BEAMD_DESC_SLOTS 128
+typedef struct beamd_desc_seen_s {
+  const void *pool;
+  uint64_t series_id;
+  uint64_t last_ns;
+} beamd_desc_seen_t;
+
+int beamd_publish_open(beamd_t *d, char *err, size_t errlen);
+void beamd_publish_result(beamd_t *d, beam_frame_t *f); /* takes the ref */
+void beamd_publish_series(beamd_t *d, const beam_series_t *s, int type, int aborted);
+void beamd_publish_stats(beamd_t *d, const char *json);
+void beamd_publish_flush(beamd_t *d); /* retry PUSH backlog */
+int beamd_publish_backlog(beamd_t *d);
+void beamd_publish_unwatch(beamd_t *d);
+void beamd_publish_close(beamd_t *d, int linger_ms);
+
+/* ---- result queue (workers -> loop) --------------------------------------- */
+typedef struct beamd_rq_item_s {
+  int kind; /* RQ_RESULT, RQ_SERIES_DONE */
+  beam_frame_t *frame;
+  beam_series_t *series;
+  int aborted;
+} beamd_rq_item_t;
+
+typedef struct beamd_rq_s {
+  pthread_mutex_t mu;
+  beamd_rq_item_t *buf;
+  size_t cap, head, count;
+} beamd_rq_t;
+
+/* ---- control and metrics -------------------------------------------------- */
+typedef struct beamd_metrics_s {
+  uv_tcp_t server;
+  int open;
+  char *text; /* rendered at each heartbeat */
+  size_t len;
+  atomic_uint_fast64_t requests;
+} beamd_metrics_t;
+
+int beamd_control_open(beamd_t *d, char *err, size_t errlen);
+void beamd_control_close(beamd_t *d);
+int beamd_metrics_open(beamd_t *d, char *err, size_t errlen);
+void beamd_metrics_render(beamd_t *d);
+void beamd_metrics_close(beamd_t *d);
+
+/* JSON snapshot of every counter (malloc'd string). */
+char *beamd_stats_json(beamd_t *d, int pretty);
+char *beamd_status_json(beamd_t *d);
+
+/* ---- the daemon ---------------------------------------------------------- */
+enum { BEAMD_STARTING, BEAMD_RUNNING, BEAMD_DRAINING, BEAMD_STOPPED };
+
+struct beamd_s {
+  uv_loop_t loop;
+  void *zctx;
+  int state;
+  int exit_code;
+  beam_config_t *cfg;
+  const char *cfg_path; /* NULL: built-in default */
+  beam_graph_t *graph;
+  beam_graph_t *next_graph;     /* built by a reload, swapped at a series boundary */
+  beam_config_t *next_cfg;
+  beam_graph_t *draining[BEAMD_MAX_DRAINING];
+  size_t ndraining;
+  atomic_int graph_finished;    /* a worker set said it finished */
+
+  beamd_ingest_t in;
+  beamd_out_t pub, push;
+  beamd_desc_seen_t desc_seen[BEAMD_DESC_SLOTS];
+  beamd_zsock_t ctl;
+  beamd_metrics_t met;
+
+  beamd_rq_t rq;
+  uv_async_t wake;
+  atomic_int room_flag;
+  uv_signal_t sig_term, sig_int, sig_hup;
+  uv_timer_t heartbeat, watchdog, drain_timer;
+  uv_check_t check;
+
+  beam_hist_t e2e; /* input received -> result sent */
+  uint64_t started_ns;
+  uint64_t drain_started_ns;
+  uint64_t reloads, reload_failures;
+  char last_reload_error[1024];
+  beam_ratelimit_t stage_rl;
+  /* rates, computed at each heartbeat */
+  uint64_t last_hb_ns, last_frames, last_results, last_bytes;
+  double rate_fps, rate_rps, rate_mbps;
+};
+
+/* Lifecycle (daemon.c). */
+int beamd_init(beamd_t *d, beam_config_t *cfg, const char *cfg_path, char *err, size_t errlen);
+int beamd_run(beamd_t *d);
+void beamd_fini(beamd_t *d);
+/* Reload from cfg_path: returns 0 and schedules the swap, or < 0 with every
+ * error in errs (the old graph keeps running). */
+int beamd_reload(beamd_t *d, beam_cfg_errs_t *errs, char *err, size_t errlen);
+void beamd_drain(beamd_t *d, const char *why);
+/* Lossless drain: the input socket returned EAGAIN (or the grace ran out). */
+void beamd_input_drained(beamd_t *d);
+/* Ingest -> graph, swapping in a reloaded graph at series boundaries. */
+beam_graph_t *beamd_graph_for_start(beamd_t *d);
+void beamd_wake(beamd_t *d);
+
+extern const beam_graph_hooks_t beamd_graph_hooks_template;
+
+#endif

@@ -1,0 +1,79 @@
+/* The daemon's configuration: YAML file (or the built-in default) ->
+ * validated tree -> typed struct. All errors are collected as
+ * "file:line:col: error: message" before anything is refused.
+ *
+ * Sections: input, output, pool, control, metrics, log, heartbeat, stages.
+ * etc/beamd.yaml documents every key; tests keep it in step with the schema
+ * tables exported here. */
+#ifndef BEAM_CONFIG_H
+#define BEAM_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pipeline/cfg.h"
+#include "pipeline/graph.h"
+
+typedef enum beam_input_mode_e {
+  BEAM_IN_LIVE = 0,   /* SUB to a PUB: lossy, gaps counted */
+  BEAM_IN_PULL = 1,   /* PULL from a PUSH: lossless, backpressure */
+  BEAM_IN_REPLAY = 2, /* REQ to a replay server (beamd-replay): lossless, credit based */
+} beam_input_mode_t;
+
+#define BEAM_ENDPOINT_MAX 256
+
+typedef struct beam_config_s {
+  beam_cnode_t *root; /* validated tree (defaults filled in), owned */
+  char *path;         /* file name, or "<built-in>" */
+
+  struct {
+    beam_input_mode_t mode;
+    char endpoint[BEAM_ENDPOINT_MAX];
+    int bind;       /* bind instead of connect */
+    int hwm;        /* ZMQ_RCVHWM (messages) */
+    unsigned credit; /* replay: frames asked per request */
+  } input;
+  struct {
+    char publish[BEAM_ENDPOINT_MAX]; /* "" = no PUB */
+    char push[BEAM_ENDPOINT_MAX];    /* "" = no PUSH */
+    int hwm;                         /* ZMQ_SNDHWM of the PUB */
+    int push_hwm;
+    int publish_frames_meta;         /* republish SERIES_START/END */
+  } output;
+  struct {
+    unsigned frames;     /* input slots */
+    uint64_t frame_bytes; /* bytes per slot (largest decoded frame) */
+    int pinned;          /* 1 when CUDA is used (auto) */
+  } pool;
+  struct {
+    char endpoint[BEAM_ENDPOINT_MAX]; /* "" = no control socket */
+  } control;
+  struct {
+    char listen[128]; /* "127.0.0.1:9464", "" = off */
+  } metrics;
+  struct {
+    int level;           /* syslog level 0..7 */
+    double rate_limit;   /* per-frame messages per second, per kind */
+  } log;
+  double heartbeat_s;    /* stats publish, STATUS=, metrics refresh */
+
+  size_t nstages;
+  beam_stage_spec_t *stages; /* point into root */
+} beam_config_t;
+
+extern const beam_param_t beam_config_params[]; /* top-level schema */
+
+/* Load and validate. On error returns BEAM_ECONFIG, *out NULL, and errs
+ * holds every message. */
+int beam_config_load_file(const char *path, beam_config_t **out, beam_cfg_errs_t *errs);
+int beam_config_load_string(const char *text, size_t len, const char *name,
+                            beam_config_t **out, beam_cfg_errs_t *errs);
+/* The built-in default, used when beamd runs without -c. */
+const char *beam_config_default_yaml(void);
+void beam_config_free(beam_config_t **c);
+
+/* Parses YAML text into a node tree (no schema), errors with positions. */
+beam_cnode_t *beam_yaml_parse(const char *text, size_t len, const char *name,
+                              beam_cfg_errs_t *errs);
+
+#endif

@@ -1,0 +1,116 @@
+/* beamd: the processing daemon's entry point. Parses arguments, loads and
+ * validates the configuration (or the built-in default), starts the daemon
+ * and runs its loop until a drain completes. Never daemonises itself: under
+ * systemd it is Type=notify. */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "daemon/beamd.h"
+#include "gpu/gpu.h"
+#include "pipeline/array.h"
+
+void beam_h5array_register(void);
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: beamd [-c FILE] [options]\n"
+          "  -c, --config FILE          configuration (default: the built-in default config)\n"
+          "      --check-config FILE    validate FILE, print it normalised, exit 0 (valid) or 1\n"
+          "      --print-default-config print the built-in default configuration and exit\n"
+          "  -l, --log-level LEVEL      override log.level (err, warning, notice, info, debug)\n"
+          "  -V, --version              print version and build features\n"
+          "  -h, --help                 this help\n"
+          "Signals: SIGTERM/SIGINT drain and exit, SIGHUP reloads the config file.\n"
+          "Control: beamd-ctl status|stats|reload|stop (control.endpoint).\n");
+}
+
+static int print_errors(const beam_cfg_errs_t *errs) {
+  for (size_t i = 0; i < errs->n; i++)
+    fprintf(stderr, "%s\n", errs->msgs[i]);
+  fprintf(stderr, "%zu error%s\n", errs->n, errs->n == 1 ? "" : "s");
+  return 1;
+}
+
+static int check_config(const char *path) {
+  beam_cfg_errs_t errs = {0};
+  beam_config_t *cfg = NULL;
+  int rc = beam_config_load_file(path, &cfg, &errs);
+  if (rc < 0) {
+    print_errors(&errs);
+    beam_cfg_errs_free(&errs);
+    return 1;
+  }
+  char *dump = beam_cfg_dump(cfg->root);
+  printf("%s", dump ? dump : "");
+  free(dump);
+  fprintf(stderr, "%s: configuration is valid (%zu stages)\n", path, cfg->nstages);
+  beam_config_free(&cfg);
+  beam_cfg_errs_free(&errs);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"config", required_argument, 0, 'c'},       {"check-config", required_argument, 0, 'k'},
+      {"print-default-config", no_argument, 0, 'p'}, {"log-level", required_argument, 0, 'l'},
+      {"version", no_argument, 0, 'V'},            {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
+  const char *cfg_path = NULL, *level = NULL;
+  int c;
+  beam_log_init("beamd");
+  beam_h5array_register();
+  while ((c = getopt_long(argc, argv, "c:l:Vh", opts, NULL)) != -1) {
+    switch (c) {
+    case 'c': cfg_path = optarg; break;
+    case 'k': return check_config(optarg);
+    case 'p': fputs(beam_config_default_yaml(), stdout); return 0;
+    case 'l': level = optarg; break;
+    case 'V': {
+      char gpu[256];
+      beam_gpu_describe(gpu, sizeof gpu);
+      printf("beamd %s (protocol v%d.%d, CUDA %s, gpu: %s)\n", BEAMD_VERSION, BEAM_PROTO_MAJOR,
+             BEAM_PROTO_MINOR, beam_gpu_built() ? "built" : "not built", gpu);
+      return 0;
+    }
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "beamd: unexpected argument \"%s\"\n", argv[optind]);
+    usage(stderr);
+    return 2;
+  }
+  beam_cfg_errs_t errs = {0};
+  beam_config_t *cfg = NULL;
+  int rc = cfg_path ? beam_config_load_file(cfg_path, &cfg, &errs)
+                    : beam_config_load_string(beam_config_default_yaml(),
+                                              strlen(beam_config_default_yaml()), "<built-in>", &cfg, &errs);
+  if (rc < 0) {
+    print_errors(&errs);
+    beam_cfg_errs_free(&errs);
+    fprintf(stderr, "beamd: configuration refused, not starting\n");
+    return 1;
+  }
+  beam_cfg_errs_free(&errs);
+  if (level) {
+    int lv = beam_log_level_from_name(level);
+    if (lv < 0) {
+      fprintf(stderr, "beamd: unknown log level \"%s\"\n", level);
+      beam_config_free(&cfg);
+      return 2;
+    }
+    cfg->log.level = lv;
+  }
+  static beamd_t d;
+  char err[1024] = "";
+  if (beamd_init(&d, cfg, cfg_path, err, sizeof err) < 0) {
+    BEAM_LOG(LOG_ERR, "start-up failed: %s", err);
+    beamd_fini(&d);
+    return 1;
+  }
+  rc = beamd_run(&d);
+  beamd_fini(&d);
+  return rc;
+}

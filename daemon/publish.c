@@ -1,0 +1,327 @@
+/* The output side: a PUB for viewers (lossy: ZeroMQ drops for a slow
+ * subscriber, the pipeline never waits) and an optional PUSH for lossless
+ * consumers (a recorder, the next daemon). Messages that the PUSH cannot
+ * take yet wait in order in a backlog; each holds its frame, so a stuck
+ * consumer fills the stage pools and backpressure reaches the input.
+ *
+ * Result pixels are sent zero-copy: the ZeroMQ message points into the
+ * frame slot and its free callback (which may run on a ZeroMQ I/O thread)
+ * drops the frame reference. */
+#include <errno.h>
+#include <string.h>
+
+#include <zmq.h>
+
+#include "daemon/beamd.h"
+
+typedef struct omsg_s {
+  char topic[BEAM_TOPIC_MAX + 1];
+  uint8_t hdr[BEAM_HDR_SIZE_V1];
+  beam_frame_t *frame; /* payload; in the backlog one ref is held */
+  char *meta;          /* borrowed when sent at once; an owned copy in the backlog */
+  size_t meta_len;
+} omsg_t;
+
+typedef struct beamd_msgq_s {
+  omsg_t *buf;
+  size_t cap, head, count;
+} msgq_t;
+
+static void frame_free(void *data, void *hint) {
+  (void)data;
+  beam_frame_unref(hint);
+}
+
+static void omsg_release(omsg_t *m) {
+  if (m->frame)
+    beam_frame_unref(m->frame);
+  free(m->meta);
+  m->frame = NULL;
+  m->meta = NULL;
+}
+
+/* 0 sent (frame ref consumed by ZeroMQ), 1 would block (nothing sent, m
+ * untouched), < 0 error (nothing sent). */
+static int omsg_send(void *sock, omsg_t *m) {
+  int more = ZMQ_SNDMORE;
+  int last_hdr = !m->frame && !m->meta;
+  if (zmq_send(sock, m->topic, strlen(m->topic), ZMQ_DONTWAIT | more) < 0)
+    return errno == EAGAIN ? 1 : -1;
+  /* After the first part the rest of a multipart message cannot block. */
+  zmq_send(sock, m->hdr, sizeof m->hdr, last_hdr ? 0 : ZMQ_SNDMORE);
+  if (m->frame) {
+    zmq_msg_t zm;
+    beam_frame_ref(m->frame, 1);
+    zmq_msg_init_data(&zm, m->frame->data, m->frame->nbytes, frame_free, m->frame);
+    zmq_msg_send(&zm, sock, m->meta ? ZMQ_SNDMORE : 0);
+  }
+  if (m->meta)
+    zmq_send(sock, m->meta, m->meta_len, 0);
+  return 0;
+}
+
+static int msgq_push(msgq_t *q, const omsg_t *m) {
+  if (q->count == q->cap) {
+    size_t ncap = q->cap ? q->cap * 2 : 64;
+    omsg_t *nb = malloc(ncap * sizeof *nb);
+    if (!nb)
+      return BEAM_ENOMEM;
+    for (size_t i = 0; i < q->count; i++)
+      nb[i] = q->buf[(q->head + i) % q->cap];
+    free(q->buf);
+    q->buf = nb;
+    q->cap = ncap;
+    q->head = 0;
+  }
+  q->buf[(q->head + q->count) % q->cap] = *m;
+  q->count++;
+  return 0;
+}
+
+static void on_push_event(beamd_zsock_t *zs) { beamd_publish_flush(zs->d); }
+static void on_pub_event(beamd_zsock_t *zs) { (void)zs; }
+
+int beamd_publish_open(beamd_t *d, char *err, size_t errlen) {
+  const beam_config_t *c = d->cfg;
+  char zerr[512];
+  d->pub.name = "publish";
+  d->push.name = "push";
+  d->push.lossless = 1;
+  if (c->output.publish[0]) {
+    beamd_zopts_t o = {.sndhwm = c->output.hwm};
+    if (beamd_zsock_open(d, &d->pub.zs, ZMQ_PUB, c->output.publish, 1, &o, on_pub_event, zerr,
+                         sizeof zerr) < 0) {
+      snprintf(err, errlen, "output.publish: %s", zerr);
+      return BEAM_EIO;
+    }
+  }
+  if (c->output.push[0]) {
+    beamd_zopts_t o = {.sndhwm = c->output.push_hwm, .immediate = 1};
+    if (beamd_zsock_open(d, &d->push.zs, ZMQ_PUSH, c->output.push, 1, &o, on_push_event, zerr,
+                         sizeof zerr) < 0) {
+      snprintf(err, errlen, "output.push: %s", zerr);
+      return BEAM_EIO;
+    }
+    d->push.pending = calloc(1, sizeof(msgq_t));
+    if (!d->push.pending) {
+      snprintf(err, errlen, "output.push: out of memory");
+      return BEAM_ENOMEM;
+    }
+  }
+  return 0;
+}
+
+static void out_send(beamd_t *d, beamd_out_t *o, omsg_t *m) {
+  /* Each endpoint numbers its own messages so receivers can count gaps. */
+  uint64_t seq = o->seq++;
+  for (int i = 0; i < 8; i++) /* header offset 32: seq, little-endian */
+    m->hdr[32 + i] = (uint8_t)(seq >> (8 * i));
+  size_t bytes = sizeof m->hdr + (m->frame ? m->frame->nbytes : 0) + m->meta_len;
+  if (!o->lossless) {
+    if (omsg_send(o->zs.sock, m) == 0) {
+      atomic_fetch_add(&o->messages, 1);
+      atomic_fetch_add(&o->bytes, bytes);
+    } else {
+      atomic_fetch_add(&o->dropped, 1);
+    }
+    return;
+  }
+  msgq_t *q = o->pending;
+  if (q->count == 0) {
+    int rc = omsg_send(o->zs.sock, m);
+    if (rc == 0) {
+      atomic_fetch_add(&o->messages, 1);
+      atomic_fetch_add(&o->bytes, bytes);
+      return;
+    }
+    if (rc < 0) {
+      atomic_fetch_add(&o->dropped, 1);
+      return;
+    }
+    o->blocked_since = beam_now_ns();
+  }
+  /* Keep it (with its own references) until the consumer takes it. */
+  omsg_t keep = *m;
+  if (keep.frame)
+    beam_frame_ref(keep.frame, 1);
+  if (keep.meta) {
+    keep.meta = malloc(m->meta_len);
+    if (keep.meta)
+      memcpy(keep.meta, m->meta, m->meta_len);
+  }
+  if ((m->meta && !keep.meta) || msgq_push(q, &keep) < 0) {
+    omsg_release(&keep);
+    atomic_fetch_add(&o->dropped, 1);
+    BEAM_LOG(LOG_ERR, "output.push: out of memory, a message was dropped");
+  }
+}
+
+void beamd_publish_flush(beamd_t *d) {
+  beamd_out_t *o = &d->push;
+  msgq_t *q = o->pending;
+  if (!o->zs.open || !q)
+    return;
+  while (q->count) {
+    omsg_t *m = &q->buf[q->head];
+    if (omsg_send(o->zs.sock, m) != 0)
+      return;
+    atomic_fetch_add(&o->messages, 1);
+    atomic_fetch_add(&o->bytes, sizeof m->hdr + (m->frame ? m->frame->nbytes : 0) + m->meta_len);
+    omsg_release(m);
+    q->head = (q->head + 1) % q->cap;
+    q->count--;
+  }
+  if (o->blocked_since) {
+    o->blocked_ns += beam_now_ns() - o->blocked_since;
+    o->blocked_since = 0;
+  }
+}
+
+int beamd_publish_backlog(beamd_t *d) {
+  msgq_t *q = d->push.pending;
+  return q ? (int)q->count : 0;
+}
+
+static void send_all(beamd_t *d, omsg_t *m) {
+  if (d->pub.zs.open)
+    out_send(d, &d->pub, m);
+  if (d->push.zs.open)
+    out_send(d, &d->push, m);
+}
+
+static int want_desc(beamd_t *d, const beam_frame_t *f, uint64_t now) {
+  beamd_desc_seen_t *slot = NULL, *oldest = &d->desc_seen[0];
+  for (int i = 0; i < BEAMD_DESC_SLOTS; i++) {
+    beamd_desc_seen_t *s = &d->desc_seen[i];
+    if (s->pool == f->pool && s->series_id == f->series_id) {
+      slot = s;
+      break;
+    }
+    if (s->last_ns < oldest->last_ns)
+      oldest = s;
+  }
+  if (slot && now - slot->last_ns < 1000000000ull && !(f->flags & BEAM_FLAG_FINAL))
+    return 0;
+  if (!slot) {
+    slot = oldest;
+    slot->pool = f->pool;
+    slot->series_id = f->series_id;
+  }
+  slot->last_ns = now;
+  return 1;
+}
+
+void beamd_publish_result(beamd_t *d, beam_frame_t *f) {
+  uint64_t now = beam_now_ns();
+  const char *desc = beam_pool_desc(f->pool);
+  omsg_t m = {0};
+  snprintf(m.topic, sizeof m.topic, "%s", beam_pool_topic(f->pool));
+  int with_desc = desc && want_desc(d, f, now);
+  beam_hdr_t h = {0};
+  h.type = BEAM_MSG_RESULT;
+  h.flags = (f->flags & ~(uint32_t)BEAM_FLAG_META) | (with_desc ? BEAM_FLAG_META : 0u);
+  h.series_id = f->series_id;
+  h.frame_id = f->frame_id;
+  h.t_acq_ns = f->t_acq_ns;
+  h.t_send_ns = beam_realtime_ns();
+  h.dtype = (uint8_t)f->dtype;
+  h.ndim = (uint8_t)f->ndim;
+  memcpy(h.shape, f->shape, sizeof h.shape);
+  h.codec = BEAM_CODEC_RAW;
+  h.nparts = 1;
+  h.raw_size = f->nbytes;
+  h.payload_size = f->nbytes;
+  memcpy(h.pos, f->pos, sizeof h.pos);
+  if (with_desc) {
+    m.meta = (char *)desc;
+    m.meta_len = strlen(desc);
+    h.meta_size = (uint32_t)m.meta_len;
+  }
+  beam_hdr_encode(&h, m.hdr, sizeof m.hdr);
+  /* m.meta borrows the pool's descriptor: out_send copies what it keeps. */
+  m.frame = f;
+  send_all(d, &m);
+  atomic_fetch_add(&d->pub.results, 1);
+  if (f->t_recv_ns)
+    beam_hist_add(&d->e2e, now - f->t_recv_ns);
+  beam_frame_unref(f);
+}
+
+void beamd_publish_series(beamd_t *d, const beam_series_t *s, int type, int aborted) {
+  omsg_t m = {0};
+  snprintf(m.topic, sizeof m.topic, "beamd.series");
+  beam_hdr_t h = {0};
+  h.type = (uint16_t)type;
+  h.series_id = s->series_id;
+  h.t_send_ns = beam_realtime_ns();
+  h.dtype = (uint8_t)s->dtype;
+  h.ndim = (uint8_t)s->ndim;
+  memcpy(h.shape, s->shape, sizeof h.shape);
+  h.raw_size = 0;
+  h.flags = aborted ? BEAM_FLAG_ABORTED : 0;
+  if (type == BEAM_MSG_SERIES_START) {
+    /* raw_size describes the series' frames; no payload part follows. */
+    uint64_t n = beam_dtype_size(s->dtype);
+    for (uint32_t i = 0; i < s->ndim; i++)
+      n *= s->shape[i];
+    h.raw_size = n;
+  }
+  if (type == BEAM_MSG_SERIES_START && s->meta_json) {
+    m.meta = s->meta_json;
+    m.meta_len = s->meta_len;
+    h.flags |= BEAM_FLAG_META;
+    h.meta_size = (uint32_t)s->meta_len;
+  }
+  beam_hdr_encode(&h, m.hdr, sizeof m.hdr);
+  send_all(d, &m);
+}
+
+void beamd_publish_stats(beamd_t *d, const char *json) {
+  /* PROTOCOL.md: a RESULT whose payload is the JSON as 1-D uint8, no
+   * metadata part. For viewers only: the lossless PUSH carries results. */
+  if (!d->pub.zs.open)
+    return;
+  size_t len = strlen(json);
+  beam_hdr_t h = {0};
+  h.type = BEAM_MSG_RESULT;
+  h.t_send_ns = beam_realtime_ns();
+  h.seq = d->pub.seq++;
+  h.dtype = BEAM_DT_U8;
+  h.ndim = 1;
+  h.shape[0] = (uint32_t)len;
+  h.codec = BEAM_CODEC_RAW;
+  h.nparts = 1;
+  h.raw_size = h.payload_size = len;
+  uint8_t hdr[BEAM_HDR_SIZE_V1];
+  beam_hdr_encode(&h, hdr, sizeof hdr);
+  void *s = d->pub.zs.sock;
+  if (zmq_send(s, "beamd.stats", 11, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0) {
+    atomic_fetch_add(&d->pub.dropped, 1);
+    return;
+  }
+  zmq_send(s, hdr, sizeof hdr, ZMQ_SNDMORE);
+  zmq_send(s, json, len, 0);
+  atomic_fetch_add(&d->pub.messages, 1);
+  atomic_fetch_add(&d->pub.bytes, sizeof hdr + len);
+}
+
+void beamd_publish_unwatch(beamd_t *d) {
+  beamd_zsock_unwatch(&d->pub.zs);
+  beamd_zsock_unwatch(&d->push.zs);
+}
+
+void beamd_publish_close(beamd_t *d, int linger_ms) {
+  msgq_t *q = d->push.pending;
+  if (q) {
+    while (q->count) {
+      omsg_release(&q->buf[q->head]);
+      q->head = (q->head + 1) % q->cap;
+      q->count--;
+    }
+    free(q->buf);
+    free(q);
+    d->push.pending = NULL;
+  }
+  beamd_zsock_close(&d->pub.zs, linger_ms);
+  beamd_zsock_close(&d->push.zs, linger_ms);
+}

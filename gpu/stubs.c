@@ -1,0 +1,57 @@
+/* The CUDA side of a CPU-only build (CUDA=0): the same symbols as the .cu files
+ * so everything links, with no device, ordinary aligned host memory, and
+ * CUDA stage backends whose init fails with BEAM_ENOTSUP and says why.
+ * `backend: auto` then falls back to cpu; `backend: cuda` is a start-up
+ * error. Compiled only when CUDA=0. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "gpu/gpu.h"
+
+#define NO_CUDA "built without CUDA"
+
+int beam_gpu_built(void) { return 0; }
+
+int beam_gpu_count(char *why, size_t why_len) {
+  if (why && why_len)
+    snprintf(why, why_len, NO_CUDA);
+  return 0;
+}
+
+void beam_gpu_describe(char *buf, size_t len) { snprintf(buf, len, "none: " NO_CUDA); }
+
+void *beam_host_alloc(size_t bytes, int pinned) {
+  (void)pinned; /* nothing to pin for: there is no device */
+  size_t rounded = ((bytes ? bytes : 1) + 63) & ~(size_t)63;
+  return aligned_alloc(64, rounded);
+}
+
+void beam_host_free(void *p, int pinned) {
+  (void)pinned;
+  free(p);
+}
+
+#define STUB_OPS(kind)                                                                      \
+  static int kind##_init(beam_stage_t *self, beam_diag_t *d) {                              \
+    return BEAM_DIAG(d, BEAM_ENOTSUP,                                                       \
+                     #kind ": backend cuda is not available: beamd was " NO_CUDA            \
+                     " (rebuild with CUDA=1, or use backend: cpu or auto)");                \
+  }                                                                                         \
+  static int kind##_start(beam_stage_t *self, const beam_series_t *s, const beam_indesc_t *in, \
+                          beam_diag_t *d) {                                                 \
+    return BEAM_DIAG(d, BEAM_ENOTSUP, #kind ": " NO_CUDA);                                  \
+  }                                                                                         \
+  static int kind##_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *e) {   \
+    return BEAM_DIAG(&self->diag, BEAM_ENOTSUP, #kind ": " NO_CUDA);                        \
+  }                                                                                         \
+  static int kind##_end(beam_stage_t *self, beam_emit_t *e) {                               \
+    return BEAM_DIAG(&self->diag, BEAM_ENOTSUP, #kind ": " NO_CUDA);                        \
+  }                                                                                         \
+  static void kind##_destroy(beam_stage_t *self) {}                                         \
+  const beam_stage_ops_t beam_##kind##_cuda_ops = {                                         \
+      #kind, "cuda", kind##_init, kind##_start, kind##_process, kind##_end, kind##_destroy};
+
+STUB_OPS(correct)
+STUB_OPS(roi_sum)
+STUB_OPS(bin)
+STUB_OPS(preview)

@@ -1,0 +1,288 @@
+/* Frame pools, frame references and series records (see frame.h).
+ *
+ * A pool is a free list under one mutex: at 10^5 frames/s the lock is held
+ * for a few instructions per frame, far below the cost of the frame itself,
+ * and a condition variable gives stages a blocking get for backpressure. */
+#include "pipeline/frame.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "gpu/gpu.h"
+
+struct beam_pool_s {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  unsigned nslots, nfree;
+  size_t slot_bytes;
+  int pinned;
+  int closed;   /* owner released it */
+  int waking;   /* beam_pool_wake: gets return NULL */
+  beam_frame_t *frames;
+  beam_frame_t **free_list;
+  void *mem;
+  void (*release_cb)(void *);
+  void *release_ctx;
+  char topic[BEAM_TOPIC_MAX + 1];
+  char *desc_json;
+};
+
+static void pool_free(beam_pool_t *p) {
+  pthread_mutex_destroy(&p->mu);
+  pthread_cond_destroy(&p->cv);
+  beam_host_free(p->mem, p->pinned);
+  free(p->frames);
+  free(p->free_list);
+  free(p->desc_json);
+  free(p);
+}
+
+beam_pool_t *beam_pool_new(unsigned nslots, size_t slot_bytes, int pinned, beam_diag_t *d) {
+  if (nslots == 0) {
+    BEAM_DIAG(d, BEAM_EINVAL, "pool: zero slots");
+    return NULL;
+  }
+  /* Round slots to 64 bytes so every frame is aligned for SIMD loads. */
+  size_t stride = (slot_bytes + 63) & ~(size_t)63;
+  if (stride == 0)
+    stride = 64;
+  if (stride > SIZE_MAX / nslots) {
+    BEAM_DIAG(d, BEAM_ENOMEM, "pool: %u x %zu bytes overflows", nslots, slot_bytes);
+    return NULL;
+  }
+  beam_pool_t *p = calloc(1, sizeof *p);
+  if (!p) {
+    BEAM_DIAG(d, BEAM_ENOMEM, "pool: out of memory");
+    return NULL;
+  }
+  p->frames = calloc(nslots, sizeof *p->frames);
+  p->free_list = calloc(nslots, sizeof *p->free_list);
+  p->mem = beam_host_alloc(stride * nslots, pinned);
+  if (!p->frames || !p->free_list || !p->mem) {
+    BEAM_DIAG(d, BEAM_ENOMEM, "pool: cannot allocate %u frames of %zu bytes (%.1f MiB%s)", nslots,
+              slot_bytes, (double)stride * nslots / 1048576.0, pinned ? ", pinned" : "");
+    beam_host_free(p->mem, pinned);
+    free(p->frames);
+    free(p->free_list);
+    free(p);
+    return NULL;
+  }
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  p->nslots = p->nfree = nslots;
+  p->slot_bytes = slot_bytes;
+  p->pinned = pinned;
+  for (unsigned i = 0; i < nslots; i++) {
+    beam_frame_t *f = &p->frames[i];
+    f->data = (char *)p->mem + (size_t)i * stride;
+    f->cap = slot_bytes;
+    f->pool = p;
+    atomic_init(&f->refs, 0);
+    p->free_list[i] = f;
+  }
+  return p;
+}
+
+void beam_pool_close(beam_pool_t **pp) {
+  if (!pp || !*pp)
+    return;
+  beam_pool_t *p = *pp;
+  *pp = NULL;
+  pthread_mutex_lock(&p->mu);
+  p->closed = 1;
+  int all_back = p->nfree == p->nslots;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  if (all_back)
+    pool_free(p);
+}
+
+static beam_frame_t *take_locked(beam_pool_t *p) {
+  beam_frame_t *f = p->free_list[--p->nfree];
+  atomic_store(&f->refs, 1);
+  f->flags = 0;
+  f->nbytes = 0;
+  f->ndim = 0;
+  memset(f->shape, 0, sizeof f->shape);
+  memset(f->pos, 0, sizeof f->pos);
+  return f;
+}
+
+beam_frame_t *beam_pool_try_get(beam_pool_t *p) {
+  beam_frame_t *f = NULL;
+  pthread_mutex_lock(&p->mu);
+  if (!p->closed && p->nfree > 0)
+    f = take_locked(p);
+  pthread_mutex_unlock(&p->mu);
+  return f;
+}
+
+beam_frame_t *beam_pool_get(beam_pool_t *p, int timeout_ms) {
+  struct timespec dl;
+  if (timeout_ms >= 0) {
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+      dl.tv_sec++;
+      dl.tv_nsec -= 1000000000L;
+    }
+  }
+  beam_frame_t *f = NULL;
+  pthread_mutex_lock(&p->mu);
+  while (!p->closed && !p->waking && p->nfree == 0) {
+    if (timeout_ms < 0)
+      pthread_cond_wait(&p->cv, &p->mu);
+    else if (pthread_cond_timedwait(&p->cv, &p->mu, &dl) != 0)
+      break;
+  }
+  if (!p->closed && !p->waking && p->nfree > 0)
+    f = take_locked(p);
+  pthread_mutex_unlock(&p->mu);
+  return f;
+}
+
+void beam_pool_wake(beam_pool_t *p) {
+  pthread_mutex_lock(&p->mu);
+  p->waking = 1;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+unsigned beam_pool_free_count(beam_pool_t *p) {
+  pthread_mutex_lock(&p->mu);
+  unsigned n = p->nfree;
+  pthread_mutex_unlock(&p->mu);
+  return n;
+}
+
+unsigned beam_pool_size(const beam_pool_t *p) { return p->nslots; }
+size_t beam_pool_slot_bytes(const beam_pool_t *p) { return p->slot_bytes; }
+
+void beam_pool_on_release(beam_pool_t *p, void (*cb)(void *ctx), void *ctx) {
+  pthread_mutex_lock(&p->mu);
+  p->release_cb = cb;
+  p->release_ctx = ctx;
+  pthread_mutex_unlock(&p->mu);
+}
+
+void beam_pool_set_label(beam_pool_t *p, const char *topic, const char *desc_json) {
+  snprintf(p->topic, sizeof p->topic, "%s", topic ? topic : "");
+  free(p->desc_json);
+  p->desc_json = desc_json ? strdup(desc_json) : NULL;
+}
+const char *beam_pool_topic(const beam_pool_t *p) { return p->topic; }
+const char *beam_pool_desc(const beam_pool_t *p) { return p->desc_json; }
+
+void beam_frame_ref(beam_frame_t *f, int n) { atomic_fetch_add(&f->refs, n); }
+
+void beam_frame_unref(beam_frame_t *f) {
+  if (!f)
+    return;
+  int prev = atomic_fetch_sub(&f->refs, 1);
+  BEAM_ASSERT(prev > 0);
+  if (prev != 1)
+    return;
+  beam_pool_t *p = f->pool;
+  pthread_mutex_lock(&p->mu);
+  p->free_list[p->nfree++] = f;
+  int done = p->closed && p->nfree == p->nslots;
+  void (*cb)(void *) = p->release_cb;
+  void *ctx = p->release_ctx;
+  pthread_cond_signal(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  if (done)
+    pool_free(p);
+  else if (cb)
+    cb(ctx);
+}
+
+void beam_frame_copy_ident(beam_frame_t *dst, const beam_frame_t *src) {
+  dst->series_id = src->series_id;
+  dst->frame_id = src->frame_id;
+  dst->seq = src->seq;
+  dst->t_acq_ns = src->t_acq_ns;
+  dst->t_recv_ns = src->t_recv_ns;
+  dst->flags = src->flags;
+  memcpy(dst->pos, src->pos, sizeof dst->pos);
+}
+
+size_t beam_frame_elems(const beam_frame_t *f) {
+  size_t n = f->ndim ? 1 : 0;
+  for (uint32_t i = 0; i < f->ndim; i++)
+    n *= f->shape[i];
+  return n;
+}
+
+static double meta_num(json_t *root, const char *key) {
+  json_t *v = json_object_get(root, key);
+  return json_is_number(v) ? json_number_value(v) : 0.0;
+}
+
+beam_series_t *beam_series_new(uint64_t series_id, beam_dtype_t dtype, uint32_t ndim,
+                               const uint32_t *shape, const char *meta, size_t meta_len) {
+  beam_series_t *s = calloc(1, sizeof *s);
+  if (!s)
+    return NULL;
+  s->series_id = series_id;
+  s->dtype = dtype;
+  s->ndim = ndim > BEAM_MAX_NDIM ? BEAM_MAX_NDIM : ndim;
+  for (uint32_t i = 0; i < s->ndim; i++)
+    s->shape[i] = shape[i];
+  atomic_init(&s->refs, 1);
+  if (meta && meta_len) {
+    s->meta_json = malloc(meta_len + 1);
+    if (!s->meta_json) {
+      free(s);
+      return NULL;
+    }
+    memcpy(s->meta_json, meta, meta_len);
+    s->meta_json[meta_len] = 0;
+    s->meta_len = meta_len;
+    /* Metadata that is not valid JSON is kept verbatim but gives no values:
+     * the frames themselves never depend on it. */
+    json_t *root = json_loadb(meta, meta_len, 0, NULL);
+    if (json_is_object(root)) {
+      s->frame_time_s = meta_num(root, "frame_time");
+      s->energy_ev = meta_num(root, "energy");
+      s->distance_m = meta_num(root, "distance");
+      s->pixel_size_m = meta_num(root, "pixel_size");
+      double nf = meta_num(root, "nframes");
+      s->nframes = nf > 0 ? (uint64_t)nf : 0;
+    }
+    json_decref(root);
+  }
+  return s;
+}
+
+beam_series_t *beam_series_ref(beam_series_t *s) {
+  if (s)
+    atomic_fetch_add(&s->refs, 1);
+  return s;
+}
+
+void beam_series_unref(beam_series_t **sp) {
+  if (!sp || !*sp)
+    return;
+  beam_series_t *s = *sp;
+  *sp = NULL;
+  if (atomic_fetch_sub(&s->refs, 1) == 1) {
+    free(s->meta_json);
+    free(s);
+  }
+}
+
+uint64_t beam_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t beam_realtime_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}

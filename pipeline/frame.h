@@ -1,0 +1,99 @@
+/* Frames, series and the fixed pools that hold them.
+ *
+ * A beam_frame_t is a preallocated slot of a beam_pool_t: pixel bytes plus
+ * the identity the wire header carried. Slots are reference counted so one
+ * frame can feed several stages and the publisher without a copy; the last
+ * unref returns the slot to its pool. Nothing here allocates on the
+ * per-frame path: pools are sized when created (at start-up for the input
+ * pool, at series start for stage outputs).
+ *
+ * A pool is itself reference counted by its outstanding frames, so an owner
+ * may close it while frames are still in flight (in the publisher, say); the
+ * memory goes when the last frame comes back. */
+#ifndef BEAM_FRAME_H
+#define BEAM_FRAME_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pipeline/err.h"
+#include "proto/proto.h"
+
+typedef struct beam_pool_s beam_pool_t;
+
+typedef struct beam_frame_s {
+  uint64_t series_id, frame_id, seq;
+  uint64_t t_acq_ns;  /* from the wire header (realtime ns, 0 = unknown) */
+  uint64_t t_recv_ns; /* monotonic ns when beamd received the input frame */
+  uint32_t flags;     /* BEAM_FLAG_* */
+  beam_dtype_t dtype;
+  uint32_t ndim;
+  uint32_t shape[BEAM_MAX_NDIM];
+  double pos[3];
+  size_t nbytes; /* valid bytes in data */
+  void *data;    /* slot storage, 64-byte aligned */
+  size_t cap;    /* slot capacity in bytes */
+  beam_pool_t *pool;
+  atomic_int refs;
+} beam_frame_t;
+
+/* Metadata of a series, immutable once created and shared by reference. */
+typedef struct beam_series_s {
+  uint64_t series_id;
+  beam_dtype_t dtype;
+  uint32_t ndim;
+  uint32_t shape[BEAM_MAX_NDIM];
+  double frame_time_s;   /* 0 = unknown */
+  double energy_ev;      /* 0 = unknown */
+  double distance_m;     /* 0 = unknown */
+  double pixel_size_m;   /* 0 = unknown */
+  uint64_t nframes;      /* announced frame count, 0 = unknown */
+  char *meta_json;       /* the SERIES_START metadata part, NUL-terminated, or NULL */
+  size_t meta_len;
+  atomic_int refs;
+} beam_series_t;
+
+/* Copies meta (may be NULL) and parses the common keys from it
+ * (frame_time, energy, distance, pixel_size, nframes; see PROTOCOL.md). */
+beam_series_t *beam_series_new(uint64_t series_id, beam_dtype_t dtype, uint32_t ndim,
+                               const uint32_t *shape, const char *meta, size_t meta_len);
+beam_series_t *beam_series_ref(beam_series_t *s);
+void beam_series_unref(beam_series_t **s); /* NULLs the caller's pointer */
+
+size_t beam_frame_elems(const beam_frame_t *f);
+
+/* Pool of nslots frames of slot_bytes each. pinned asks for page-locked
+ * memory through gpu/ (falls back to ordinary memory without CUDA). */
+beam_pool_t *beam_pool_new(unsigned nslots, size_t slot_bytes, int pinned, beam_diag_t *d);
+/* Owner's release: no more gets; freed when the last frame comes back. */
+void beam_pool_close(beam_pool_t **p);
+/* A free slot with refs = 1, or NULL when none is free. */
+beam_frame_t *beam_pool_try_get(beam_pool_t *p);
+/* Waits up to timeout_ms (< 0: forever) for a slot; NULL on timeout or when
+ * the pool is being shut down (beam_pool_wake). */
+beam_frame_t *beam_pool_get(beam_pool_t *p, int timeout_ms);
+/* Wakes every waiter of beam_pool_get, which then returns NULL. */
+void beam_pool_wake(beam_pool_t *p);
+unsigned beam_pool_free_count(beam_pool_t *p);
+unsigned beam_pool_size(const beam_pool_t *p);
+size_t beam_pool_slot_bytes(const beam_pool_t *p);
+/* Called from whichever thread returns a slot (keep it short and
+ * thread-safe: uv_async_send is the intended use). */
+void beam_pool_on_release(beam_pool_t *p, void (*cb)(void *ctx), void *ctx);
+
+/* Opaque per-pool annotations used for stage outputs (topic and JSON
+ * descriptor live with the pool so they outlive the stage that made them). */
+void beam_pool_set_label(beam_pool_t *p, const char *topic, const char *desc_json);
+const char *beam_pool_topic(const beam_pool_t *p);
+const char *beam_pool_desc(const beam_pool_t *p);
+
+void beam_frame_ref(beam_frame_t *f, int n);
+void beam_frame_unref(beam_frame_t *f);
+/* Copies identity (ids, times, flags, pos) from src, not pixels or shape. */
+void beam_frame_copy_ident(beam_frame_t *dst, const beam_frame_t *src);
+
+uint64_t beam_now_ns(void);      /* CLOCK_MONOTONIC */
+uint64_t beam_realtime_ns(void); /* CLOCK_REALTIME */
+
+#endif

@@ -1,0 +1,750 @@
+/* The stage graph at run time: one worker thread per stage, a bounded queue
+ * in front of each, per-series output pools, and the hooks back to the
+ * daemon (see graph.h for the threading contract).
+ *
+ * Items on a queue are START, FRAME, END and QUIT. Every stage receives
+ * them from exactly one producer (ingest or its upstream stage) and handles
+ * them in order, which is what makes each stage's output ordered and lets
+ * END/QUIT double as barriers. Frames wait for queue space (backpressure:
+ * nothing inside the graph is ever dropped); control items have a small
+ * reserve on top so a series can always be closed. */
+#include "pipeline/graph.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <syslog.h>
+
+#include <jansson.h>
+
+#include "gpu/gpu.h"
+#include "pipeline/emit_int.h"
+
+enum { IT_START, IT_FRAME, IT_END, IT_QUIT };
+#define CTRL_RESERVE 16u
+#define MAX_CONSUMERS 32
+#define DEFAULT_OUT_SLOTS 8u
+
+/* Shared by the END items of one series: the last stage to finish it
+ * reports the series done. */
+typedef struct end_tracker_s {
+  atomic_int remaining;
+  beam_series_t *series;
+  int aborted;
+} end_tracker_t;
+
+typedef struct item_s {
+  int kind;
+  beam_frame_t *frame;     /* FRAME */
+  beam_series_t *series;   /* START (one ref) */
+  beam_indesc_t in;        /* START: what the frames look like; dtype NONE = upstream rejected */
+  end_tracker_t *tracker;  /* END */
+} item_t;
+
+typedef struct queue_s {
+  pthread_mutex_t mu;
+  pthread_cond_t not_empty, not_full;
+  item_t *buf;
+  unsigned cap;   /* frames */
+  unsigned size;  /* cap + CTRL_RESERVE */
+  unsigned head, count;
+} queue_t;
+
+typedef struct node_s node_t;
+typedef struct out_s {
+  beam_pool_t *pool;
+  node_t *cons[MAX_CONSUMERS];
+  unsigned ncons;
+} out_t;
+
+/* A downstream stage and which of our outputs it reads (by name, resolved
+ * at every series start because outputs are declared then). */
+typedef struct cons_spec_s {
+  node_t *node;
+  char out[BEAM_NAME_MAX]; /* "" = output 0 */
+  int resolved;            /* index into outs, -1 when this series has no such output */
+} cons_spec_t;
+
+struct node_s {
+  beam_stage_t stage;
+  cons_spec_t cons[MAX_CONSUMERS];
+  unsigned ncons;
+  const beam_stage_kind_t *kind;
+  const char *backend;
+  beam_graph_t *g;
+  queue_t q;
+  pthread_t thread;
+  int started, inited;
+  int publish;
+  out_t outs[BEAM_STAGE_MAX_OUTS];
+  beam_series_t *series; /* current series when start succeeded */
+  int series_ok;
+  const beam_frame_t *cur;
+  atomic_uint_fast64_t frames_in, frames_out, results, rejected, errors, nseries, busy_ns;
+  beam_hist_t lat;
+};
+
+struct beam_graph_s {
+  node_t *nodes;
+  size_t n;
+  node_t *roots[MAX_CONSUMERS]; /* fed by "frames" */
+  unsigned nroots;
+  beam_pool_t *input;
+  beam_graph_hooks_t hooks;
+  beam_series_t *open; /* ingest's open series */
+  atomic_int inflight;  /* frames + control items not yet fully handled */
+  atomic_int running;   /* workers alive */
+  atomic_int want_room;
+  int shutting_down;
+};
+
+/* ---- queues ------------------------------------------------------------ */
+
+static int queue_init(queue_t *q, unsigned cap) {
+  q->cap = cap;
+  q->size = cap + CTRL_RESERVE;
+  q->buf = calloc(q->size, sizeof *q->buf);
+  if (!q->buf)
+    return BEAM_ENOMEM;
+  pthread_mutex_init(&q->mu, NULL);
+  pthread_cond_init(&q->not_empty, NULL);
+  pthread_cond_init(&q->not_full, NULL);
+  return 0;
+}
+
+static void queue_free(queue_t *q) {
+  if (!q->buf)
+    return;
+  free(q->buf);
+  q->buf = NULL;
+  pthread_mutex_destroy(&q->mu);
+  pthread_cond_destroy(&q->not_empty);
+  pthread_cond_destroy(&q->not_full);
+}
+
+static void queue_push(queue_t *q, const item_t *it) {
+  unsigned limit = it->kind == IT_FRAME ? q->cap : q->size;
+  pthread_mutex_lock(&q->mu);
+  while (q->count >= limit)
+    pthread_cond_wait(&q->not_full, &q->mu);
+  q->buf[(q->head + q->count) % q->size] = *it;
+  q->count++;
+  pthread_cond_signal(&q->not_empty);
+  pthread_mutex_unlock(&q->mu);
+}
+
+static void queue_pop(queue_t *q, item_t *it) {
+  pthread_mutex_lock(&q->mu);
+  while (q->count == 0)
+    pthread_cond_wait(&q->not_empty, &q->mu);
+  *it = q->buf[q->head];
+  q->head = (q->head + 1) % q->size;
+  q->count--;
+  pthread_cond_broadcast(&q->not_full);
+  pthread_mutex_unlock(&q->mu);
+}
+
+static unsigned queue_depth(queue_t *q) {
+  pthread_mutex_lock(&q->mu);
+  unsigned n = q->count;
+  pthread_mutex_unlock(&q->mu);
+  return n;
+}
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static void room_maybe(beam_graph_t *g) {
+  if (atomic_exchange(&g->want_room, 0) && g->hooks.on_room)
+    g->hooks.on_room(g->hooks.ctx);
+}
+
+static void input_released(void *ctx) { room_maybe(ctx); }
+
+static void report(node_t *nd, uint64_t sid, uint64_t fid, const char *msg) {
+  beam_graph_t *g = nd->g;
+  if (g->hooks.on_error)
+    g->hooks.on_error(g->hooks.ctx, nd->stage.name, sid, fid, msg);
+}
+
+static size_t out_bytes(const beam_outdesc_t *o) {
+  size_t n = beam_dtype_size(o->dtype);
+  for (uint32_t i = 0; i < o->ndim; i++)
+    n *= o->shape[i];
+  return n;
+}
+
+static char *describe_out(const node_t *nd, const beam_outdesc_t *o, uint64_t series_id) {
+  json_t *d = json_object();
+  json_object_set_new(d, "stage", json_string(nd->stage.name));
+  json_object_set_new(d, "kind", json_string(nd->kind->kind));
+  json_object_set_new(d, "output", json_string(o->name));
+  json_object_set_new(d, "dtype", json_string(beam_dtype_name(o->dtype)));
+  json_t *shape = json_array(), *axes = json_array();
+  for (uint32_t i = 0; i < o->ndim; i++) {
+    json_array_append_new(shape, json_integer(o->shape[i]));
+    json_array_append_new(axes, json_string(o->axes[i] ? o->axes[i] : ""));
+  }
+  json_object_set_new(d, "shape", shape);
+  json_object_set_new(d, "axes", axes);
+  json_object_set_new(d, "units", json_string(o->units ? o->units : ""));
+  json_object_set_new(d, "per_frame", json_boolean(o->per_frame));
+  json_object_set_new(d, "series_id", json_integer((json_int_t)series_id));
+  if (o->labels_json) {
+    json_t *l = json_loads(o->labels_json, 0, NULL);
+    if (l)
+      json_object_set_new(d, "labels", l);
+  }
+  char *s = json_dumps(d, JSON_COMPACT);
+  json_decref(d);
+  return s;
+}
+
+/* ---- emit --------------------------------------------------------------- */
+
+typedef struct emit_ctx_s {
+  node_t *nd;
+  const beam_frame_t *in;
+} emit_ctx_t;
+
+static beam_frame_t *emit_get(void *ctx, unsigned out) {
+  emit_ctx_t *ec = ctx;
+  node_t *nd = ec->nd;
+  if (out >= nd->stage.nouts || !nd->outs[out].pool)
+    return NULL;
+  beam_frame_t *f = beam_pool_get(nd->outs[out].pool, -1);
+  if (!f)
+    return NULL;
+  const beam_outdesc_t *o = &nd->stage.outs[out];
+  if (ec->in) {
+    beam_frame_copy_ident(f, ec->in);
+    f->flags &= ~(uint32_t)BEAM_FLAG_META;
+  } else if (nd->series) {
+    f->series_id = nd->series->series_id;
+    f->t_recv_ns = beam_now_ns();
+  }
+  f->dtype = o->dtype;
+  f->ndim = o->ndim;
+  memcpy(f->shape, o->shape, sizeof f->shape);
+  f->nbytes = out_bytes(o);
+  return f;
+}
+
+static void emit_put(void *ctx, beam_frame_t *f) {
+  emit_ctx_t *ec = ctx;
+  node_t *nd = ec->nd;
+  beam_graph_t *g = nd->g;
+  out_t *o = NULL;
+  for (unsigned i = 0; i < nd->stage.nouts && !o; i++)
+    if (nd->outs[i].pool == f->pool)
+      o = &nd->outs[i];
+  BEAM_ASSERT(o); /* put of a frame that beam_emit_get did not hand out */
+  /* Recompute nbytes from the (possibly reduced) shape the stage set. */
+  size_t nb = beam_dtype_size(f->dtype);
+  for (uint32_t i = 0; i < f->ndim; i++)
+    nb *= f->shape[i];
+  BEAM_ASSERT(nb <= f->cap);
+  f->nbytes = nb;
+  unsigned consumers = o->ncons + (nd->publish ? 1u : 0u);
+  atomic_fetch_add(&nd->results, 1);
+  if (consumers == 0) {
+    beam_frame_unref(f);
+    return;
+  }
+  if (consumers > 1)
+    beam_frame_ref(f, (int)consumers - 1);
+  for (unsigned i = 0; i < o->ncons; i++) {
+    item_t it = {.kind = IT_FRAME, .frame = f};
+    atomic_fetch_add(&g->inflight, 1);
+    queue_push(&o->cons[i]->q, &it);
+  }
+  if (nd->publish)
+    g->hooks.on_result(g->hooks.ctx, f);
+}
+
+static void emit_drop(void *ctx, beam_frame_t *f) {
+  (void)ctx;
+  beam_frame_unref(f);
+}
+
+/* ---- worker ------------------------------------------------------------- */
+
+static void forward(node_t *nd, const item_t *it) {
+  for (unsigned c = 0; c < nd->ncons; c++) {
+    item_t copy = *it;
+    if (it->kind == IT_START) {
+      beam_series_ref(copy.series);
+      int o = nd->cons[c].resolved;
+      if (nd->series_ok && o >= 0) {
+        const beam_outdesc_t *od = &nd->stage.outs[o];
+        copy.in.dtype = od->dtype;
+        copy.in.ndim = od->ndim;
+        memcpy(copy.in.shape, od->shape, sizeof copy.in.shape);
+      } else {
+        memset(&copy.in, 0, sizeof copy.in); /* upstream rejected the series */
+      }
+    }
+    atomic_fetch_add(&nd->g->inflight, 1);
+    queue_push(&nd->cons[c].node->q, &copy);
+  }
+}
+
+/* Maps each consumer's output name onto this series' declared outputs. */
+static void resolve_consumers(node_t *nd) {
+  for (unsigned o = 0; o < BEAM_STAGE_MAX_OUTS; o++)
+    nd->outs[o].ncons = 0;
+  for (unsigned c = 0; c < nd->ncons; c++) {
+    cons_spec_t *cs = &nd->cons[c];
+    cs->resolved = -1;
+    for (unsigned o = 0; o < nd->stage.nouts; o++)
+      if (cs->out[0] ? strcmp(cs->out, nd->stage.outs[o].name) == 0 : o == 0) {
+        cs->resolved = (int)o;
+        break;
+      }
+    if (cs->resolved < 0) {
+      char msg[256];
+      snprintf(msg, sizeof msg, "stage \"%s\" has no output \"%s\" for this series; \"%s\" skips it",
+               nd->stage.name, cs->out[0] ? cs->out : "0", cs->node->stage.name);
+      report(nd, nd->series ? nd->series->series_id : 0, 0, msg);
+      continue;
+    }
+    out_t *out = &nd->outs[cs->resolved];
+    out->cons[out->ncons++] = cs->node;
+  }
+}
+
+static void close_out_pools(node_t *nd) {
+  for (unsigned o = 0; o < BEAM_STAGE_MAX_OUTS; o++)
+    beam_pool_close(&nd->outs[o].pool);
+}
+
+static void on_start(node_t *nd, item_t *it) {
+  beam_stage_t *st = &nd->stage;
+  close_out_pools(nd);
+  beam_series_unref(&nd->series);
+  nd->series_ok = 0;
+  st->nouts = 0;
+  memset(st->outs, 0, sizeof st->outs);
+  atomic_fetch_add(&nd->nseries, 1);
+  if (it->in.dtype == BEAM_DT_NONE) {
+    report(nd, it->series->series_id, 0, "series skipped: the upstream stage rejected it");
+    return;
+  }
+  beam_diag_t d = {0};
+  int rc = st->ops->start(st, it->series, &it->in, &d);
+  if (rc < 0) {
+    char msg[1200];
+    snprintf(msg, sizeof msg, "series rejected: %s", d.msg[0] ? d.msg : beam_strerror(rc));
+    report(nd, it->series->series_id, 0, msg);
+    return;
+  }
+  for (unsigned o = 0; o < st->nouts; o++) {
+    const beam_outdesc_t *od = &st->outs[o];
+    beam_diag_t pd = {0};
+    size_t bytes = out_bytes(od);
+    nd->outs[o].pool = beam_pool_new(od->slots ? od->slots : DEFAULT_OUT_SLOTS, bytes ? bytes : 1, 0, &pd);
+    if (!nd->outs[o].pool) {
+      report(nd, it->series->series_id, 0, pd.msg);
+      close_out_pools(nd);
+      return;
+    }
+    char topic[BEAM_TOPIC_MAX + 1];
+    snprintf(topic, sizeof topic, "%s.%s", st->name, od->name);
+    char *desc = describe_out(nd, od, it->series->series_id);
+    beam_pool_set_label(nd->outs[o].pool, topic, desc);
+    free(desc);
+  }
+  nd->series = beam_series_ref(it->series);
+  nd->series_ok = 1;
+  resolve_consumers(nd);
+}
+
+static void on_frame(node_t *nd, beam_frame_t *f) {
+  atomic_fetch_add(&nd->frames_in, 1);
+  if (!nd->series_ok || f->series_id != nd->series->series_id) {
+    atomic_fetch_add(&nd->rejected, 1);
+    return;
+  }
+  emit_ctx_t ec = {nd, f};
+  beam_emit_t e = {&ec, emit_get, emit_put, emit_drop};
+  beam_diag_clear(&nd->stage.diag);
+  uint64_t t0 = beam_now_ns();
+  int rc = nd->stage.ops->process(&nd->stage, f, &e);
+  uint64_t dt = beam_now_ns() - t0;
+  atomic_fetch_add(&nd->busy_ns, dt);
+  beam_hist_add(&nd->lat, dt);
+  if (rc < 0) {
+    atomic_fetch_add(&nd->errors, 1);
+    report(nd, f->series_id, f->frame_id,
+           nd->stage.diag.msg[0] ? nd->stage.diag.msg : beam_strerror(rc));
+  } else {
+    atomic_fetch_add(&nd->frames_out, 1);
+  }
+}
+
+static void series_done(beam_graph_t *g, end_tracker_t *t) {
+  if (atomic_fetch_sub(&t->remaining, 1) != 1)
+    return;
+  if (g->hooks.on_series_done)
+    g->hooks.on_series_done(g->hooks.ctx, t->series, t->aborted);
+  else
+    beam_series_unref(&t->series);
+  free(t);
+}
+
+static void on_end(node_t *nd, item_t *it) {
+  if (nd->series_ok) {
+    emit_ctx_t ec = {nd, NULL};
+    beam_emit_t e = {&ec, emit_get, emit_put, emit_drop};
+    beam_diag_clear(&nd->stage.diag);
+    uint64_t t0 = beam_now_ns();
+    int rc = nd->stage.ops->end(&nd->stage, &e);
+    atomic_fetch_add(&nd->busy_ns, beam_now_ns() - t0);
+    if (rc < 0) {
+      atomic_fetch_add(&nd->errors, 1);
+      report(nd, nd->series->series_id, 0,
+             nd->stage.diag.msg[0] ? nd->stage.diag.msg : beam_strerror(rc));
+    }
+  }
+  nd->series_ok = 0;
+  beam_series_unref(&nd->series);
+}
+
+static void *worker_main(void *arg) {
+  node_t *nd = arg;
+  beam_graph_t *g = nd->g;
+  for (;;) {
+    item_t it;
+    queue_pop(&nd->q, &it);
+    int quit = it.kind == IT_QUIT;
+    switch (it.kind) {
+    case IT_START:
+      on_start(nd, &it);
+      forward(nd, &it);
+      beam_series_unref(&it.series);
+      break;
+    case IT_FRAME:
+      on_frame(nd, it.frame);
+      beam_frame_unref(it.frame);
+      break;
+    case IT_END:
+      on_end(nd, &it);
+      forward(nd, &it);
+      series_done(g, it.tracker);
+      break;
+    case IT_QUIT:
+      forward(nd, &it);
+      break;
+    }
+    atomic_fetch_sub(&g->inflight, 1);
+    room_maybe(g);
+    if (quit)
+      break;
+  }
+  if (atomic_fetch_sub(&g->running, 1) == 1 && g->hooks.on_finished)
+    g->hooks.on_finished(g->hooks.ctx);
+  return NULL;
+}
+
+/* ---- build ---------------------------------------------------------------- */
+
+static int find_node(beam_graph_t *g, const char *name, size_t len) {
+  for (size_t i = 0; i < g->n; i++)
+    if (strlen(g->nodes[i].stage.name) == len && strncmp(g->nodes[i].stage.name, name, len) == 0)
+      return (int)i;
+  return -1;
+}
+
+static void glog(beam_graph_t *g, int level, const char *fmt, const char *a, const char *b) {
+  if (!g->hooks.on_log)
+    return;
+  char msg[512];
+  snprintf(msg, sizeof msg, fmt, a, b);
+  g->hooks.on_log(g->hooks.ctx, level, msg);
+}
+
+static int pick_backend(beam_graph_t *g, node_t *nd, const beam_stage_spec_t *sp, beam_diag_t *d) {
+  char why[256] = "";
+  const char *want = sp->backend ? sp->backend : "auto";
+  if (strcmp(want, "cpu") == 0) {
+    nd->stage.ops = nd->kind->cpu;
+  } else if (strcmp(want, "cuda") == 0) {
+    if (beam_gpu_count(why, sizeof why) <= 0)
+      return BEAM_DIAG(d, BEAM_ENOTSUP, "stage \"%s\": backend cuda requested but no GPU is usable: %s",
+                       sp->name, why);
+    nd->stage.ops = nd->kind->cuda;
+  } else {
+    if (nd->kind->cuda && beam_gpu_count(why, sizeof why) > 0) {
+      nd->stage.ops = nd->kind->cuda;
+    } else {
+      nd->stage.ops = nd->kind->cpu;
+      glog(g, LOG_NOTICE, "stage \"%s\": backend auto -> cpu (%s)", sp->name,
+           why[0] ? why : "no CUDA backend for this kind");
+    }
+  }
+  nd->backend = nd->stage.ops->backend;
+  return 0;
+}
+
+int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
+                   const beam_graph_params_t *gp, const beam_graph_hooks_t *hooks,
+                   beam_diag_t *d) {
+  *out = NULL;
+  BEAM_ASSERT(hooks && hooks->on_result);
+  beam_graph_t *g = calloc(1, sizeof *g);
+  if (!g)
+    return BEAM_DIAG(d, BEAM_ENOMEM, "graph: out of memory");
+  g->hooks = *hooks;
+  g->n = n;
+  g->nodes = calloc(n ? n : 1, sizeof *g->nodes);
+  int rc = 0;
+  if (!g->nodes) {
+    rc = BEAM_DIAG(d, BEAM_ENOMEM, "graph: out of memory");
+    goto fail;
+  }
+  for (size_t i = 0; i < n; i++) {
+    node_t *nd = &g->nodes[i];
+    nd->g = g;
+    snprintf(nd->stage.name, sizeof nd->stage.name, "%s", specs[i].name);
+    nd->stage.cfg = specs[i].node;
+    nd->publish = specs[i].publish;
+    nd->kind = specs[i].kind_def ? specs[i].kind_def : beam_stage_kind_find(specs[i].kind);
+    if (!nd->kind) {
+      rc = BEAM_DIAG(d, BEAM_ECONFIG, "stage \"%s\": unknown kind \"%s\"", specs[i].name, specs[i].kind);
+      goto fail;
+    }
+    beam_hist_reset(&nd->lat);
+    if ((rc = queue_init(&nd->q, specs[i].queue ? specs[i].queue : 32)) < 0) {
+      BEAM_DIAG(d, rc, "graph: out of memory");
+      goto fail;
+    }
+  }
+  /* Wire edges: "frames", "stage" (output 0) or "stage.output". */
+  for (size_t i = 0; i < n; i++) {
+    node_t *nd = &g->nodes[i];
+    const char *in = specs[i].input ? specs[i].input : "frames";
+    if (strcmp(in, "frames") == 0) {
+      if (g->nroots >= MAX_CONSUMERS) {
+        rc = BEAM_DIAG(d, BEAM_ECONFIG, "graph: more than %d stages read frames", MAX_CONSUMERS);
+        goto fail;
+      }
+      g->roots[g->nroots++] = nd;
+      continue;
+    }
+    const char *dot = strchr(in, '.');
+    int up = find_node(g, in, dot ? (size_t)(dot - in) : strlen(in));
+    if (up < 0 || up == (int)i) {
+      rc = BEAM_DIAG(d, BEAM_ECONFIG, "stage \"%s\": input \"%s\" is not a stage", nd->stage.name, in);
+      goto fail;
+    }
+    node_t *upn = &g->nodes[up];
+    if (upn->ncons >= MAX_CONSUMERS) {
+      rc = BEAM_DIAG(d, BEAM_ECONFIG, "stage \"%s\": too many consumers", upn->stage.name);
+      goto fail;
+    }
+    cons_spec_t *cs = &upn->cons[upn->ncons++];
+    cs->node = nd;
+    snprintf(cs->out, sizeof cs->out, "%s", dot ? dot + 1 : "");
+  }
+  for (size_t i = 0; i < n; i++) {
+    node_t *nd = &g->nodes[i];
+    if ((rc = pick_backend(g, nd, &specs[i], d)) < 0)
+      goto fail;
+    beam_diag_t sd = {0};
+    rc = nd->stage.ops->init(&nd->stage, &sd);
+    nd->inited = 1;
+    if (rc < 0) {
+      BEAM_DIAG(d, rc, "stage \"%s\" (%s, %s): %s", nd->stage.name, nd->kind->kind, nd->backend,
+                sd.msg[0] ? sd.msg : beam_strerror(rc));
+      goto fail;
+    }
+    glog(g, LOG_INFO, "stage \"%s\": backend %s", nd->stage.name, nd->backend);
+  }
+  g->input = beam_pool_new(gp->pool_frames, gp->frame_bytes, gp->pinned, d);
+  if (!g->input) {
+    rc = BEAM_ENOMEM;
+    goto fail;
+  }
+  beam_pool_on_release(g->input, input_released, g);
+  for (size_t i = 0; i < n; i++) {
+    node_t *nd = &g->nodes[i];
+    atomic_fetch_add(&g->running, 1);
+    if (pthread_create(&nd->thread, NULL, worker_main, nd) != 0) {
+      atomic_fetch_sub(&g->running, 1);
+      rc = BEAM_DIAG(d, BEAM_ENOMEM, "stage \"%s\": cannot start a thread", nd->stage.name);
+      goto fail;
+    }
+    nd->started = 1;
+  }
+  *out = g;
+  return 0;
+fail:
+  beam_graph_destroy(&g);
+  return rc < 0 ? rc : BEAM_EINVAL;
+}
+
+/* ---- ingest --------------------------------------------------------------- */
+
+int beam_graph_room(beam_graph_t *g) {
+  if (g->shutting_down)
+    return 0;
+  int room = beam_pool_free_count(g->input) > 0;
+  for (unsigned i = 0; room && i < g->nroots; i++) {
+    queue_t *q = &g->roots[i]->q;
+    pthread_mutex_lock(&q->mu);
+    room = q->count < q->cap;
+    pthread_mutex_unlock(&q->mu);
+  }
+  if (!room) {
+    atomic_store(&g->want_room, 1);
+    /* Re-check: room may have appeared between the test and the flag. */
+    int again = beam_pool_free_count(g->input) > 0;
+    for (unsigned i = 0; again && i < g->nroots; i++)
+      again = queue_depth(&g->roots[i]->q) < g->roots[i]->q.cap;
+    if (again) {
+      atomic_store(&g->want_room, 0);
+      room = 1;
+    }
+  }
+  return room;
+}
+
+beam_frame_t *beam_graph_input_slot(beam_graph_t *g) { return beam_pool_try_get(g->input); }
+
+static void push_roots(beam_graph_t *g, item_t *it) {
+  for (unsigned i = 0; i < g->nroots; i++) {
+    item_t copy = *it;
+    if (copy.kind == IT_START)
+      beam_series_ref(copy.series);
+    atomic_fetch_add(&g->inflight, 1);
+    queue_push(&g->roots[i]->q, &copy);
+  }
+}
+
+void beam_graph_series_start(beam_graph_t *g, beam_series_t *s) {
+  if (g->open)
+    beam_graph_series_end(g, g->open->series_id, 1);
+  g->open = s;
+  item_t it = {.kind = IT_START, .series = s};
+  it.in.dtype = s->dtype;
+  it.in.ndim = s->ndim;
+  memcpy(it.in.shape, s->shape, sizeof it.in.shape);
+  push_roots(g, &it);
+}
+
+void beam_graph_frame(beam_graph_t *g, beam_frame_t *f) {
+  if (g->nroots == 0) {
+    beam_frame_unref(f);
+    return;
+  }
+  if (g->nroots > 1)
+    beam_frame_ref(f, (int)g->nroots - 1);
+  for (unsigned i = 0; i < g->nroots; i++) {
+    item_t it = {.kind = IT_FRAME, .frame = f};
+    atomic_fetch_add(&g->inflight, 1);
+    queue_push(&g->roots[i]->q, &it);
+  }
+}
+
+void beam_graph_series_end(beam_graph_t *g, uint64_t series_id, int aborted) {
+  if (!g->open || g->open->series_id != series_id)
+    return;
+  end_tracker_t *t = calloc(1, sizeof *t);
+  BEAM_ASSERT(t); /* a few bytes per series; failing here means the process is lost anyway */
+  atomic_init(&t->remaining, (int)g->n);
+  t->series = g->open; /* the ingest's reference moves to the tracker */
+  t->aborted = aborted;
+  g->open = NULL;
+  if (g->n == 0) {
+    atomic_init(&t->remaining, 1);
+    series_done(g, t);
+    return;
+  }
+  item_t it = {.kind = IT_END, .tracker = t};
+  push_roots(g, &it);
+}
+
+int beam_graph_idle(beam_graph_t *g) { return !g->open && atomic_load(&g->inflight) == 0; }
+int beam_graph_series_open(beam_graph_t *g) { return g->open != NULL; }
+
+/* ---- shutdown --------------------------------------------------------------- */
+
+void beam_graph_shutdown(beam_graph_t *g) {
+  if (!g || g->shutting_down)
+    return;
+  if (g->open)
+    beam_graph_series_end(g, g->open->series_id, 1);
+  g->shutting_down = 1;
+  if (atomic_load(&g->running) == 0) {
+    if (g->hooks.on_finished)
+      g->hooks.on_finished(g->hooks.ctx);
+    return;
+  }
+  item_t it = {.kind = IT_QUIT};
+  push_roots(g, &it);
+}
+
+int beam_graph_finished(beam_graph_t *g) { return g->shutting_down && atomic_load(&g->running) == 0; }
+
+void beam_graph_destroy(beam_graph_t **gp) {
+  if (!gp || !*gp)
+    return;
+  beam_graph_t *g = *gp;
+  *gp = NULL;
+  int any_started = 0;
+  for (size_t i = 0; i < g->n; i++)
+    any_started |= g->nodes[i].started;
+  if (any_started) {
+    if (!g->shutting_down)
+      beam_graph_shutdown(g);
+    for (size_t i = 0; i < g->n; i++)
+      if (g->nodes[i].started)
+        pthread_join(g->nodes[i].thread, NULL);
+  }
+  for (size_t i = 0; i < g->n; i++) {
+    node_t *nd = &g->nodes[i];
+    if (nd->inited && nd->stage.ops && nd->stage.ops->destroy)
+      nd->stage.ops->destroy(&nd->stage);
+    close_out_pools(nd);
+    beam_series_unref(&nd->series);
+    /* Items left in a queue (only possible when workers never started). */
+    while (nd->q.buf && nd->q.count) {
+      item_t it;
+      queue_pop(&nd->q, &it);
+      if (it.kind == IT_FRAME)
+        beam_frame_unref(it.frame);
+      else if (it.kind == IT_START)
+        beam_series_unref(&it.series);
+      else if (it.kind == IT_END)
+        series_done(g, it.tracker);
+    }
+    queue_free(&nd->q);
+  }
+  beam_series_unref(&g->open);
+  beam_pool_close(&g->input);
+  free(g->nodes);
+  free(g);
+}
+
+/* ---- stats ---------------------------------------------------------------- */
+
+size_t beam_graph_nstages(const beam_graph_t *g) { return g->n; }
+
+void beam_graph_stage_stats(const beam_graph_t *g, size_t i, beam_stage_stats_t *s) {
+  node_t *nd = &g->nodes[i];
+  s->name = nd->stage.name;
+  s->kind = nd->kind ? nd->kind->kind : "";
+  s->backend = nd->backend ? nd->backend : "";
+  s->frames_in = atomic_load(&nd->frames_in);
+  s->frames_out = atomic_load(&nd->frames_out);
+  s->results = atomic_load(&nd->results);
+  s->rejected = atomic_load(&nd->rejected);
+  s->errors = atomic_load(&nd->errors);
+  s->series = atomic_load(&nd->nseries);
+  s->queue_depth = queue_depth(&nd->q);
+  s->queue_cap = nd->q.cap;
+  s->busy_s = (double)atomic_load(&nd->busy_ns) * 1e-9;
+  s->latency = &nd->lat;
+}
+
+unsigned beam_graph_input_free(beam_graph_t *g) { return beam_pool_free_count(g->input); }
+unsigned beam_graph_input_slots(beam_graph_t *g) { return beam_pool_size(g->input); }

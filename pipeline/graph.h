@@ -1,0 +1,104 @@
+/* The stage graph: stages from the config, a worker thread each, bounded
+ * queues between them, and hooks back to the daemon for results.
+ *
+ * Threading: the daemon's loop thread calls beam_graph_series_start/
+ * frame/series_end (ingest) and never blocks in them: it asks
+ * beam_graph_room() first. Workers call the hooks from their own threads;
+ * the daemon's hooks only enqueue and wake the loop (uv_async_send).
+ *
+ * Ordering: each stage sees START, its frames and END of a series in
+ * ingest order, so each stage's output is ordered. on_series_done fires
+ * after every stage has finished END of that series and after all their
+ * results were handed to on_result. */
+#ifndef BEAM_GRAPH_H
+#define BEAM_GRAPH_H
+
+#include "pipeline/cfg.h"
+#include "pipeline/frame.h"
+#include "pipeline/hist.h"
+#include "pipeline/stage.h"
+
+typedef struct beam_graph_s beam_graph_t;
+
+typedef struct beam_graph_hooks_s {
+  void *ctx;
+  /* A result to publish; the callee owns one reference. */
+  void (*on_result)(void *ctx, beam_frame_t *f);
+  /* Every stage finished the series (normally or aborted). The callee owns
+   * one series reference. */
+  void (*on_series_done)(void *ctx, beam_series_t *s, int aborted);
+  /* A queue slot or an input slot became free (ingest may resume). */
+  void (*on_room)(void *ctx);
+  /* A stage rejected a frame or series: message for a rate-limited log. */
+  void (*on_error)(void *ctx, const char *stage, uint64_t series_id,
+                   uint64_t frame_id, const char *msg);
+  /* Informational messages at graph build (backend choices): syslog level. */
+  void (*on_log)(void *ctx, int level, const char *msg);
+  /* The last worker exited after beam_graph_shutdown. */
+  void (*on_finished)(void *ctx);
+} beam_graph_hooks_t;
+
+/* A stage as the config describes it (validated). */
+typedef struct beam_stage_spec_s {
+  const char *name, *kind, *input, *backend;
+  int publish;
+  unsigned queue;
+  const beam_cnode_t *node;
+  /* Tests and embedders may supply a kind that is not in the registry;
+   * NULL looks `kind` up with beam_stage_kind_find. */
+  const beam_stage_kind_t *kind_def;
+} beam_stage_spec_t;
+
+typedef struct beam_graph_params_s {
+  unsigned pool_frames;  /* input slots */
+  size_t frame_bytes;    /* input slot size */
+  int pinned;
+} beam_graph_params_t;
+
+/* Builds the graph: resolves backends (auto -> cuda when a GPU is present),
+ * runs every stage's init, allocates the input pool, starts the workers.
+ * On any failure nothing is left running and d says which stage and why. */
+int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
+                   const beam_graph_params_t *gp, const beam_graph_hooks_t *hooks,
+                   beam_diag_t *d);
+
+/* Begins a drain without blocking: an open series is ended as aborted (so
+ * stages emit final results), then every worker finishes what is queued and
+ * exits. on_finished fires (from a worker) when the last one has exited.
+ * The caller must keep consuming results meanwhile: workers may wait for
+ * output slots that only the publisher frees. */
+void beam_graph_shutdown(beam_graph_t *g);
+/* 1 when every worker has exited after beam_graph_shutdown. */
+int beam_graph_finished(beam_graph_t *g);
+/* Joins the workers (shutting down first if needed, which blocks: call it
+ * after beam_graph_finished, or when nothing downstream can hold slots),
+ * destroys the stages. Frames still referenced elsewhere keep their pools
+ * alive. NULL-safe; NULLs the caller's pointer. */
+void beam_graph_destroy(beam_graph_t **g);
+
+/* Ingest (loop thread only). room() is true when an input slot is free and
+ * every stage fed by "frames" has queue space, so frame() will not block. */
+int beam_graph_room(beam_graph_t *g);
+beam_frame_t *beam_graph_input_slot(beam_graph_t *g); /* NULL when none free */
+void beam_graph_series_start(beam_graph_t *g, beam_series_t *s); /* takes a ref */
+void beam_graph_frame(beam_graph_t *g, beam_frame_t *f);         /* takes the ref */
+void beam_graph_series_end(beam_graph_t *g, uint64_t series_id, int aborted);
+/* No frame is queued or being processed and no series is open. */
+int beam_graph_idle(beam_graph_t *g);
+int beam_graph_series_open(beam_graph_t *g);
+
+/* Statistics snapshot, for stats/metrics (any thread; counters are atomics). */
+typedef struct beam_stage_stats_s {
+  const char *name, *kind, *backend;
+  uint64_t frames_in, frames_out, results, rejected, errors, series;
+  unsigned queue_depth, queue_cap;
+  double busy_s; /* time inside process/end */
+  const beam_hist_t *latency; /* process time per frame */
+} beam_stage_stats_t;
+
+size_t beam_graph_nstages(const beam_graph_t *g);
+void beam_graph_stage_stats(const beam_graph_t *g, size_t i, beam_stage_stats_t *out);
+unsigned beam_graph_input_free(beam_graph_t *g);
+unsigned beam_graph_input_slots(beam_graph_t *g);
+
+#endif

@@ -1,0 +1,17 @@
+/* The stage kinds of this build: their parameter schemas and CPU ops.
+ * pipeline/registry.c lists them; gpu/gpu.h declares the CUDA ops. */
+#ifndef BEAM_KINDS_H
+#define BEAM_KINDS_H
+
+#include "pipeline/stage.h"
+
+extern const beam_param_t beam_correct_params[];
+extern const beam_stage_ops_t beam_correct_cpu_ops;
+extern const beam_param_t beam_roi_sum_params[];
+extern const beam_stage_ops_t beam_roi_sum_cpu_ops;
+extern const beam_param_t beam_bin_params[];
+extern const beam_stage_ops_t beam_bin_cpu_ops;
+extern const beam_param_t beam_preview_params[];
+extern const beam_stage_ops_t beam_preview_cpu_ops;
+
+#endif

@@ -1,0 +1,104 @@
+/* Stage kind `roi_sum`: per frame, the weighted sum of the pixels inside
+ * each of N regions (virtual detectors: bright-field disk, annular dark
+ * field, label images, weight masks), and optionally the virtual images of
+ * a raster scan. Shared by roi_sum_cpu.c and gpu/roi_sum_cuda.cu.
+ *
+ * Membership (beam_roi_weight is the definition): pixel (x, y), centre
+ * (cx, cy) defaulting to ((w-1)/2, (h-1)/2), d2 = (x-cx)^2 + (y-cy)^2 in
+ * double: disk d2 < r^2; annulus r_in^2 <= d2 < r_out^2; rect x0 <= x < x1,
+ * y0 <= y < y1; label image: pixel label == the ROI's label; weight stack:
+ * the ROI's plane value (0 = outside). At start each ROI becomes a sorted
+ * list of flat pixel indices (and weights for a stack), the fast path. */
+#ifndef BEAM_KERN_ROI_SUM_H
+#define BEAM_KERN_ROI_SUM_H
+
+#include "pipeline/array.h"
+#include "pipeline/stage.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BEAM_ROI_MAX 65535u /* also the CUDA grid.y limit the kernel uses */
+
+typedef enum beam_roi_shape_e {
+  BEAM_ROI_DISK = 1,
+  BEAM_ROI_ANNULUS,
+  BEAM_ROI_RECT,
+} beam_roi_shape_t;
+
+typedef struct beam_roi_geom_s {
+  char name[BEAM_NAME_MAX];
+  beam_roi_shape_t shape;
+  int has_center;
+  double cx, cy;        /* when has_center */
+  double r_in, r_out;   /* disk: r_out only */
+  int64_t x0, y0, x1, y1;
+} beam_roi_geom_t;
+
+typedef struct beam_roi_sum_conf_s {
+  size_t nroi;
+  beam_roi_geom_t *geom; /* `rois`: nroi entries; NULL with `masks` */
+  beam_array_t masks;    /* `masks`: the file (2-D labels or 3-D weights) */
+  int64_t *labels;       /* 2-D label image: the nroi labels, increasing */
+  char *labels_json;     /* ["name", ...] for the output descriptor */
+  int scan;              /* scan_shape given */
+  uint32_t scan_ny, scan_nx;
+  uint64_t image_every;
+} beam_roi_sum_conf_t;
+
+/* ROI r's pixels are idx[off[r] .. off[r+1]), increasing; w is NULL when
+ * every weight is 1, else parallel to idx. */
+typedef struct beam_roi_lists_s {
+  size_t nroi, total;
+  uint64_t *off;
+  uint32_t *idx;
+  double *w;
+} beam_roi_lists_t;
+
+/* Host-side state common to both backends. */
+typedef struct beam_roi_host_s {
+  beam_roi_sum_conf_t conf;
+  beam_roi_lists_t lists;
+  beam_indesc_t in;
+  float *img;       /* scan image [nroi, ny, nx], NaN where not yet scanned */
+  size_t img_cap;   /* floats */
+  uint64_t nframes; /* frames seen this series */
+} beam_roi_host_t;
+
+/* init: parses rois/masks (exactly one), loads the mask file, scan_shape.
+ * On failure nothing stays allocated. */
+int beam_roi_host_init(beam_roi_host_t *h, const beam_cnode_t *cfg, beam_diag_t *d);
+void beam_roi_host_free(beam_roi_host_t *h);
+
+/* start: 2-D real frames, mask shape = frame shape, every ROI non-empty;
+ * builds the lists, resets the scan image, declares "sums" (float64 [N])
+ * and, with scan_shape, "image" (float32 [N, ny, nx]). */
+int beam_roi_host_start(beam_stage_t *self, beam_roi_host_t *h, const beam_indesc_t *in,
+                        beam_diag_t *d);
+
+/* After a frame's sums are in `sums` (the emitted frame, not yet put):
+ * records them in the scan image. Then, after putting the sums, call
+ * beam_roi_host_image to publish the image when it is due. */
+void beam_roi_host_record(beam_roi_host_t *h, uint64_t frame_id, const double *sums);
+int beam_roi_host_image(beam_roi_host_t *h, beam_emit_t *emit, int final);
+/* Emits NaN sums for a frame without pixels (CORRUPT) and records them. */
+int beam_roi_host_corrupt(beam_roi_host_t *h, beam_emit_t *emit);
+
+/* The definition of membership: weight of pixel (y, x) in ROI r of an
+ * h x w frame (0 outside). */
+double beam_roi_weight(const beam_roi_sum_conf_t *c, size_t r, uint32_t h, uint32_t w,
+                       uint32_t y, uint32_t x);
+
+/* Fast CPU sums (index lists, four double accumulators per ROI) and the
+ * plain reference (every pixel, beam_roi_weight, one accumulator in raster
+ * order). Equal exactly for integer pixels with unit weights; otherwise
+ * within 1e-12 of sum |pixel * weight|. */
+void beam_roi_sum_cpu(const beam_roi_lists_t *l, beam_dtype_t dt, const void *frame, double *sums);
+void beam_roi_sum_ref(const beam_roi_sum_conf_t *c, beam_dtype_t dt, uint32_t h, uint32_t w,
+                      const void *frame, double *sums);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,38 @@
+/* Registry of stage kinds: one line per kind, CPU and CUDA ops side by side
+ * (the CUDA ones are stubs in CPU-only builds). */
+#include <string.h>
+
+#include "gpu/gpu.h"
+#include "pipeline/kern/kinds.h"
+#include "pipeline/stage.h"
+
+static const beam_stage_kind_t k_correct = {
+    "correct", "dark subtraction, flat field, bad-pixel mask, threshold -> float32",
+    beam_correct_params, &beam_correct_cpu_ops, &beam_correct_cuda_ops};
+static const beam_stage_kind_t k_roi_sum = {
+    "roi_sum", "per frame, the sum of the pixels under each of N masks (virtual detectors)",
+    beam_roi_sum_params, &beam_roi_sum_cpu_ops, &beam_roi_sum_cuda_ops};
+static const beam_stage_kind_t k_bin = {
+    "bin", "crop and n x n binning", beam_bin_params, &beam_bin_cpu_ops, &beam_bin_cuda_ops};
+static const beam_stage_kind_t k_preview = {
+    "preview", "decimated frames at a bounded rate for viewers", beam_preview_params,
+    &beam_preview_cpu_ops, &beam_preview_cuda_ops};
+
+static const beam_stage_kind_t *const kinds[] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, NULL};
+
+const beam_stage_kind_t *const *beam_stage_kinds(void) { return kinds; }
+
+const beam_stage_kind_t *beam_stage_kind_find(const char *kind) {
+  for (size_t i = 0; kind && kinds[i]; i++)
+    if (strcmp(kinds[i]->kind, kind) == 0)
+      return kinds[i];
+  return NULL;
+}
+
+const char *beam_stage_name_valid(const beam_cnode_t *v) {
+  if (!v->scalar || !beam_topic_valid(v->scalar, strlen(v->scalar)) || strchr(v->scalar, '.'))
+    return "stage names are 1-64 characters of a-z, 0-9, _ and - (no dots)";
+  if (strcmp(v->scalar, "frames") == 0 || strcmp(v->scalar, "beamd") == 0)
+    return "\"frames\" and \"beamd\" are reserved names";
+  return NULL;
+}

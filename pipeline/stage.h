@@ -1,0 +1,117 @@
+/* The stage interface: what every stage kind implements, per backend.
+ *
+ * Life cycle, all calls on the stage's own worker thread except init and
+ * destroy (graph build / teardown thread):
+ *   init    reads parameters from self->cfg, loads files (masks, darks),
+ *           allocates what does not depend on the frame shape. On failure it
+ *           frees what it allocated, leaves self destroyable, fills d and
+ *           returns < 0.
+ *   start   a series begins: `in` says what frames this stage will receive.
+ *           Validate (shape, dtype), size per-series buffers (allocation is
+ *           allowed here: it is not the per-frame path) and declare outputs
+ *           in self->outs[0..nouts). Returning < 0 rejects the series for
+ *           this stage: its frames are counted as rejected and skipped.
+ *   process borrows `in` (read only, do not keep the pointer) and emits zero
+ *           or more results through `emit`. Never allocates. Returns 0, or
+ *           < 0 for a frame it rejects (counted, logged rate-limited).
+ *   end     the series ended (or was aborted): emit final results.
+ *   destroy frees everything; idempotent; cannot fail.
+ *
+ * Output 0 is the one downstream stages receive when their `input:` names
+ * this stage; `input: stage.output` picks another. */
+#ifndef BEAM_STAGE_H
+#define BEAM_STAGE_H
+
+#include "pipeline/cfg.h"
+#include "pipeline/err.h"
+#include "pipeline/frame.h"
+
+#define BEAM_STAGE_MAX_OUTS 8
+#define BEAM_NAME_MAX 48
+
+typedef struct beam_stage_s beam_stage_t;
+typedef struct beam_emit_s beam_emit_t;
+
+/* What a stage receives: the series' frame geometry, or the upstream
+ * stage's output geometry. */
+typedef struct beam_indesc_s {
+  beam_dtype_t dtype;
+  uint32_t ndim;
+  uint32_t shape[BEAM_MAX_NDIM];
+} beam_indesc_t;
+
+/* One declared output. shape is the largest the stage will emit (slots are
+ * sized from it); an emitted frame may set a smaller shape. */
+typedef struct beam_outdesc_s {
+  char name[BEAM_NAME_MAX];  /* topic is "<stage>.<name>" */
+  beam_dtype_t dtype;
+  uint32_t ndim;
+  uint32_t shape[BEAM_MAX_NDIM];
+  const char *units;              /* e.g. "counts", "" */
+  const char *axes[BEAM_MAX_NDIM]; /* axis names, e.g. "y", "x", "roi" */
+  const char *labels_json;        /* optional JSON array (roi names) or NULL */
+  unsigned slots;                 /* output slots; 0 = default (8) */
+  int per_frame;                  /* 1: one result per input frame */
+} beam_outdesc_t;
+
+typedef struct beam_stage_ops_s {
+  const char *kind;    /* matches `kind:` in YAML */
+  const char *backend; /* "cpu" or "cuda" */
+  int (*init)(beam_stage_t *self, beam_diag_t *d);
+  int (*start)(beam_stage_t *self, const beam_series_t *series,
+               const beam_indesc_t *in, beam_diag_t *d);
+  int (*process)(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *emit);
+  int (*end)(beam_stage_t *self, beam_emit_t *emit);
+  void (*destroy)(beam_stage_t *self);
+} beam_stage_ops_t;
+
+struct beam_stage_s {
+  const beam_stage_ops_t *ops;
+  char name[BEAM_NAME_MAX];
+  const beam_cnode_t *cfg; /* this stage's validated config map */
+  void *priv;              /* backend state, owned by the backend */
+  beam_outdesc_t outs[BEAM_STAGE_MAX_OUTS];
+  unsigned nouts;
+  beam_diag_t diag;        /* last process/end error, for rate-limited logs */
+};
+
+/* Emitting results from process/end. get returns a frame for output `out`
+ * with dtype/shape from the declaration and identity copied from the input
+ * frame being processed (or the series for end); it waits for a free slot
+ * (backpressure) and returns NULL only when the graph is shutting down. put
+ * hands it on (downstream stages and/or the publisher); drop returns it
+ * unused. Both consume the frame. */
+beam_frame_t *beam_emit_get(beam_emit_t *e, unsigned out);
+void beam_emit_put(beam_emit_t *e, beam_frame_t *f);
+void beam_emit_drop(beam_emit_t *e, beam_frame_t *f);
+
+/* Stage kinds known to this build. Each kind's params table starts with
+ * BEAM_STAGE_COMMON_PARAMS so a stage's map validates against one table. */
+typedef struct beam_stage_kind_s {
+  const char *kind;
+  const char *doc;
+  const beam_param_t *params;
+  const beam_stage_ops_t *cpu;
+  const beam_stage_ops_t *cuda; /* stubs in CPU-only builds */
+} beam_stage_kind_t;
+
+#define BEAM_STAGE_COMMON_PARAMS                                                       \
+  {"name", BEAM_P_STRING, NULL, 1, 0, 0, NULL, NULL,                                   \
+   "unique stage name; results are published as <name>.<output>", beam_stage_name_valid}, \
+  {"kind", BEAM_P_STRING, NULL, 1, 0, 0, NULL, NULL, "stage kind", NULL},              \
+  {"input", BEAM_P_STRING, "frames", 0, 0, 0, NULL, NULL,                              \
+   "\"frames\" (the input stream), another stage's name, or stage.output", NULL},     \
+  {"backend", BEAM_P_ENUM, "auto", 0, 0, 0, "cpu|cuda|auto", NULL,                     \
+   "cpu, cuda, or auto (cuda when a GPU is present, else cpu)", NULL},                 \
+  {"publish", BEAM_P_BOOL, "true", 0, 0, 0, NULL, NULL,                                \
+   "publish this stage's results on the output sockets", NULL},                        \
+  {"queue", BEAM_P_INT, "32", 0, 1, 65536, NULL, NULL,                                 \
+   "input queue depth (frames) in front of this stage", NULL}
+
+const char *beam_stage_name_valid(const beam_cnode_t *v);
+
+const beam_stage_kind_t *beam_stage_kind_find(const char *kind);
+/* NULL-terminated list of every kind. */
+const beam_stage_kind_t *const *beam_stage_kinds(void);
+
+#endif

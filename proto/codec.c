@@ -1,0 +1,321 @@
+/* Payload codecs of the wire protocol: raw, LZ4 and bitshuffle+LZ4, framed
+ * exactly as the HDF5 filters frame a chunk, so a chunk read from an HDF5
+ * file with H5Dread_chunk can be forwarded untouched and decoded here.
+ *
+ * LZ4, filter 32004 (HDF5 LZ4 plugin):
+ *   u64 BE total bytes | u32 BE block bytes | per block: u32 BE csize, data
+ *   (a block whose csize equals its length is stored uncompressed; the last
+ *   block may be short).
+ * Bitshuffle+LZ4, filter 32008 (bitshuffle bshuf_h5filter.c):
+ *   u64 BE total bytes | u32 BE block size in BYTES (block elements x
+ *   element size) | per block of full-size or (tail rounded down to 8)
+ *   elements: u32 BE csize, LZ4 of the bit-transposed block | the last
+ *   n % 8 elements copied verbatim.
+ *
+ * Decoders trust nothing in the framing: every size is checked against the
+ * input left and the output expected before a byte moves. No allocation:
+ * the caller passes a scratch buffer for the transposed block.
+ */
+#include <lz4.h>
+#include <string.h>
+
+#include "pipeline/err.h"
+#include "proto/proto.h"
+
+#define LZ4F_DEFAULT_BLOCK ((size_t)1 << 30) /* HDF5 LZ4 plugin default */
+#define BSHUF_TARGET_BYTES 8192u
+#define BSHUF_MIN_BLOCK 128u
+#define BSHUF_MULT 8u
+#define FRAMING_HDR 12u
+/* Sizes above this are refused by the bound (2^48 bytes): it keeps the
+ * bound arithmetic far from size_t overflow. */
+#define CODEC_MAX_RAW ((size_t)1 << 48)
+
+static void be32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)(v >> 24);
+  p[1] = (uint8_t)(v >> 16);
+  p[2] = (uint8_t)(v >> 8);
+  p[3] = (uint8_t)v;
+}
+static void be64(uint8_t *p, uint64_t v) {
+  be32(p, (uint32_t)(v >> 32));
+  be32(p + 4, (uint32_t)v);
+}
+static uint32_t rbe32(const uint8_t *p) {
+  return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static uint64_t rbe64(const uint8_t *p) {
+  return ((uint64_t)rbe32(p) << 32) | rbe32(p + 4);
+}
+
+static int fail(const char **why, const char *reason, int code) {
+  if (why) *why = reason;
+  return code;
+}
+
+/* bitshuffle's bshuf_default_block_size(): must never change, old data
+ * depends on it (it is written in the framing, but encoders must agree). */
+static size_t bshuf_default_block(size_t elem_size) {
+  size_t b = BSHUF_TARGET_BYTES / elem_size;
+  b = (b / BSHUF_MULT) * BSHUF_MULT;
+  return b > BSHUF_MIN_BLOCK ? b : BSHUF_MIN_BLOCK;
+}
+
+/* ---- bit transpose ----
+ * Output layout of bshuf_trans_bit_elem for n elements (n % 8 == 0): bit k
+ * of byte j of element i lands in row r = 8*j + k, at byte r*(n/8) + i/8,
+ * bit i%8. Each 8x8 tile (8 elements x 8 bits of one byte) is transposed in
+ * a register with bitshuffle's three delta swaps. */
+static uint64_t trans8x8(uint64_t x) {
+  uint64_t t;
+  t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAULL;
+  x = x ^ t ^ (t << 7);
+  t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCULL;
+  x = x ^ t ^ (t << 14);
+  t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ULL;
+  x = x ^ t ^ (t << 28);
+  return x;
+}
+
+void beam_bitshuffle(const void *in, void *out, size_t n, size_t elem_size) {
+  BEAM_ASSERT(n % 8 == 0);
+  const uint8_t *src = in;
+  uint8_t *dst = out;
+  size_t row = n / 8;
+  for (size_t j = 0; j < elem_size; j++) {
+    for (size_t g = 0; g < row; g++) {
+      const uint8_t *e = src + 8 * g * elem_size + j;
+      uint64_t x = 0;
+      for (unsigned b = 0; b < 8; b++) x |= (uint64_t)e[b * elem_size] << (8 * b);
+      x = trans8x8(x);
+      for (unsigned k = 0; k < 8; k++) dst[(8 * j + k) * row + g] = (uint8_t)(x >> (8 * k));
+    }
+  }
+}
+
+void beam_bitunshuffle(const void *in, void *out, size_t n, size_t elem_size) {
+  BEAM_ASSERT(n % 8 == 0);
+  const uint8_t *src = in;
+  uint8_t *dst = out;
+  size_t row = n / 8;
+  for (size_t j = 0; j < elem_size; j++) {
+    for (size_t g = 0; g < row; g++) {
+      uint64_t x = 0;
+      for (unsigned k = 0; k < 8; k++)
+        x |= (uint64_t)src[(8 * j + k) * row + g] << (8 * k);
+      x = trans8x8(x); /* a transpose is its own inverse */
+      uint8_t *e = dst + 8 * g * elem_size + j;
+      for (unsigned b = 0; b < 8; b++) e[b * elem_size] = (uint8_t)(x >> (8 * b));
+    }
+  }
+}
+
+/* ---- bounds ---- */
+
+static size_t lz4_bound(size_t n) { return (size_t)LZ4_COMPRESSBOUND(n); }
+
+size_t beam_codec_bound(beam_codec_t codec, size_t raw_bytes, size_t elem_size) {
+  if (raw_bytes > CODEC_MAX_RAW) return 0;
+  switch (codec) {
+  case BEAM_CODEC_RAW:
+    return raw_bytes;
+  case BEAM_CODEC_LZ4: {
+    size_t blk = raw_bytes < LZ4F_DEFAULT_BLOCK ? raw_bytes : LZ4F_DEFAULT_BLOCK;
+    size_t nblk = blk ? (raw_bytes + blk - 1) / blk : 0;
+    return FRAMING_HDR + nblk * (4 + lz4_bound(blk));
+  }
+  case BEAM_CODEC_BSLZ4: {
+    if (elem_size == 0 || raw_bytes % elem_size) return 0;
+    size_t n = raw_bytes / elem_size, b = bshuf_default_block(elem_size);
+    size_t last = (n % b) - (n % b) % BSHUF_MULT;
+    size_t bound = FRAMING_HDR + (n / b) * (4 + lz4_bound(b * elem_size));
+    if (last) bound += 4 + lz4_bound(last * elem_size);
+    return bound + (n % BSHUF_MULT) * elem_size;
+  }
+  default:
+    return 0;
+  }
+}
+
+/* ---- encode ---- */
+
+static int clamp_int(size_t v) { return v > (size_t)LZ4_MAX_INPUT_SIZE ? LZ4_MAX_INPUT_SIZE : (int)v; }
+
+static int64_t lz4_encode(const uint8_t *raw, size_t raw_bytes, uint8_t *dst, size_t cap) {
+  size_t blk = raw_bytes < LZ4F_DEFAULT_BLOCK ? raw_bytes : LZ4F_DEFAULT_BLOCK;
+  if (cap < FRAMING_HDR) return BEAM_ELIMIT;
+  be64(dst, raw_bytes);
+  be32(dst + 8, (uint32_t)blk);
+  size_t pos = FRAMING_HDR;
+  for (size_t off = 0; off < raw_bytes; off += blk) {
+    size_t len = raw_bytes - off < blk ? raw_bytes - off : blk;
+    if (cap - pos < 4) return BEAM_ELIMIT;
+    int c = LZ4_compress_default((const char *)raw + off, (char *)dst + pos + 4,
+                                 (int)len, clamp_int(cap - pos - 4));
+    /* The plugin stores a block raw when LZ4 does not shrink it; 0 here
+     * means LZ4 ran out of room, i.e. it would not have shrunk it either. */
+    if (c <= 0 || (size_t)c >= len) {
+      if (cap - pos - 4 < len) return BEAM_ELIMIT;
+      memcpy(dst + pos + 4, raw + off, len);
+      c = (int)len;
+    }
+    be32(dst + pos, (uint32_t)c);
+    pos += 4 + (size_t)c;
+  }
+  return (int64_t)pos;
+}
+
+static int64_t bslz4_encode(const uint8_t *raw, size_t raw_bytes, size_t es,
+                            uint8_t *dst, size_t cap, uint8_t *scratch) {
+  size_t n = raw_bytes / es, b = bshuf_default_block(es);
+  if (cap < FRAMING_HDR) return BEAM_ELIMIT;
+  be64(dst, raw_bytes);
+  be32(dst + 8, (uint32_t)(b * es));
+  size_t pos = FRAMING_HDR;
+  for (size_t i = 0; i < n; i += b) {
+    size_t cnt = n - i < b ? n - i : b;
+    cnt -= cnt % BSHUF_MULT;
+    if (!cnt) break;
+    beam_bitshuffle(raw + i * es, scratch, cnt, es);
+    if (cap - pos < 4) return BEAM_ELIMIT;
+    int c = LZ4_compress_default((const char *)scratch, (char *)dst + pos + 4,
+                                 (int)(cnt * es), clamp_int(cap - pos - 4));
+    if (c <= 0) return BEAM_ELIMIT;
+    be32(dst + pos, (uint32_t)c);
+    pos += 4 + (size_t)c;
+  }
+  size_t tail = (n % BSHUF_MULT) * es;
+  if (cap - pos < tail) return BEAM_ELIMIT;
+  memcpy(dst + pos, raw + raw_bytes - tail, tail);
+  return (int64_t)(pos + tail);
+}
+
+int64_t beam_codec_encode(beam_codec_t codec, const void *raw, size_t raw_bytes,
+                          size_t elem_size, void *dst, size_t dst_cap, void *scratch) {
+  if ((!raw && raw_bytes) || !dst || raw_bytes > CODEC_MAX_RAW) return BEAM_EINVAL;
+  switch (codec) {
+  case BEAM_CODEC_RAW:
+    if (dst_cap < raw_bytes) return BEAM_ELIMIT;
+    if (raw_bytes) memcpy(dst, raw, raw_bytes);
+    return (int64_t)raw_bytes;
+  case BEAM_CODEC_LZ4:
+    /* The framing stores the block size in 32 bits. */
+    return lz4_encode(raw, raw_bytes, dst, dst_cap);
+  case BEAM_CODEC_BSLZ4:
+    if (elem_size == 0 || raw_bytes % elem_size || !scratch) return BEAM_EINVAL;
+    if (bshuf_default_block(elem_size) * elem_size > UINT32_MAX) return BEAM_EINVAL;
+    return bslz4_encode(raw, raw_bytes, elem_size, dst, dst_cap, scratch);
+  default:
+    return BEAM_EINVAL;
+  }
+}
+
+/* ---- decode ---- */
+
+static int lz4_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t raw_bytes,
+                      const char **why) {
+  if (len < FRAMING_HDR) return fail(why, "lz4: truncated framing header", BEAM_EPROTO);
+  if (rbe64(src) != raw_bytes)
+    return fail(why, "lz4: total size does not match raw_size", BEAM_EPROTO);
+  size_t blk = rbe32(src + 8);
+  if (blk == 0 && raw_bytes) return fail(why, "lz4: block size 0", BEAM_EPROTO);
+  if (blk > raw_bytes) blk = raw_bytes; /* as the plugin does */
+  if (blk > (size_t)LZ4_MAX_INPUT_SIZE) return fail(why, "lz4: block size too large", BEAM_EPROTO);
+  size_t pos = FRAMING_HDR;
+  for (size_t off = 0; off < raw_bytes; off += blk) {
+    size_t want = raw_bytes - off < blk ? raw_bytes - off : blk;
+    if (len - pos < 4) return fail(why, "lz4: truncated block header", BEAM_EPROTO);
+    size_t c = rbe32(src + pos);
+    pos += 4;
+    if (c > len - pos) return fail(why, "lz4: block runs past the payload", BEAM_EPROTO);
+    if (c == want) {
+      memcpy(dst + off, src + pos, want);
+    } else if (c > want) {
+      return fail(why, "lz4: compressed block larger than its data", BEAM_EPROTO);
+    } else {
+      int d = LZ4_decompress_safe((const char *)src + pos, (char *)dst + off, (int)c, (int)want);
+      if (d < 0 || (size_t)d != want) return fail(why, "lz4: corrupt block", BEAM_EPROTO);
+    }
+    pos += c;
+  }
+  if (pos != len) return fail(why, "lz4: trailing bytes after the last block", BEAM_EPROTO);
+  return 0;
+}
+
+static int bslz4_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t raw_bytes,
+                        size_t es, uint8_t *scratch, const char **why) {
+  if (len < FRAMING_HDR) return fail(why, "bslz4: truncated framing header", BEAM_EPROTO);
+  if (rbe64(src) != raw_bytes)
+    return fail(why, "bslz4: total size does not match raw_size", BEAM_EPROTO);
+  size_t bbytes = rbe32(src + 8);
+  if (bbytes % es) return fail(why, "bslz4: block size not a multiple of the element size", BEAM_EPROTO);
+  size_t b = bbytes / es, n = raw_bytes / es;
+  if (b == 0 || b % BSHUF_MULT)
+    return fail(why, "bslz4: block size not a positive multiple of 8 elements", BEAM_EPROTO);
+  if (bbytes > (size_t)LZ4_MAX_INPUT_SIZE) return fail(why, "bslz4: block size too large", BEAM_EPROTO);
+  size_t pos = FRAMING_HDR;
+  for (size_t i = 0; i < n; i += b) {
+    size_t cnt = n - i < b ? n - i : b;
+    cnt -= cnt % BSHUF_MULT;
+    if (!cnt) break;
+    if (len - pos < 4) return fail(why, "bslz4: truncated block header", BEAM_EPROTO);
+    size_t c = rbe32(src + pos);
+    pos += 4;
+    if (c > len - pos) return fail(why, "bslz4: block runs past the payload", BEAM_EPROTO);
+    int d = LZ4_decompress_safe((const char *)src + pos, (char *)scratch, (int)c, (int)(cnt * es));
+    if (d < 0 || (size_t)d != cnt * es) return fail(why, "bslz4: corrupt block", BEAM_EPROTO);
+    beam_bitunshuffle(scratch, dst + i * es, cnt, es);
+    pos += c;
+  }
+  size_t tail = (n % BSHUF_MULT) * es;
+  if (len - pos < tail) return fail(why, "bslz4: truncated trailing elements", BEAM_EPROTO);
+  memcpy(dst + raw_bytes - tail, src + pos, tail);
+  pos += tail;
+  if (pos != len) return fail(why, "bslz4: trailing bytes after the last block", BEAM_EPROTO);
+  return 0;
+}
+
+int beam_codec_decode(beam_codec_t codec, const void *src, size_t src_len, void *dst,
+                      size_t raw_bytes, size_t elem_size, void *scratch, const char **why) {
+  if ((!src && src_len) || (!dst && raw_bytes))
+    return fail(why, "NULL buffer", BEAM_EINVAL);
+  switch (codec) {
+  case BEAM_CODEC_RAW:
+    if (src_len != raw_bytes) return fail(why, "raw: payload size != raw_size", BEAM_EPROTO);
+    if (raw_bytes) memcpy(dst, src, raw_bytes);
+    return 0;
+  case BEAM_CODEC_LZ4:
+    return lz4_decode(src, src_len, dst, raw_bytes, why);
+  case BEAM_CODEC_BSLZ4:
+    if (elem_size == 0 || raw_bytes % elem_size)
+      return fail(why, "bslz4: raw_size not a multiple of the element size", BEAM_EPROTO);
+    if (!scratch && raw_bytes) return fail(why, "bslz4: no scratch buffer", BEAM_EINVAL);
+    return bslz4_decode(src, src_len, dst, raw_bytes, elem_size, scratch, why);
+  default:
+    return fail(why, "unknown codec", BEAM_EPROTO);
+  }
+}
+
+int beam_msg_payload(const beam_msg_t *msg, void *dst, void *scratch, const char **why) {
+  if (!msg || (!dst && msg->hdr.raw_size)) return fail(why, "NULL argument", BEAM_EINVAL);
+  const beam_hdr_t *h = &msg->hdr;
+  if (msg->npayload == 0 || msg->npayload != h->nparts)
+    return fail(why, "message has no payload", BEAM_EPROTO);
+  size_t es = beam_dtype_size((beam_dtype_t)h->dtype);
+  if (h->codec != BEAM_CODEC_RAW) {
+    if (msg->npayload != 1) return fail(why, "compressed payload must be one part", BEAM_EPROTO);
+    return beam_codec_decode((beam_codec_t)h->codec, msg->payload[0].data, msg->payload[0].size,
+                             dst, (size_t)h->raw_size, es, scratch, why);
+  }
+  /* Raw payloads may be split over parts (e.g. one per detector module). */
+  uint8_t *out = dst;
+  size_t off = 0;
+  for (unsigned i = 0; i < msg->npayload; i++) {
+    size_t sz = msg->payload[i].size;
+    if (sz > h->raw_size - off) return fail(why, "payload size mismatch", BEAM_EPROTO);
+    if (sz) memcpy(out + off, msg->payload[i].data, sz);
+    off += sz;
+  }
+  if (off != h->raw_size) return fail(why, "payload size mismatch", BEAM_EPROTO);
+  return 0;
+}

@@ -1,0 +1,400 @@
+"""beamd-sim -> beamd-sub over loopback, no daemon.
+
+Checks the two tools against each other and against values computed here:
+the counter pattern makes every pixel predictable, so arrival, order,
+decoding (raw, lz4, bitshuffle+lz4), pacing, malformed-message counting and
+the .npy / HDF5 output can be checked exactly. Binaries come from
+$BEAMD_BUILD (default build/). Every test is bounded in time.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+import zmq
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "python"))
+from beamd import proto  # noqa: E402  (the Python twin of proto/, an independent decoder)
+
+BUILD = os.environ.get("BEAMD_BUILD", "build")
+SIM = os.path.join(BUILD, "beamd-sim")
+SUB = os.path.join(BUILD, "beamd-sub")
+NP_DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32,
+             "float32": np.float32}
+
+
+@pytest.fixture(autouse=True)
+def _binaries():
+    for b in (SIM, SUB):
+        if not os.access(b, os.X_OK):
+            pytest.fail(f"{b} not built (make BUILD={BUILD} {b})")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def counter_frame(frame_id, shape, dtype):
+    n = shape[0] * shape[1]
+    v = (frame_id + np.arange(n, dtype=np.int64)) % 65536
+    return v.astype(NP_DTYPES[dtype]).reshape(shape)
+
+
+def run_pair(sim_args, sub_args, sock="pub", sub_timeout=15.0):
+    """Starts beamd-sub, then beamd-sim; returns (sim stats, sub lines, sub rc)."""
+    port = free_port()
+    ep = f"tcp://127.0.0.1:{port}"
+    sub_sock = "sub" if sock == "pub" else "pull"
+    sub = subprocess.Popen([SUB, "--connect", ep, "--socket", sub_sock,
+                            "--timeout", str(sub_timeout)] + sub_args,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        sim = subprocess.run([SIM, "--bind", ep, "--socket", sock, "--quiet", "--stats-json",
+                              "--wait-subscribers", "1.0"] + sim_args,
+                             capture_output=True, text=True, timeout=20)
+        out, err = sub.communicate(timeout=sub_timeout + 5)
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+            sub.wait()
+    assert sim.returncode == 0, sim.stderr
+    stats = json.loads(sim.stdout.strip().splitlines()[-1])
+    lines = [json.loads(l) for l in out.splitlines() if l.strip()]
+    return stats, lines, sub.returncode, err
+
+
+def by_type(lines, t):
+    return [l for l in lines if l["type"] == t]
+
+
+CASES = [("pub", "uint16", "raw"), ("pub", "uint8", "lz4"), ("push", "uint32", "bslz4"),
+         ("push", "float32", "lz4"), ("pub", "float32", "bslz4"), ("push", "uint8", "raw"),
+         ("pub", "uint16", "bslz4")]
+
+
+@pytest.mark.parametrize("sock,dtype,codec", CASES)
+def test_counter_frames_exact(sock, dtype, codec):
+    shape = (16, 20)  # 320 pixels: uint8 values wrap at 256
+    nframes, nseries = 15, 2
+    stats, lines, rc, err = run_pair(
+        ["--shape", "16x20", "--dtype", dtype, "--codec", codec, "--pattern", "counter",
+         "--frames", str(nframes), "--series", str(nseries), "--series-id", "7",
+         "--meta", "energy=12.4", "--meta", "sample=lysozyme"],
+        ["--json", "--all-types", "--stats", "--ends", str(nseries), "--hwm", "0"], sock)
+    assert rc == 0, err
+    assert stats["frames_sent"] == nframes * nseries and stats["series"] == nseries
+    summary = lines[-1]
+    assert summary["type"] == "SUMMARY"
+    assert summary["gaps"] == 0 and summary["malformed"] == 0 and summary["orphans"] == 0
+    msgs = lines[:-1]
+    # One sequence per socket: every message numbered, none missing.
+    assert [m["seq"] for m in msgs] == list(range(len(msgs)))
+    starts = by_type(msgs, "SERIES_START")
+    assert [s["series"] for s in starts] == [7, 8]
+    meta = starts[0]["meta"]
+    assert meta["detector"] == "beamd-sim" and meta["pattern"] == "counter"
+    assert meta["nframes"] == nframes and meta["energy"] == 12.4
+    assert meta["sample"] == "lysozyme" and meta["frame_time"] > 0
+    assert starts[0]["shape"] == list(shape) and starts[0]["dtype"] == dtype
+    ends = by_type(msgs, "SERIES_END")
+    assert [e["series"] for e in ends] == [7, 8]
+    frames = by_type(msgs, "FRAME")
+    got = [(f["series"], f["frame"]) for f in frames]
+    assert got == [(s, i) for s in (7, 8) for i in range(nframes)]
+    for f in frames:
+        exp = counter_frame(f["frame"], shape, dtype)
+        assert f["codec"] == codec and f["dtype"] == dtype and f["shape"] == list(shape)
+        assert f["flags"] == 0 and f["t_acq_ns"] > 0
+        vals = np.array(f["values"], dtype=NP_DTYPES[dtype]).reshape(shape)
+        np.testing.assert_array_equal(vals, exp)
+        assert f["sum"] == exp.astype(np.float64).sum()
+        assert f["min"] == exp.min() and f["max"] == exp.max()
+
+
+def test_large_frames_summarised():
+    # 100x70 = 7000 elements > 4096: no values, but sum/min/max stay exact.
+    stats, lines, rc, err = run_pair(
+        ["--shape", "100x70", "--dtype", "uint16", "--codec", "lz4", "--pattern", "counter",
+         "--frames", "5"],
+        ["--json", "--all-types", "--ends", "1"], "push")
+    assert rc == 0, err
+    frames = by_type(lines, "FRAME")
+    assert len(frames) == 5
+    for f in frames:
+        exp = counter_frame(f["frame"], (100, 70), "uint16")
+        assert "values" not in f and f["nelems"] == 7000
+        assert f["sum"] == int(exp.astype(np.int64).sum())
+        assert f["min"] == exp.min() and f["max"] == exp.max()
+
+
+def test_rate_pacing_200hz():
+    n = 400  # 2 s at 200 Hz
+    t0 = time.monotonic()
+    stats, lines, rc, err = run_pair(
+        ["--shape", "4x4", "--rate", "200", "--frames", str(n), "--pattern", "flat"],
+        ["--json", "--all-types", "--ends", "1", "--hwm", "0"], "push")
+    assert rc == 0, err
+    assert 180 <= stats["rate"] <= 220, stats
+    frames = by_type(lines, "FRAME")
+    assert len(frames) == n
+    # Independent of the sender's own report: acquisition stamps in the headers.
+    span = (frames[-1]["t_acq_ns"] - frames[0]["t_acq_ns"]) / 1e9
+    assert 180 <= (n - 1) / span <= 220, span
+    assert time.monotonic() - t0 < 15
+    # Flat pattern: every pixel equals --mean (2.0 rounded for integers).
+    assert all(f["values"] == [2] * 16 for f in frames)
+
+
+@pytest.mark.parametrize("sock", ["pub", "push"])
+def test_malformed_counted_without_gaps(sock):
+    n, bad = 60, 12  # kinds cycle over 6: 2 of the 12 are orphan frames
+    stats, lines, rc, err = run_pair(
+        ["--shape", "8x8", "--pattern", "counter", "--frames", str(n), "--malformed", str(bad)],
+        ["--json", "--all-types", "--stats", "--ends", "1", "--hwm", "0"], sock)
+    assert rc == 0, err
+    assert stats["malformed_sent"] == bad and stats["frames_sent"] == n
+    summary = lines[-1]
+    assert summary["malformed"] == 10 and summary["orphans"] == 2
+    # Rejected messages do not consume sequence numbers; orphan frames are
+    # well-formed and numbered like any other message.
+    assert summary["gaps"] == 0 and summary["seq_resets"] == 0
+    assert len(by_type(lines, "MALFORMED")) == 10
+    frames = [f for f in by_type(lines, "FRAME") if not f.get("orphan")]
+    assert [f["frame"] for f in frames] == list(range(n))
+    assert summary["reported"] == n
+    valid = [l for l in lines[:-1] if l["type"] != "MALFORMED"]
+    assert [m["seq"] for m in valid] == list(range(n + 2 + 2))
+    whys = {l["why"] for l in by_type(lines, "MALFORMED")}
+    assert len(whys) == 5, whys  # five distinct rejection reasons
+
+
+def test_save_npy_and_h5(tmp_path):
+    save = tmp_path / "npy"
+    h5 = tmp_path / "out.h5"
+    stats, lines, rc, err = run_pair(
+        ["--shape", "6x5", "--dtype", "float32", "--codec", "bslz4", "--pattern", "counter",
+         "--frames", "4", "--series", "2"],
+        ["--all-types", "--ends", "2", "--save", str(save), "--save-h5", str(h5)], "push")
+    assert rc == 0, err
+    files = sorted(os.listdir(save / "frame"))
+    assert files == sorted(f"{s}_{i}.npy" for s in (1, 2) for i in range(4))
+    for s in (1, 2):
+        for i in range(4):
+            a = np.load(save / "frame" / f"{s}_{i}.npy")
+            assert a.dtype == np.float32 and a.shape == (6, 5)
+            np.testing.assert_array_equal(a, counter_frame(i, (6, 5), "float32"))
+    with h5py.File(h5, "r") as f:
+        d = f["frame"]
+        ids = f["frame:ids"][()]
+        assert d.shape == (8, 6, 5) and d.dtype == np.float32
+        assert d.chunks == (1, 6, 5) and d.maxshape[0] is None
+        assert ids.tolist() == [[s, i] for s in (1, 2) for i in range(4)]
+        for row, (s, i) in enumerate(ids):
+            np.testing.assert_array_equal(d[row], counter_frame(int(i), (6, 5), "float32"))
+
+
+def test_poisson_and_stem_patterns(tmp_path):
+    stats, lines, rc, err = run_pair(
+        ["--shape", "32x32", "--pattern", "stem", "--frames", "16", "--mean", "1.0"],
+        ["--json", "--all-types", "--ends", "1", "--save", str(tmp_path)], "push")
+    assert rc == 0, err
+    start = by_type(lines, "SERIES_START")[0]
+    assert start["meta"]["scan_shape"] == [4, 4]
+    frames = by_type(lines, "FRAME")
+    assert len(frames) == 16
+    inner, outer, peaks, xs = [], [], [], set()
+    for f in frames:
+        a = np.load(tmp_path / "frame" / f"1_{f['frame']}.npy")
+        np.testing.assert_array_equal(a.ravel(), np.array(f["values"], dtype=np.uint16))
+        assert f["flags"] & 4  # BEAM_FLAG_POS: scan position in the header
+        xs.add(f["pos"][0])
+        inner.append(a[14:18, 14:18].mean())
+        outer.append(np.concatenate([a[:4].ravel(), a[-4:].ravel()]).mean())
+        peaks.append(a[14:18, 14:18].mean())
+    assert min(inner) > 5 * max(outer)  # bright disk over a dim background
+    assert max(peaks) - min(peaks) > 5  # disk intensity varies with position
+    assert len(xs) == 4
+    assert 0.3 < np.mean(outer) < 2.0  # Poisson background of mean 1
+
+    stats, lines, rc, err = run_pair(
+        ["--shape", "64x64", "--pattern", "poisson", "--mean", "3", "--frames", "20"],
+        ["--json", "--all-types", "--ends", "1"], "push")
+    assert rc == 0, err
+    frames = by_type(lines, "FRAME")
+    means = [f["mean"] for f in frames]
+    assert abs(np.mean(means) - 3.0) < 0.1
+    assert len({f["sum"] for f in frames}) > 10  # frames differ from each other
+
+
+def test_bad_options_and_bind_failure():
+    def rc_of(cmd):
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    for args in (["--shape", "0x5"], ["--shape", "12"], ["--dtype", "int7"],
+                 ["--codec", "zstd"], ["--rate", "-1"], ["--frames", "x"],
+                 ["--socket", "req"], ["--bogus"], ["--frames", "0", "--series", "2"],
+                 ["--meta", "novalue"], ["--bind", "tcp://a:1", "--connect", "tcp://b:1"]):
+        r = rc_of([SIM] + args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "beamd-sim:" in r.stderr
+    for args in (["--socket", "rep"], ["--count", "0"], ["--timeout", "abc"],
+                 ["--print", "--json"], ["--nope"]):
+        r = rc_of([SUB] + args)
+        assert r.returncode == 2, (args, r.stderr)
+    r = rc_of([SIM, "--bind", "tcp://256.1.1.1:5", "--quiet"])
+    assert r.returncode == 1 and "tcp://256.1.1.1:5" in r.stderr
+    assert rc_of([SIM, "--help"]).returncode == 0
+    assert rc_of([SUB, "--help"]).returncode == 0
+
+
+def test_sub_timeout_exit_codes():
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    r = subprocess.run([SUB, "--connect", ep, "--count", "3", "--timeout", "0.5", "--stats"],
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 3
+    summary = json.loads(r.stdout.splitlines()[-1])
+    assert summary["timed_out"] is True and summary["messages"] == 0
+    r = subprocess.run([SUB, "--connect", ep, "--timeout", "0.5"],
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0
+    assert time.monotonic() - t0 < 5
+
+
+def test_sim_output_decoded_by_python_twin():
+    """beamd-sim checked by the independent Python decoder, not by beamd-sub."""
+    port = free_port()
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        sim = subprocess.Popen([SIM, "--bind", f"tcp://127.0.0.1:{port}", "--socket", "push",
+                                "--shape", "9x7", "--dtype", "uint16", "--codec", "bslz4",
+                                "--pattern", "counter", "--frames", "30", "--malformed", "6",
+                                "--quiet"], stderr=subprocess.PIPE, text=True)
+        msgs, rejected = [], []
+        pull.setsockopt(zmq.RCVTIMEO, 10000)
+        while not msgs or msgs[-1][1].type != proto.SERIES_END:
+            parts = pull.recv_multipart()
+            try:
+                msgs.append(proto.decode_message(parts))
+            except proto.ProtocolError as e:
+                rejected.append(str(e))
+        assert sim.wait(timeout=15) == 0, sim.stderr.read()
+    finally:
+        pull.close(0)
+        ctx.term()
+    assert len(rejected) == 5 and len(set(rejected)) == 5
+    assert [h.seq for _, h, _, _ in msgs] == list(range(len(msgs)))
+    start = msgs[0]
+    assert start[1].type == proto.SERIES_START and start[3]["detector"] == "beamd-sim"
+    frames = [(h, a) for _, h, a, _ in msgs if h.type == proto.FRAME and h.series_id == 1]
+    assert [h.frame_id for h, _ in frames] == list(range(30))
+    for h, a in frames:
+        assert proto.CODECS[h.codec] == "bslz4"
+        np.testing.assert_array_equal(a, counter_frame(h.frame_id, (9, 7), "uint16"))
+
+
+def send_results(sock, msgs):
+    for m in msgs:
+        sock.send_multipart(m)
+
+
+def result_messages():
+    g2 = np.arange(640, dtype=np.float32).reshape(10, 64) / 7
+    scores = np.array([1 + 2j, -3.5 + 0.25j, 0], dtype=np.complex64)
+    desc = {"stage": "g2", "output": "g2", "dtype": "float32", "shape": [10, 64],
+            "units": "", "axes": ["roi", "tau"]}
+    stats = json.dumps({"frames": 5, "gaps": 0}).encode()
+    seq = iter(range(100))
+    msgs = [
+        proto.encode_message("SERIES_START", topic="beamd.series", series_id=3,
+                             shape=(8, 8), dtype="uint16", seq=next(seq),
+                             meta={"detector": "x", "frame_time": 0.01, "nframes": 2}),
+        proto.encode_message("RESULT", g2, topic="g2.g2", series_id=3, frame_id=0,
+                             seq=next(seq), meta=desc, split=3, flags=proto.FLAG_PARTIAL),
+        [b"g2.g2", b"\x89BMD-not-a-header"],
+        proto.encode_message("RESULT", scores, topic="pca.scores", series_id=3, frame_id=0,
+                             seq=next(seq), codec="lz4"),
+        proto.encode_message("RESULT", g2 * 2, topic="g2.g2", series_id=3, frame_id=1,
+                             seq=next(seq), codec="bslz4", flags=proto.FLAG_FINAL),
+        proto.encode_message("RESULT", np.frombuffer(stats, np.uint8), topic="beamd.stats",
+                             seq=next(seq)),
+        proto.encode_message("SERIES_END", topic="beamd.series", series_id=3, seq=next(seq)),
+    ]
+    return msgs, g2, scores
+
+
+def test_sub_results_save_and_h5(tmp_path):
+    msgs, g2, scores = result_messages()
+    port = free_port()
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDTIMEO, 10000)
+    push.bind(f"tcp://127.0.0.1:{port}")
+    h5 = tmp_path / "r.h5"
+    try:
+        sub = subprocess.Popen([SUB, "--connect", f"tcp://127.0.0.1:{port}", "--socket", "pull",
+                                "--json", "--stats", "--count", "4", "--timeout", "10",
+                                "--save", str(tmp_path), "--save-h5", str(h5)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        send_results(push, msgs[:-1])  # stop before SERIES_END: --count 4 ends the run
+        out, err = sub.communicate(timeout=15)
+    finally:
+        push.close(0)
+        ctx.term()
+    assert sub.returncode == 0, err
+    lines = [json.loads(l) for l in out.splitlines()]
+    res = by_type(lines, "RESULT")
+    assert [r["topic"] for r in res] == ["g2.g2", "pca.scores", "g2.g2", "beamd.stats"]
+    assert res[0]["meta"]["axes"] == ["roi", "tau"] and res[0]["shape"] == [10, 64]
+    np.testing.assert_array_equal(np.array(res[0]["values"], np.float32).reshape(10, 64), g2)
+    assert res[1]["values"] == [[1.0, 2.0], [-3.5, 0.25], [0.0, 0.0]]
+    assert res[3]["doc"] == {"frames": 5, "gaps": 0} and "values" not in res[3]
+    assert by_type(lines, "SERIES_START")[0]["topic"] == "beamd.series"
+    summary = lines[-1]
+    assert summary["malformed"] == 1 and summary["gaps"] == 0
+    assert summary["by_topic"] == {"beamd.series": 1, "g2.g2": 2, "pca.scores": 1,
+                                   "beamd.stats": 1}
+    np.testing.assert_array_equal(np.load(tmp_path / "g2.g2" / "3_0.npy"), g2)
+    np.testing.assert_array_equal(np.load(tmp_path / "g2.g2" / "3_1.npy"), g2 * 2)
+    c = np.load(tmp_path / "pca.scores" / "3_0.npy")
+    assert c.dtype == np.complex64
+    np.testing.assert_array_equal(c, scores)
+    assert not (tmp_path / "beamd.stats").exists()
+    with h5py.File(h5, "r") as f:
+        np.testing.assert_array_equal(f["g2.g2"][()], np.stack([g2, g2 * 2]))
+        assert json.loads(f["g2.g2"].attrs["descriptor"])["stage"] == "g2"
+        assert f["g2.g2:ids"][()].tolist() == [[3, 0], [3, 1]]
+        np.testing.assert_array_equal(f["pca.scores"][0], scores)
+
+
+def test_sub_topic_filter_pub():
+    msgs, g2, _ = result_messages()
+    port = free_port()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        sub = subprocess.Popen([SUB, "--connect", f"tcp://127.0.0.1:{port}", "--topic", "g2.",
+                                "--print", "--stats", "--count", "2", "--timeout", "10"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)  # let the subscription reach the PUB
+        send_results(pub, msgs)
+        out, err = sub.communicate(timeout=15)
+    finally:
+        pub.close(0)
+        ctx.term()
+    assert sub.returncode == 0, err
+    lines = out.splitlines()
+    summary = json.loads(lines[-1])
+    assert summary["by_topic"] == {"g2.g2": 2} and summary["gaps"] is None
+    printed = [l for l in lines[:-1] if l.startswith("RESULT")]
+    assert len(printed) == 2 and all(" g2.g2 " in l for l in printed)
+    assert "float32[10x64] raw" in printed[0] and "min=0 " in printed[0]

@@ -1,0 +1,413 @@
+/* beamd-sim: a synthetic detector that streams frames to beamd.
+ *
+ * Parses the command line, opens one PUB or PUSH socket and runs the send
+ * loop: SERIES_START, FRAMEs paced on absolute deadlines, SERIES_END, for
+ * each series, with optional malformed messages spread over the run. The
+ * pixel patterns live in bank.c and the wire encoding in tx.c. Usage is in
+ * docs/tools.md and --help. Exit codes: 0 done, 1 runtime error (bind,
+ * send), 2 bad command line.
+ */
+#include "tools/beamd-sim/sim.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#define DEFAULT_ENDPOINT "tcp://127.0.0.1:5500"
+#define PUB_LINGER_MS 2000  /* PUB: give queued frames time to leave */
+#define PUSH_LINGER_MS 10000 /* PUSH: lossless, but never hang forever on a dead peer */
+#define FOREVER_MALFORMED_EVERY 100u
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+  (void)sig;
+  g_stop = 1;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+"usage: beamd-sim [options]\n"
+"Synthetic detector: sends SERIES_START / FRAME / SERIES_END (beamd wire v1).\n"
+"  --bind ENDPOINT        bind here (default " DEFAULT_ENDPOINT ")\n"
+"  --connect ENDPOINT     connect instead of binding\n"
+"  --socket pub|push      socket type (default pub)\n"
+"  --shape HxW            frame shape (default 512x512)\n"
+"  --dtype T              uint8|uint16|uint32|float32 (default uint16)\n"
+"  --rate HZ              frames per second, 0 = as fast as possible (default 0)\n"
+"  --frames N             frames per series, 0 = one series forever (default 1000)\n"
+"  --series K             number of series (default 1)\n"
+"  --series-id ID         first series id (default 1)\n"
+"  --codec C              raw|lz4|bslz4 (default raw)\n"
+"  --pattern P            poisson|flat|counter|stem (default poisson)\n"
+"  --mean M               poisson/stem background mean, flat value (default 2.0)\n"
+"  --seed S               random seed (default 1)\n"
+"  --wait-subscribers S   PUB: seconds to wait after bind/connect (default 0.5)\n"
+"  --hwm N                ZMQ_SNDHWM (default: ZeroMQ's 1000)\n"
+"  --malformed N          inject N malformed messages spread over the run\n"
+"  --frame-time S         metadata frame_time (default 1/rate, or 0.001)\n"
+"  --meta KEY=VALUE       extra series metadata (repeatable; numbers and JSON\n"
+"                         arrays/objects are parsed, anything else is a string)\n"
+"  --quiet                no progress messages on stderr\n"
+"  --stats-json           print one JSON line of totals on stdout at exit\n"
+"  --help                 this text\n");
+}
+
+static int bad(const char *opt, const char *val, const char *why) {
+  fprintf(stderr, "beamd-sim: bad value for --%s: '%s' (%s)\n", opt, val, why);
+  return -1;
+}
+
+static int parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
+  char *end;
+  errno = 0;
+  if (*s == '-' || *s == '\0')
+    return bad(opt, s, "expected a non-negative integer");
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || *end)
+    return bad(opt, s, "expected a non-negative integer");
+  if (v < lo || v > hi) {
+    char why[96];
+    snprintf(why, sizeof why, "must be in %llu..%llu", (unsigned long long)lo,
+             (unsigned long long)hi);
+    return bad(opt, s, why);
+  }
+  *out = v;
+  return 0;
+}
+
+static int parse_double(const char *opt, const char *s, double lo, double hi, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || *s == '\0' || *end || !(v >= lo && v <= hi)) {
+    char why[96];
+    snprintf(why, sizeof why, "expected a number in %g..%g", lo, hi);
+    return bad(opt, s, why);
+  }
+  *out = v;
+  return 0;
+}
+
+static int parse_shape(const char *s, sim_opts_t *o) {
+  char *end;
+  errno = 0;
+  unsigned long h = strtoul(s, &end, 10);
+  if (errno || end == s || (*end != 'x' && *end != 'X'))
+    return bad("shape", s, "expected HxW, e.g. 512x512");
+  const char *ws = end + 1;
+  unsigned long w = strtoul(ws, &end, 10);
+  if (errno || end == ws || *end || *s == '-' || *ws == '-')
+    return bad("shape", s, "expected HxW, e.g. 512x512");
+  if (h < 1 || w < 1 || h > beam_limits_default.max_dim || w > beam_limits_default.max_dim)
+    return bad("shape", s, "each axis must be 1..max_dim of the protocol limits");
+  o->h = (uint32_t)h;
+  o->w = (uint32_t)w;
+  return 0;
+}
+
+static int parse_meta(const char *s, sim_opts_t *o) {
+  const char *eq = strchr(s, '=');
+  if (!eq || eq == s)
+    return bad("meta", s, "expected KEY=VALUE");
+  char key[256];
+  size_t kl = (size_t)(eq - s);
+  if (kl >= sizeof key)
+    return bad("meta", s, "key too long");
+  memcpy(key, s, kl);
+  key[kl] = '\0';
+  const char *val = eq + 1;
+  json_t *v = json_loads(val, JSON_DECODE_ANY, NULL);
+  if (v && !json_is_number(v) && !json_is_array(v) && !json_is_object(v)) {
+    json_decref(v);
+    v = NULL;
+  }
+  if (!v)
+    v = json_string(val);
+  if (!v)
+    return bad("meta", s, "value is not valid UTF-8");
+  if (!o->meta)
+    o->meta = json_object();
+  json_object_set_new(o->meta, key, v);
+  return 0;
+}
+
+enum {
+  OPT_BIND = 256, OPT_CONNECT, OPT_SOCKET, OPT_SHAPE, OPT_DTYPE, OPT_RATE,
+  OPT_FRAMES, OPT_SERIES, OPT_SERIES_ID, OPT_CODEC, OPT_PATTERN, OPT_MEAN,
+  OPT_SEED, OPT_WAIT, OPT_HWM, OPT_MALFORMED, OPT_FRAME_TIME, OPT_META,
+  OPT_QUIET, OPT_STATS, OPT_HELP,
+};
+
+static const struct option long_opts[] = {
+  {"bind", required_argument, 0, OPT_BIND},
+  {"connect", required_argument, 0, OPT_CONNECT},
+  {"socket", required_argument, 0, OPT_SOCKET},
+  {"shape", required_argument, 0, OPT_SHAPE},
+  {"dtype", required_argument, 0, OPT_DTYPE},
+  {"rate", required_argument, 0, OPT_RATE},
+  {"frames", required_argument, 0, OPT_FRAMES},
+  {"series", required_argument, 0, OPT_SERIES},
+  {"series-id", required_argument, 0, OPT_SERIES_ID},
+  {"codec", required_argument, 0, OPT_CODEC},
+  {"pattern", required_argument, 0, OPT_PATTERN},
+  {"mean", required_argument, 0, OPT_MEAN},
+  {"seed", required_argument, 0, OPT_SEED},
+  {"wait-subscribers", required_argument, 0, OPT_WAIT},
+  {"hwm", required_argument, 0, OPT_HWM},
+  {"malformed", required_argument, 0, OPT_MALFORMED},
+  {"frame-time", required_argument, 0, OPT_FRAME_TIME},
+  {"meta", required_argument, 0, OPT_META},
+  {"quiet", no_argument, 0, OPT_QUIET},
+  {"stats-json", no_argument, 0, OPT_STATS},
+  {"help", no_argument, 0, OPT_HELP},
+  {0, 0, 0, 0},
+};
+
+/* Returns 0, 1 for --help, or -1 after printing why. */
+static int parse_args(int argc, char **argv, sim_opts_t *o) {
+  int have_bind = 0, have_connect = 0, c;
+  uint64_t u;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
+    switch (c) {
+    case OPT_BIND: o->endpoint = optarg; have_bind = 1; break;
+    case OPT_CONNECT: o->endpoint = optarg; have_connect = 1; break;
+    case OPT_SOCKET:
+      if (!strcmp(optarg, "pub")) o->sock_type = ZMQ_PUB;
+      else if (!strcmp(optarg, "push")) o->sock_type = ZMQ_PUSH;
+      else return bad("socket", optarg, "pub or push");
+      break;
+    case OPT_SHAPE: if (parse_shape(optarg, o)) return -1; break;
+    case OPT_DTYPE:
+      o->dtype = beam_dtype_from_name(optarg);
+      if (o->dtype != BEAM_DT_U8 && o->dtype != BEAM_DT_U16 &&
+          o->dtype != BEAM_DT_U32 && o->dtype != BEAM_DT_F32)
+        return bad("dtype", optarg, "uint8, uint16, uint32 or float32");
+      break;
+    case OPT_RATE: if (parse_double("rate", optarg, 0, 1e9, &o->rate)) return -1; break;
+    case OPT_FRAMES: if (parse_u64("frames", optarg, 0, UINT64_MAX / 2, &o->frames)) return -1; break;
+    case OPT_SERIES: if (parse_u64("series", optarg, 1, 1u << 30, &o->nseries)) return -1; break;
+    case OPT_SERIES_ID:
+      if (parse_u64("series-id", optarg, 0, (uint64_t)INT64_MAX / 2, &o->series_id0)) return -1;
+      break;
+    case OPT_CODEC:
+      if (!strcmp(optarg, "raw")) o->codec = BEAM_CODEC_RAW;
+      else if (!strcmp(optarg, "lz4")) o->codec = BEAM_CODEC_LZ4;
+      else if (!strcmp(optarg, "bslz4")) o->codec = BEAM_CODEC_BSLZ4;
+      else return bad("codec", optarg, "raw, lz4 or bslz4");
+      break;
+    case OPT_PATTERN:
+      if (!strcmp(optarg, "poisson")) o->pattern = SIM_PAT_POISSON;
+      else if (!strcmp(optarg, "flat")) o->pattern = SIM_PAT_FLAT;
+      else if (!strcmp(optarg, "counter")) o->pattern = SIM_PAT_COUNTER;
+      else if (!strcmp(optarg, "stem")) o->pattern = SIM_PAT_STEM;
+      else return bad("pattern", optarg, "poisson, flat, counter or stem");
+      break;
+    case OPT_MEAN: if (parse_double("mean", optarg, 0, 1e9, &o->mean)) return -1; break;
+    case OPT_SEED: if (parse_u64("seed", optarg, 0, UINT64_MAX, &o->seed)) return -1; break;
+    case OPT_WAIT: if (parse_double("wait-subscribers", optarg, 0, 3600, &o->wait_subs)) return -1; break;
+    case OPT_HWM:
+      if (parse_u64("hwm", optarg, 0, INT32_MAX, &u)) return -1;
+      o->hwm = (int)u;
+      break;
+    case OPT_MALFORMED: if (parse_u64("malformed", optarg, 0, 1u << 30, &o->malformed)) return -1; break;
+    case OPT_FRAME_TIME: if (parse_double("frame-time", optarg, 0, 1e6, &o->frame_time)) return -1; break;
+    case OPT_META: if (parse_meta(optarg, o)) return -1; break;
+    case OPT_QUIET: o->quiet = 1; break;
+    case OPT_STATS: o->stats_json = 1; break;
+    case OPT_HELP: return 1;
+    default:
+      if (optopt)
+        fprintf(stderr, "beamd-sim: option needs a value or is unknown: %s\n", argv[optind - 1]);
+      else
+        fprintf(stderr, "beamd-sim: unknown option: %s\n", argv[optind - 1]);
+      return -1;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "beamd-sim: unexpected argument: %s\n", argv[optind]);
+    return -1;
+  }
+  if (have_bind && have_connect) {
+    fprintf(stderr, "beamd-sim: --bind and --connect are exclusive\n");
+    return -1;
+  }
+  o->bind = !have_connect;
+  if (o->frames == 0 && o->nseries != 1) {
+    fprintf(stderr, "beamd-sim: --frames 0 runs one series forever; --series must be 1\n");
+    return -1;
+  }
+  size_t esize = beam_dtype_size(o->dtype);
+  if ((uint64_t)o->h * o->w * esize > beam_limits_default.max_raw_bytes) {
+    fprintf(stderr, "beamd-sim: a %ux%u %s frame exceeds the protocol limit of %llu bytes\n",
+            o->h, o->w, beam_dtype_name(o->dtype),
+            (unsigned long long)beam_limits_default.max_raw_bytes);
+    return -1;
+  }
+  return 0;
+}
+
+/* Global frame index before which malformed message i is sent: evenly
+ * spread over a finite run, one every FOREVER_MALFORMED_EVERY otherwise. */
+static uint64_t malformed_slot(const sim_opts_t *o, uint64_t i) {
+  if (o->frames == 0)
+    return (i + 1) * FOREVER_MALFORMED_EVERY;
+  unsigned __int128 total = (unsigned __int128)o->frames * o->nseries;
+  return (uint64_t)(total * (i + 1) / (o->malformed + 1));
+}
+
+static void sleep_until(uint64_t deadline_ns) {
+  struct timespec ts = {(time_t)(deadline_ns / 1000000000ull),
+                        (long)(deadline_ns % 1000000000ull)};
+  while (!g_stop && clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+    ;
+}
+
+/* The send loop. Returns 0, or -1 with d set (d->code == 0 when a signal
+ * interrupted a blocking send, which is not an error). */
+static int run(sim_tx_t *tx, const sim_opts_t *o, beam_diag_t *d) {
+  uint64_t g = 0, next_mal = 0, t0 = 0;
+  for (uint64_t s = 0; s < o->nseries && !g_stop; s++) {
+    uint64_t sid = o->series_id0 + s;
+    if (sim_tx_series_start(tx, sid, d) < 0)
+      return -1;
+    uint64_t f = 0;
+    for (; (o->frames == 0 || f < o->frames) && !g_stop; f++, g++) {
+      if (o->rate > 0) {
+        if (!t0)
+          t0 = sim_now_mono_ns();
+        /* Absolute deadlines: a late frame does not delay the ones after it,
+         * so the long-run rate is exact. */
+        sleep_until(t0 + (uint64_t)((double)g * 1e9 / o->rate));
+        if (g_stop)
+          break;
+      }
+      while (next_mal < o->malformed && malformed_slot(o, next_mal) <= g) {
+        if (sim_tx_malformed(tx, next_mal, sid, d) < 0)
+          return -1;
+        next_mal++;
+      }
+      if (sim_tx_frame(tx, sid, f, d) < 0)
+        return -1;
+    }
+    if (sim_tx_series_end(tx, sid, f, g_stop != 0, d) < 0)
+      return -1;
+  }
+  return 0;
+}
+
+static void print_stats(const sim_tx_t *tx) {
+  const sim_stats_t *st = &tx->st;
+  double secs = st->t_last_ns > st->t_first_ns ? (st->t_last_ns - st->t_first_ns) / 1e9 : 0.0;
+  /* Inter-frame rate: N frames paced at R Hz span (N-1)/R seconds. */
+  double fspan = (st->t_last_frame_ns - st->t_first_frame_ns) / 1e9;
+  double rate = st->frames_sent >= 2 && fspan > 0 ? (st->frames_sent - 1) / fspan : 0.0;
+  printf("{\"frames_sent\":%llu,\"series\":%llu,\"bytes\":%llu,\"seconds\":%.6f,"
+         "\"rate\":%.3f,\"malformed_sent\":%llu}\n",
+         (unsigned long long)st->frames_sent, (unsigned long long)st->series,
+         (unsigned long long)st->bytes, secs, rate, (unsigned long long)st->malformed_sent);
+  fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+  sim_opts_t o = {
+      .endpoint = DEFAULT_ENDPOINT, .bind = 1, .sock_type = ZMQ_PUB, .h = 512, .w = 512,
+      .dtype = BEAM_DT_U16, .rate = 0, .frames = 1000, .nseries = 1, .series_id0 = 1,
+      .codec = BEAM_CODEC_RAW, .pattern = SIM_PAT_POISSON, .mean = 2.0, .seed = 1,
+      .wait_subs = 0.5, .hwm = -1, .frame_time = -1,
+  };
+  int pr = parse_args(argc, argv, &o);
+  if (pr == 1) {
+    usage(stdout);
+    return 0;
+  }
+  if (pr < 0) {
+    fprintf(stderr, "beamd-sim: try --help\n");
+    json_decref(o.meta);
+    return 2;
+  }
+
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal; /* no SA_RESTART: blocking sends must see EINTR */
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+
+  beam_diag_t d;
+  beam_diag_clear(&d);
+  sim_bank_t bank;
+  sim_tx_t tx;
+  memset(&bank, 0, sizeof bank);
+  memset(&tx, 0, sizeof tx);
+  int rc = 1;
+  void *ctx = zmq_ctx_new();
+  void *sock = ctx ? zmq_socket(ctx, o.sock_type) : NULL;
+  if (!sock) {
+    fprintf(stderr, "beamd-sim: cannot create ZeroMQ socket: %s\n", zmq_strerror(errno));
+    if (ctx)
+      zmq_ctx_term(ctx);
+    json_decref(o.meta);
+    return 1;
+  }
+  if (o.hwm >= 0 && zmq_setsockopt(sock, ZMQ_SNDHWM, &o.hwm, sizeof o.hwm) < 0) {
+    fprintf(stderr, "beamd-sim: ZMQ_SNDHWM %d: %s\n", o.hwm, zmq_strerror(errno));
+    goto out;
+  }
+  if ((o.bind ? zmq_bind(sock, o.endpoint) : zmq_connect(sock, o.endpoint)) < 0) {
+    fprintf(stderr, "beamd-sim: cannot %s %s: %s\n", o.bind ? "bind" : "connect",
+            o.endpoint, zmq_strerror(errno));
+    goto out;
+  }
+  /* A PUB drops everything sent before subscribers have connected; the wait
+   * starts at the bind so the bank generation below overlaps with it. */
+  uint64_t wait_until = sim_now_mono_ns() + (uint64_t)(o.wait_subs * 1e9);
+  /* The bank is made after the bind, so a taken port fails fast. */
+  if (sim_bank_init(&bank, &o, &d) < 0 || sim_tx_init(&tx, sock, &o, &bank, &d) < 0) {
+    fprintf(stderr, "beamd-sim: %s\n", d.msg);
+    goto out;
+  }
+  if (!o.quiet) {
+    fprintf(stderr, "beamd-sim: %s %s (%s), %ux%u %s %s %s, %llu series x ",
+            o.bind ? "bound" : "connected", o.endpoint, o.sock_type == ZMQ_PUB ? "pub" : "push",
+            o.h, o.w, beam_dtype_name(o.dtype), beam_codec_name(o.codec),
+            sim_pattern_name(o.pattern), (unsigned long long)o.nseries);
+    if (o.frames)
+      fprintf(stderr, "%llu frames", (unsigned long long)o.frames);
+    else
+      fprintf(stderr, "forever");
+    if (o.rate > 0)
+      fprintf(stderr, " at %g Hz\n", o.rate);
+    else
+      fprintf(stderr, " unpaced\n");
+  }
+  if (o.sock_type == ZMQ_PUB && o.wait_subs > 0)
+    sleep_until(wait_until);
+  if (run(&tx, &o, &d) < 0 && d.code != 0) {
+    fprintf(stderr, "beamd-sim: %s\n", d.msg);
+  } else {
+    rc = 0;
+    if (!o.quiet)
+      fprintf(stderr, "beamd-sim: sent %llu frames in %llu series (%llu malformed)%s\n",
+              (unsigned long long)tx.st.frames_sent, (unsigned long long)tx.st.series,
+              (unsigned long long)tx.st.malformed_sent, g_stop ? ", interrupted" : "");
+  }
+  if (o.stats_json)
+    print_stats(&tx);
+
+out:;
+  int linger = g_stop ? 0 : o.sock_type == ZMQ_PUB ? PUB_LINGER_MS : PUSH_LINGER_MS;
+  zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+  zmq_close(sock);
+  while (zmq_ctx_term(ctx) < 0 && errno == EINTR) /* waits for the linger; the bank must outlive it */
+  sim_tx_destroy(&tx);
+  sim_bank_destroy(&bank);
+  json_decref(o.meta);
+  return rc;
+}

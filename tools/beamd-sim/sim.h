@@ -1,0 +1,123 @@
+/* beamd-sim internals: options, the frame bank and the message sender.
+ *
+ * beamd-sim is a synthetic detector for testing and benchmarking beamd: it
+ * sends SERIES_START / FRAME / SERIES_END messages in the wire format of
+ * proto/proto.h over a ZeroMQ PUB or PUSH socket. This header is shared by
+ * the tool's own files only; nothing else links against it.
+ */
+#ifndef BEAMD_SIM_H
+#define BEAMD_SIM_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pipeline/err.h"
+#include "proto/proto.h"
+
+typedef enum sim_pattern_e {
+  SIM_PAT_POISSON = 0,
+  SIM_PAT_FLAT,
+  SIM_PAT_COUNTER,
+  SIM_PAT_STEM,
+} sim_pattern_t;
+
+const char *sim_pattern_name(sim_pattern_t p);
+
+typedef struct sim_opts_s {
+  const char *endpoint;
+  int bind;          /* 1: bind, 0: connect */
+  int sock_type;     /* ZMQ_PUB or ZMQ_PUSH */
+  uint32_t h, w;
+  beam_dtype_t dtype;
+  double rate;       /* frames/s; 0 = as fast as possible */
+  uint64_t frames;   /* per series; 0 = forever (one series) */
+  uint64_t nseries;
+  uint64_t series_id0;
+  beam_codec_t codec;
+  sim_pattern_t pattern;
+  double mean;
+  uint64_t seed;
+  double wait_subs;  /* seconds, PUB only */
+  int hwm;           /* -1: ZeroMQ default */
+  uint64_t malformed;
+  double frame_time; /* < 0: derive from rate */
+  json_t *meta;      /* extra series metadata (owned) */
+  int quiet;
+  int stats_json;
+} sim_opts_t;
+
+/* Pre-generated pixels. Static patterns (poisson, flat, counter) hand out
+ * windows into one buffer, so a frame costs no generation and can be sent
+ * zero-copy; stem renders a disk on top of a poisson window into a buffer
+ * the caller provides. */
+typedef struct sim_bank_s {
+  sim_pattern_t pattern;
+  beam_dtype_t dtype;
+  size_t esize;
+  size_t npix;
+  uint32_t h, w;
+  uint64_t seed;
+  uint8_t *data;    /* bank, nelems elements */
+  size_t nelems;
+  size_t nwin;      /* number of valid window start offsets */
+  /* stem only */
+  int32_t *disk_dy, *disk_dx; /* disk pixel offsets from its centre */
+  size_t ndisk;
+  uint32_t scan_nx, scan_ny;
+  double disk_peak;
+} sim_bank_t;
+
+/* Allocates and fills the bank. Returns 0 or BEAM_ENOMEM / BEAM_EINVAL. */
+int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d);
+/* 1 when sim_bank_frame returns a pointer into the bank (zero-copy safe). */
+int sim_bank_is_static(const sim_bank_t *self);
+/* Pixels of frame `frame_id` of a series. Static patterns return a window
+ * of the bank (valid until destroy) and ignore dst; stem renders into dst
+ * (npix * esize bytes) and returns it. Sets pos[0..1] (metres) and returns
+ * *has_pos = 1 for stem. Never allocates. */
+const void *sim_bank_frame(sim_bank_t *self, uint64_t frame_id, void *dst,
+                           double pos[3], int *has_pos);
+void sim_bank_destroy(sim_bank_t *self);
+
+/* Running totals, printed by --stats-json. */
+typedef struct sim_stats_s {
+  uint64_t frames_sent;
+  uint64_t series;
+  uint64_t bytes;          /* all parts of all messages, malformed included */
+  uint64_t malformed_sent;
+  uint64_t t_first_ns, t_last_ns;             /* monotonic, first/last message */
+  uint64_t t_first_frame_ns, t_last_frame_ns; /* monotonic, first/last FRAME */
+} sim_stats_t;
+
+/* Message sender: owns the sequence counter and the encode buffers. */
+typedef struct sim_tx_s {
+  void *sock;
+  const sim_opts_t *o;
+  sim_bank_t *bank;
+  uint64_t seq;        /* next sequence number */
+  size_t raw_bytes;    /* one frame */
+  uint8_t *frame_buf;  /* rendered frame (stem + codec) */
+  uint8_t *enc_buf;    /* encoded payload */
+  size_t enc_cap;
+  uint8_t *scratch;    /* bitshuffle scratch */
+  sim_stats_t st;
+} sim_tx_t;
+
+int sim_tx_init(sim_tx_t *self, void *sock, const sim_opts_t *o,
+                sim_bank_t *bank, beam_diag_t *d);
+void sim_tx_destroy(sim_tx_t *self);
+/* Each returns 0, or -1 with errno from zmq (EINTR when a signal arrived). */
+int sim_tx_series_start(sim_tx_t *self, uint64_t series_id, beam_diag_t *d);
+int sim_tx_frame(sim_tx_t *self, uint64_t series_id, uint64_t frame_id,
+                 beam_diag_t *d);
+int sim_tx_series_end(sim_tx_t *self, uint64_t series_id, uint64_t nframes,
+                      int aborted, beam_diag_t *d);
+/* Sends malformed message number k (kinds cycle, see docs/tools.md). */
+int sim_tx_malformed(sim_tx_t *self, uint64_t k, uint64_t series_id,
+                     beam_diag_t *d);
+
+uint64_t sim_now_mono_ns(void);
+uint64_t sim_now_real_ns(void);
+
+#endif
