@@ -98,7 +98,7 @@ BENCH_BIN  := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 TEST_COMMON_OBJ := $(TEST_COMMON:%.c=$(BUILD)/%.o)
 
 ALL_OBJ := $(LIB_OBJ) $(DAEMON_OBJ) $(BUILD)/daemon/main.o $(TEST_COMMON_OBJ) \
-           $(foreach t,$(TOOLS),$(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/$(t)/*.c))) \
+           $(foreach f,$(wildcard tools/*/*.c),$(BUILD)/$(basename $(f)).o) \
            $(UNIT_SRC:%.c=$(BUILD)/%.o) $(GPUT_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o)
 
 .PHONY: all check check-unit check-integration check-gpu bench fuzz deps demo install clean print-config
@@ -134,7 +134,7 @@ $(BUILD)/beamd: $(BUILD)/daemon/main.o $(LIBBEAMD) $(LIBBEAM)
 	$(LINK)
 
 .SECONDEXPANSION:
-$(TOOL_BIN): $(BUILD)/%: $$(patsubst %.c,$(BUILD)/%.o,$$(wildcard tools/$$*/*.c)) $(LIBBEAMD) $(LIBBEAM)
+$(TOOL_BIN): $(BUILD)/%: $$(foreach f,$$(wildcard tools/$$*/*.c),$(BUILD)/$$(basename $$(f)).o) $(LIBBEAMD) $(LIBBEAM)
 	$(LINK)
 
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(TEST_COMMON_OBJ) $(LIBBEAMD) $(LIBBEAM)

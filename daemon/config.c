@@ -133,6 +133,7 @@ static const char default_yaml[] =
     "stages:\n"
     "  - name: corr\n"
     "    kind: correct\n"
+    "    publish: false   # full corrected frames stay inside; previews go out\n"
     "  - name: vd\n"
     "    kind: roi_sum\n"
     "    input: corr\n"

@@ -248,6 +248,8 @@ void beamd_publish_result(beamd_t *d, beam_frame_t *f) {
 }
 
 void beamd_publish_series(beamd_t *d, const beam_series_t *s, int type, int aborted) {
+  if (!d->cfg->output.publish_frames_meta)
+    return;
   omsg_t m = {0};
   snprintf(m.topic, sizeof m.topic, "beamd.series");
   beam_hdr_t h = {0};

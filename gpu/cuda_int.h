@@ -16,6 +16,23 @@
 #include <atomic>
 using std::atomic_int;
 
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The lead's C headers carry no extern "C" guards of their own (gpu/gpu.h
+ * wraps only its own declarations), so they are included here with C
+ * linkage before anything else pulls them in with C++ linkage. */
+extern "C" {
+#include "pipeline/err.h"
+#include "proto/proto.h"
+#include "pipeline/cfg.h"
+#include "pipeline/frame.h"
+#include "pipeline/stage.h"
+}
+
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cufft.h>

@@ -24,7 +24,7 @@ typedef enum beam_cn_kind_e {
 typedef struct beam_cnode_s beam_cnode_t;
 struct beam_cnode_s {
   beam_cn_kind_t kind;
-  const char *file; /* owned by the tree (shared string) */
+  const char *file; /* borrowed: the name passed to the loader, kept alive by its owner */
   int line, col;    /* 1-based; 0 for defaults filled in by the validator */
   char *scalar;     /* SCALAR: the text; NULL otherwise */
   int quoted;       /* SCALAR: was quoted in the source (never a number/bool) */
@@ -45,7 +45,7 @@ typedef enum beam_ptype_e {
   BEAM_P_STRING,
   BEAM_P_ENUM,      /* one of choices "a|b|c" */
   BEAM_P_SIZE,      /* bytes, with optional suffix k/M/G/Ki/Mi/Gi (ival) */
-  BEAM_P_DURATION,  /* seconds, with optional suffix ms/s/min (fval, seconds) */
+  BEAM_P_DURATION,  /* seconds, with optional suffix ms/s/min/h (fval, seconds) */
   BEAM_P_ENDPOINT,  /* ZeroMQ endpoint tcp://host:port | ipc://path | inproc://x */
   BEAM_P_PATH,      /* file path (existence is checked by the stage at init) */
   BEAM_P_INT_LIST,  /* sequence of ints (each within min/max) */

@@ -3,6 +3,8 @@
  * bounds. */
 #include "tests/common/stage_harness.h"
 
+#include "gpu/gpu.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,6 +239,23 @@ void bh_frame_fill(beam_frame_t *f, uint64_t seed, double maxval) {
     default: break;
     }
   }
+}
+
+int bh_gpu_available(void) {
+  char why[256] = "";
+  if (beam_gpu_count(why, sizeof why) > 0) {
+    char desc[256];
+    beam_gpu_describe(desc, sizeof desc);
+    fprintf(stderr, "# GPU: %s\n", desc);
+    return 1;
+  }
+  const char *req = getenv("BEAM_REQUIRE_GPU");
+  if (req && strcmp(req, "1") == 0) {
+    fprintf(stderr, "BEAM_REQUIRE_GPU=1 but no GPU: %s\n", why);
+    abort();
+  }
+  fprintf(stderr, "# skipped: no GPU (%s)\n", why);
+  return 0;
 }
 
 size_t bh_bits_differ(const void *a, const void *b, size_t nbytes) {

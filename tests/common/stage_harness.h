@@ -58,6 +58,11 @@ void bh_frame_free(beam_frame_t *f);
  * for integer dtypes, fractions for floats). */
 void bh_frame_fill(beam_frame_t *f, uint64_t seed, double maxval);
 
+/* GPU cross-checks: 1 when a CUDA device is usable; otherwise prints why
+ * (the caller then calls cmocka's skip()), or fails the test when
+ * BEAM_REQUIRE_GPU=1 is set (make check-gpu on a GPU runner). */
+int bh_gpu_available(void);
+
 /* Counts mismatching bytes of n floats/doubles (bitwise, NaN == NaN). */
 size_t bh_bits_differ(const void *a, const void *b, size_t nbytes);
 

@@ -223,7 +223,9 @@ class Beamd(Proc):
         self.cfg = None
         self.control = None
         argv = [binary("beamd")]
-        if config is not None:
+        if config is None:
+            self.control = "tcp://127.0.0.1:5601"  # the built-in default
+        else:
             if isinstance(config, dict):
                 self.cfg = config
                 self.control = config.get("control", {}).get("endpoint")
@@ -315,11 +317,13 @@ class Receiver:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         if kind == zmq.SUB:
-            for t in topics:
+            # beamd.stats always: wait_live() uses it to see the join done.
+            for t in set(topics) | {b"beamd.stats"}:
                 self.sock.setsockopt(zmq.SUBSCRIBE, t)
         self.sock.connect(endpoint)
         self.msgs = []
         self.errors = []
+        self.raw_topics = {}  # first part -> count, decodable or not
         self.cv = threading.Condition()
         self._stop = False
         self._t = threading.Thread(target=self._run, daemon=True)
@@ -336,13 +340,17 @@ class Receiver:
                     parts = self.sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
+                first = bytes(parts[0][:proto.TOPIC_MAX])
                 try:
                     m = proto.decode_message(parts)
                 except proto.ProtocolError as e:
                     with self.cv:
-                        self.errors.append((str(e), [bytes(p[:16]) for p in parts]))
+                        self.raw_topics[first] = self.raw_topics.get(first, 0) + 1
+                        self.errors.append((str(e), first))
+                        self.cv.notify_all()
                     continue
                 with self.cv:
+                    self.raw_topics[first] = self.raw_topics.get(first, 0) + 1
                     self.msgs.append(m)
                     self.cv.notify_all()
 
@@ -385,9 +393,22 @@ class Receiver:
                 and m[1].series_id == series_id][0]
 
     def wait_live(self, timeout=5.0):
-        """Returns once a beamd.stats message arrived: the subscription is
-        then known to be in place (PUB/SUB joins asynchronously)."""
-        self.wait_topic("beamd.stats", timeout)
+        """Returns once a beamd.stats message arrived (decodable or not, which
+        test_daemon_control checks): the subscription is then known to be in
+        place (PUB/SUB joins asynchronously)."""
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while not self.raw_topics.get(b"beamd.stats"):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    pytest.fail("no beamd.stats message within %.1f s (subscription not live)"
+                                % timeout)
+                self.cv.wait(min(left, 0.1))
+
+    def decode_errors(self, ignore_topics=(b"beamd.stats",)):
+        """Undecodable messages, except on topics another test covers."""
+        with self.cv:
+            return [e for e in self.errors if e[1] not in ignore_topics]
 
 
 class Sender:

@@ -94,7 +94,7 @@ def test_python_sender_roi_sums_match_numpy(tmp_path, ports, zctx, start_beamd, 
     # results were published before it; give the SUB a moment to drain.
     rx.wait_for(lambda ms: sum(1 for m in ms if m[0] == "vd.sums" and m[1].series_id == sid) >= 24,
                 timeout=5, what="24 vd.sums")
-    assert not rx.errors, rx.errors
+    assert not rx.decode_errors(), rx.decode_errors()
     _check_results(rx, sid, frames, dark, flat, mask, H, W)
     starts = [m for m in rx.snapshot("beamd.series") if m[1].type == proto.SERIES_START]
     assert [m[1].series_id for m in starts] == [sid]

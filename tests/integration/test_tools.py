@@ -3,8 +3,10 @@
 Checks the two tools against each other and against values computed here:
 the counter pattern makes every pixel predictable, so arrival, order,
 decoding (raw, lz4, bitshuffle+lz4), pacing, malformed-message counting and
-the .npy / HDF5 output can be checked exactly. Binaries come from
-$BEAMD_BUILD (default build/). Every test is bounded in time.
+the .npy / HDF5 output can be checked exactly. The simulator's output is
+also decoded by the Python twin of proto/ (tools/python/beamd/proto.py), and
+beamd-sub is fed RESULT messages and garbage built with it. Binaries come
+from $BEAMD_BUILD (default build/). Every test is bounded in time.
 """
 import json
 import os
@@ -398,3 +400,35 @@ def test_sub_topic_filter_pub():
     printed = [l for l in lines[:-1] if l.startswith("RESULT")]
     assert len(printed) == 2 and all(" g2.g2 " in l for l in printed)
     assert "float32[10x64] raw" in printed[0] and "min=0 " in printed[0]
+
+
+def test_sub_survives_garbage():
+    rng = np.random.default_rng(5)
+    good = proto.encode_message("RESULT", np.arange(100, dtype=np.uint16), topic="a.b",
+                                codec="bslz4")
+    bad_total = list(good)
+    bad_total[2] = b"\x00" * 7 + b"\x07" + bad_total[2][8:]  # framing total != raw_size
+    bad_block = list(good)
+    bad_block[2] = bad_block[2][:12] + b"\x7f\xff\xff\xff" + bad_block[2][16:]  # block too long
+    junk = [[bytes(rng.integers(0, 256, int(rng.integers(1, 300)), dtype=np.uint8))
+             for _ in range(int(rng.integers(1, 4)))] for _ in range(40)]
+    junk += [[b"\x89"], [b"a.b", good[1][:127]], bad_total, bad_block, [b"a.b"] * 25,
+             good[:2] + [good[2] + b"x"]]
+    port = free_port()
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDTIMEO, 10000)
+    push.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        sub = subprocess.Popen([SUB, "--connect", f"tcp://127.0.0.1:{port}", "--socket", "pull",
+                                "--print", "--stats", "--count", "1", "--timeout", "10"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        send_results(push, junk + [good])
+        out, err = sub.communicate(timeout=15)
+    finally:
+        push.close(0)
+        ctx.term()
+    assert sub.returncode == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["malformed"] == len(junk) and summary["by_type"] == {"RESULT": 1}
+    assert out.count("MALFORMED") == len(junk)

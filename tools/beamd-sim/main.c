@@ -405,7 +405,9 @@ out:;
   int linger = g_stop ? 0 : o.sock_type == ZMQ_PUB ? PUB_LINGER_MS : PUSH_LINGER_MS;
   zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
   zmq_close(sock);
-  while (zmq_ctx_term(ctx) < 0 && errno == EINTR) /* waits for the linger; the bank must outlive it */
+  /* Waits for the linger: the bank, sent zero-copy, must outlive it. */
+  while (zmq_ctx_term(ctx) < 0 && errno == EINTR)
+    ;
   sim_tx_destroy(&tx);
   sim_bank_destroy(&bank);
   json_decref(o.meta);

@@ -1,0 +1,451 @@
+#!/usr/bin/python3
+"""beamd benchmark driver (bench/run.sh calls it; `make bench` calls run.sh).
+
+Figures, not pass/fail: throughput of beamd against raw ZeroMQ on the same
+messages, frame-in -> result-out latency while not saturated, the daemon's
+resident memory, and CPU kernel micro-benchmarks. Everything runs on
+loopback with ports and ipc paths of its own, every child process has a
+timeout, and the whole run is bounded (about 3 minutes at the defaults).
+
+Prints a table per figure and a final summary, and writes every number to
+--json (default $BEAMD_BUILD/bench-results.json). See bench/README.md.
+"""
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+FRAME_SIZES = (512, 2048)
+TRANSPORTS = ("tcp", "ipc")
+TARGET_RATIO = 0.80
+TARGET_P99_MS = 5.0
+QUEUE_BYTES = 64 << 20  # ZeroMQ HWM per socket, in bytes of frames (see README)
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Endpoints:
+    """Fresh endpoints per use: no run can see another run's leftovers."""
+
+    def __init__(self, transport, tmpdir):
+        self.transport = transport
+        self.tmpdir = tmpdir
+        self.n = 0
+
+    def new(self, tag):
+        self.n += 1
+        if self.transport == "tcp":
+            return "tcp://127.0.0.1:%d" % free_port()
+        return "ipc://%s/%s-%d.ipc" % (self.tmpdir, tag, self.n)
+
+
+def machine_info():
+    model = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem_kb = 0
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem_kb = int(line.split()[1])
+    except OSError:
+        pass
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "mem_gib": round(mem_kb / 2**20, 1),
+        "kernel": platform.release(),
+        "loadavg_start": os.getloadavg()[0],
+    }
+
+
+def proc_mem(pid):
+    out = {}
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            k = line.split(":", 1)[0]
+            if k in ("VmRSS", "VmHWM", "VmSize"):
+                out[k] = int(line.split()[1])  # kB
+    return out
+
+
+class Bench:
+    def __init__(self, args):
+        self.a = args
+        self.build = args.build
+        self.zt = os.path.join(self.build, "bench", "zthroughput")
+        self.kernels = os.path.join(self.build, "bench", "kernels")
+        self.beamd = os.path.join(self.build, "beamd")
+        self.tmp = tempfile.mkdtemp(prefix="beamd-bench-")
+        self.series = int(time.time()) % 100000 * 1000
+        self.daemon = None
+        self.daemon_log = None
+
+    # ---- processes ---------------------------------------------------------
+
+    def zrun(self, args, timeout):
+        """Runs zthroughput to completion; returns its JSON line."""
+        p = subprocess.run([self.zt] + args, capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            raise RuntimeError("zthroughput %s failed (%d): %s%s" %
+                               (args[0], p.returncode, p.stderr.strip(), p.stdout.strip()))
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    def one_run(self, recv_ep, send_ep, shape, hwm, topic=None, rate=0, seconds=None,
+                latency=False, bind_recv=False, skip=0):
+        """Starts a receiver, then a sender; returns (send, recv) JSON."""
+        self.series += 1
+        sid = str(self.series)
+        secs = self.a.seconds if seconds is None else seconds
+        rargs = ["recv", "--endpoint", recv_ep, "--series", sid, "--hwm", str(hwm),
+                 "--timeout", "20"]
+        if bind_recv:
+            rargs.append("--bind")
+        if topic:
+            rargs += ["--topic", topic]
+        if latency:
+            rargs += ["--latency", "--skip", str(skip)]
+        t_start = time.monotonic()
+        recv = subprocess.Popen([self.zt] + rargs, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(0.3)  # let the receiver connect before the first frame
+            sargs = ["send", "--endpoint", send_ep, "--shape", "%dx%d" % (shape, shape),
+                     "--seconds", str(secs), "--series", sid, "--hwm", str(hwm),
+                     "--timeout", "20"]
+            if rate:
+                sargs += ["--rate", str(rate)]
+            snd = self.zrun(sargs, timeout=secs + 60)
+            out, err = recv.communicate(timeout=60)
+        except BaseException:
+            recv.kill()
+            recv.wait()
+            raise
+        if recv.returncode != 0:
+            raise RuntimeError("receiver failed (%d): %s %s" % (recv.returncode, err.strip(),
+                                                                out.strip()))
+        rcv = json.loads(out.strip().splitlines()[-1])
+        rcv["wall_s"] = time.monotonic() - t_start  # receiver start to series end
+        if rcv["counted"] != snd["frames"] - (skip if latency else 0):
+            raise RuntimeError("receiver counted %d of %d frames (lossless path lost some)" %
+                               (rcv["counted"], snd["frames"]))
+        return snd, rcv
+
+    def ctl(self, ep, cmd, timeout_s=3):
+        return self.zrun(["ctl", "--endpoint", ep, "--timeout", str(timeout_s), cmd],
+                         timeout=timeout_s + 10)
+
+    def start_daemon(self, cfg_text, ctl_ep, name):
+        path = os.path.join(self.tmp, name + ".yaml")
+        with open(path, "w") as f:
+            f.write(cfg_text)
+        self.daemon_log = open(os.path.join(self.tmp, name + ".log"), "w")
+        self.daemon = subprocess.Popen([self.beamd, "-c", path, "-l", "warning"],
+                                       stdout=self.daemon_log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            if self.daemon.poll() is not None:
+                break
+            try:
+                if self.ctl(ctl_ep, "ping", 0.5).get("ok"):
+                    return self.daemon.pid
+            except (RuntimeError, ValueError, subprocess.TimeoutExpired):
+                time.sleep(0.1)
+        self.stop_daemon()
+        with open(os.path.join(self.tmp, name + ".log")) as f:
+            raise RuntimeError("beamd did not start: " + f.read()[-2000:])
+
+    def stop_daemon(self):
+        if not self.daemon:
+            return
+        if self.daemon.poll() is None:
+            self.daemon.send_signal(signal.SIGTERM)
+            try:
+                self.daemon.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.daemon.kill()
+                self.daemon.wait()
+        self.daemon = None
+        self.daemon_log.close()
+
+    # ---- configs -----------------------------------------------------------
+
+    def config(self, in_ep, out_ep, ctl_ep, shape, hwm, pool_frames, frame_bytes):
+        q = shape // 8
+        return f"""# generated by bench/run.py
+input: {{mode: pull, endpoint: "{in_ep}", bind: true, hwm: {hwm}}}
+output: {{publish: "", push: "{out_ep}", push_hwm: {hwm}}}
+pool: {{frames: {pool_frames}, frame_bytes: {frame_bytes}}}
+control: {{endpoint: "{ctl_ep}"}}
+metrics: {{listen: ""}}
+log: {{level: warning}}
+heartbeat: 1s
+stages:
+  - {{name: corr, kind: correct, input: frames, backend: cpu, publish: false,
+      threshold: 0.5, saturation: 60000}}
+  - name: vd
+    kind: roi_sum
+    input: corr
+    backend: cpu
+    rois:
+      - {{name: bf, shape: disk, radius: {q}}}
+      - {{name: adf, shape: annulus, radii: [{q}, {2 * q}]}}
+      - {{name: haadf, shape: annulus, radii: [{2 * q}, {4 * q}]}}
+"""
+
+    @staticmethod
+    def hwm_for(shape):
+        return max(4, QUEUE_BYTES // (shape * shape * 2))
+
+    # ---- figures -----------------------------------------------------------
+
+    def throughput(self):
+        rows = []
+        for tr in TRANSPORTS:
+            for shape in FRAME_SIZES:
+                eps = Endpoints(tr, self.tmp)
+                hwm = self.hwm_for(shape)
+                fbytes = shape * shape * 2
+                in_ep, out_ep = eps.new("in"), eps.new("out")
+                ctl_ep = "tcp://127.0.0.1:%d" % free_port()
+                cfg = self.config(in_ep, out_ep, ctl_ep, shape, hwm, 64, fbytes)
+                self.start_daemon(cfg, ctl_ep, "tput-%s-%d" % (tr, shape))
+                raw, bd = [], []
+                try:
+                    for rep in range(self.a.reps):
+                        # Raw: the same sender and receiver, nothing in between.
+                        ep = eps.new("raw")
+                        s, r = self.one_run(ep, ep, shape, hwm, bind_recv=True)
+                        raw.append({"send": s, "recv": r})
+                        s, r = self.one_run(out_ep, in_ep, shape, hwm, topic="vd.sums")
+                        bd.append({"send": s, "recv": r})
+                        log("  %s %4dx%-4d rep %d: raw %8.1f frames/s   beamd %8.1f frames/s" %
+                            (tr, shape, shape, rep + 1, raw[-1]["recv"]["fps"],
+                             bd[-1]["recv"]["fps"]))
+                    stats = self.ctl(ctl_ep, "stats")
+                finally:
+                    self.stop_daemon()
+                raw_fps = statistics.median(x["recv"]["fps"] for x in raw)
+                bd_fps = statistics.median(x["recv"]["fps"] for x in bd)
+                # Stages also work while the pipeline fills and drains, so
+                # their busy time is set against the whole beamd runs.
+                busy_window = sum(x["recv"]["wall_s"] for x in bd)
+                stages = [{"name": st["name"], "busy_s": st.get("busy_s"),
+                           "busy_frac_of_beamd_runs": (st.get("busy_s", 0) / busy_window
+                                                       if busy_window else None),
+                           "latency": st.get("latency")}
+                          for st in stats.get("stages", [])]
+                rows.append({
+                    "transport": tr, "shape": [shape, shape], "dtype": "uint16",
+                    "frame_bytes": fbytes, "hwm": hwm,
+                    "raw_fps": raw_fps, "raw_gbps": raw_fps * fbytes / 1e9,
+                    "beamd_fps": bd_fps, "beamd_gbps": bd_fps * fbytes / 1e9,
+                    "ratio": bd_fps / raw_fps if raw_fps else 0,
+                    "raw_runs": raw, "beamd_runs": bd, "beamd_stages": stages,
+                    "beamd_input": {k: stats.get("input", {}).get(k)
+                                    for k in ("frames", "lost", "dropped_busy", "paused_s")},
+                })
+        return rows
+
+    def latency_memory(self):
+        """One daemon with the 512-frame pool: idle memory, paced latency
+        runs (beamd's own histograms then cover exactly those frames), a
+        saturating run, memory again."""
+        shape = 512
+        eps = Endpoints("tcp", self.tmp)
+        in_ep, out_ep = eps.new("in"), eps.new("out")
+        ctl_ep = "tcp://127.0.0.1:%d" % free_port()
+        hwm = self.hwm_for(shape)
+        cfg = self.config(in_ep, out_ep, ctl_ep, shape, hwm, 512, "512Ki")
+        pid = self.start_daemon(cfg, ctl_ep, "latency-memory")
+        lat = []
+        try:
+            time.sleep(1.0)
+            mem_idle = proc_mem(pid)
+            for rate in self.a.rates:
+                s, r = self.one_run(out_ep, in_ep, shape, hwm, topic="vd.sums", rate=rate,
+                                    latency=True, skip=self.a.skip)
+                lat.append({"rate_requested": rate, "rate_achieved": r["fps"],
+                            "frames": s["frames"], **r["latency"]})
+                log("  latency @%5d frames/s: achieved %7.1f, p50 %.3f ms, p99 %.3f ms" %
+                    (rate, r["fps"], r["latency"]["p50_us"] / 1e3,
+                     r["latency"]["p99_us"] / 1e3))
+            stats_paced = self.ctl(ctl_ep, "stats")
+            mem_paced = proc_mem(pid)
+            s, r = self.one_run(out_ep, in_ep, shape, hwm, topic="vd.sums")
+            log("  saturating run: %.1f frames/s" % r["fps"])
+            mem_after = proc_mem(pid)
+        finally:
+            self.stop_daemon()
+        beamd_lat = {"e2e": stats_paced.get("latency"),
+                     "stages": {st["name"]: st.get("latency")
+                                for st in stats_paced.get("stages", [])}}
+        memory = {"pool_frames": 512, "pool_frame_bytes": 512 * 1024,
+                  "pool_bytes": 512 * 512 * 1024,
+                  "idle_kb": mem_idle, "after_paced_kb": mem_paced,
+                  "after_saturated_kb": mem_after, "saturated_fps": r["fps"]}
+        return lat, beamd_lat, memory
+
+    def kernel_bench(self):
+        path = os.path.join(self.tmp, "kernels.json")
+        p = subprocess.run([self.kernels, "--runs", str(self.a.kernel_runs), "--json", path],
+                           capture_output=True, text=True, timeout=600)
+        sys.stdout.write(p.stdout)
+        if p.returncode != 0:
+            raise RuntimeError("kernels failed: " + p.stderr.strip())
+        with open(path) as f:
+            return json.load(f)
+
+
+def summary(res):
+    m = res["machine"]
+    L = []
+    L.append("=" * 78)
+    L.append("beamd benchmark summary   %s   %d CPUs   %.1f GiB   load %.2f -> %.2f" %
+             (m["cpu_model"], m["nproc"], m["mem_gib"], m["loadavg_start"],
+              m.get("loadavg_end", 0)))
+    L.append("=" * 78)
+    if "throughput" in res:
+        L.append("Throughput, uint16 frames, lossless PUSH->PULL, correct+roi_sum in beamd "
+                 "(median of %d x %gs)" % (res["params"]["reps"], res["params"]["seconds"]))
+        L.append("  %-4s %-10s %10s %8s %10s %8s %8s  %s" %
+                 ("tr", "frame", "raw f/s", "raw GB/s", "beamd f/s", "GB/s", "ratio",
+                  "target >= 80%"))
+        for r in res["throughput"]:
+            L.append("  %-4s %-10s %10.1f %8.3f %10.1f %8.3f %7.1f%%  %s" %
+                     (r["transport"], "%dx%d" % tuple(r["shape"]), r["raw_fps"], r["raw_gbps"],
+                      r["beamd_fps"], r["beamd_gbps"], 100 * r["ratio"],
+                      "ok" if r["ratio"] >= TARGET_RATIO else "BELOW"))
+            busy = ", ".join("%s %.0f%%" % (s["name"], 100 * (s["busy_frac_of_beamd_runs"] or 0))
+                             for s in r["beamd_stages"])
+            L.append("  %-15s stage busy (share of beamd run time): %s" % ("", busy))
+    if "latency" in res:
+        L.append("Latency frame-in -> result-out, 512x512 uint16, tcp, paced "
+                 "(sender t_acq_ns -> receiver, realtime clock)")
+        L.append("  %8s %9s %8s %9s %9s %9s %9s  %s" %
+                 ("req f/s", "got f/s", "frames", "p50 ms", "p90 ms", "p99 ms", "max ms",
+                  "target p99 < 5 ms"))
+        for r in res["latency"]:
+            L.append("  %8d %9.1f %8d %9.3f %9.3f %9.3f %9.3f  %s" %
+                     (r["rate_requested"], r["rate_achieved"], r["count"], r["p50_us"] / 1e3,
+                      r["p90_us"] / 1e3, r["p99_us"] / 1e3, r["max_us"] / 1e3,
+                      "ok" if r["p99_us"] / 1e3 < TARGET_P99_MS else "ABOVE"))
+        bl = res["beamd_latency"]
+        e = bl.get("e2e") or {}
+        L.append("  beamd stats (all paced frames): e2e recv->sent p50 %.3f ms p90 %.3f ms "
+                 "p99 %.3f ms (%s results)" %
+                 (e.get("p50_us", 0) / 1e3, e.get("p90_us", 0) / 1e3, e.get("p99_us", 0) / 1e3,
+                  e.get("count", "?")))
+        for name, st in bl.get("stages", {}).items():
+            st = st or {}
+            L.append("    stage %-6s process time p50 %.3f ms p90 %.3f ms p99 %.3f ms" %
+                     (name, st.get("p50_us", 0) / 1e3, st.get("p90_us", 0) / 1e3,
+                      st.get("p99_us", 0) / 1e3))
+    if "memory" in res:
+        mm = res["memory"]
+        L.append("Daemon memory, pool 512 x 512 KiB (%d MiB of slots), correct+roi_sum" %
+                 (mm["pool_bytes"] >> 20))
+        for k, label in (("idle_kb", "idle"), ("after_paced_kb", "after paced runs"),
+                         ("after_saturated_kb", "after saturated run")):
+            v = mm[k]
+            L.append("  %-20s VmRSS %8.1f MiB   VmHWM %8.1f MiB   VmSize %8.1f MiB" %
+                     (label, v["VmRSS"] / 1024, v["VmHWM"] / 1024, v["VmSize"] / 1024))
+    if "kernels" in res:
+        L.append("CPU kernels, one thread, cold frames (median of %d runs)" %
+                 res["kernels"]["runs"])
+        L.append("  %-13s %-10s %12s %8s %10s" % ("kernel", "frame", "ns/frame", "GB/s",
+                                                 "frames/s"))
+        for k in res["kernels"]["results"]:
+            L.append("  %-13s %-10s %12.0f %8.2f %10.0f" %
+                     (k["kernel"], "%dx%d" % (k["h"], k["w"]), k["ns_per_frame"], k["gbps"],
+                      k["fps"]))
+    for e in res.get("errors", []):
+        L.append("ERROR: " + e)
+    L.append("JSON: " + res["json_path"])
+    return "\n".join(L)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.environ.get("BEAMD_BUILD", "build"))
+    ap.add_argument("--json", help="output file (default BUILD/bench-results.json)")
+    ap.add_argument("--seconds", type=float, default=float(os.environ.get("BENCH_SECONDS", 3)),
+                    help="length of each throughput and latency run (default 3)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rates", type=int, nargs="+", default=[200, 1000],
+                    help="paced rates for the latency figure (frames/s)")
+    ap.add_argument("--skip", type=int, default=10,
+                    help="latency: results not counted at the start of a run (warm-up)")
+    ap.add_argument("--kernel-runs", type=int, default=7)
+    ap.add_argument("--only", choices=["throughput", "latency", "kernels"], action="append",
+                    help="run only these figures (repeatable; latency includes memory)")
+    a = ap.parse_args()
+    only = set(a.only or ["throughput", "latency", "kernels"])
+    a.json = a.json or os.path.join(a.build, "bench-results.json")
+
+    b = Bench(a)
+    for exe in (b.zt, b.kernels, b.beamd):
+        if not os.access(exe, os.X_OK):
+            sys.exit("bench: %s is missing; run `make BUILD=%s` first" % (exe, a.build))
+    res = {"machine": machine_info(),
+           "params": {"seconds": a.seconds, "reps": a.reps, "rates": a.rates, "skip": a.skip,
+                      "queue_bytes_per_socket": QUEUE_BYTES},
+           "errors": [], "json_path": a.json}
+    m = res["machine"]
+    log("beamd benchmarks: %s, %d CPUs, load %.2f, build %s" %
+        (m["cpu_model"], m["nproc"], m["loadavg_start"], a.build))
+    t0 = time.time()
+    steps = [("kernels", "CPU kernels", lambda: res.__setitem__("kernels", b.kernel_bench())),
+             ("throughput", "throughput (raw ZeroMQ vs beamd)",
+              lambda: res.__setitem__("throughput", b.throughput())),
+             ("latency", "latency and memory", None)]
+    try:
+        for key, title, fn in steps:
+            if key not in only:
+                continue
+            log("-- %s" % title)
+            try:
+                if key == "latency":
+                    lat, bl, mem = b.latency_memory()
+                    res["latency"], res["beamd_latency"], res["memory"] = lat, bl, mem
+                else:
+                    fn()
+            except (RuntimeError, subprocess.TimeoutExpired, OSError, ValueError) as e:
+                res["errors"].append("%s: %s" % (title, e))
+                log("  ERROR: %s" % e)
+    finally:
+        b.stop_daemon()
+    m["loadavg_end"] = os.getloadavg()[0]
+    res["wall_s"] = time.time() - t0
+    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+    with open(a.json, "w") as f:
+        json.dump(res, f, indent=1)
+    log(summary(res))
+    return 1 if res["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""Flow control end to end: lossless pull mode under overload, live mode
+under overload with exact drop accounting, and SIGTERM drain.
+
+The pipeline is made slow on purpose (roi_sum with many full-frame ROIs on
+512x512 frames, a few milliseconds per frame) while the test's sender
+re-sends one pre-encoded payload with fresh headers, far faster than that.
+"""
+
+import collections
+import re
+import signal
+import threading
+import time
+
+import numpy as np
+import zmq
+
+from conftest import FastFrames, Receiver, Sender, make_config, proto, stage
+
+H, W = 512, 512
+SLOW_ROIS = [{"name": "r%d" % i, "shape": "rect", "rect": [0, 0, W, H]} for i in range(24)]
+
+
+def slow_stages(queue=None, scan=False):
+    vd = {"name": "vd", "kind": "roi_sum", "input": "corr", "backend": "cpu", "rois": SLOW_ROIS}
+    corr = {"name": "corr", "kind": "correct", "backend": "cpu", "publish": False}
+    if queue:
+        vd["queue"] = queue
+        corr["queue"] = queue
+    if scan:
+        vd["scan_shape"] = [16, 16]
+        vd["image_every"] = 1000000
+    return [corr, vd]
+
+
+def frame_array():
+    rng = np.random.default_rng(1)
+    return rng.integers(0, 100, size=(H, W)).astype(np.uint16)
+
+
+def test_pull_overload_loses_nothing(ports, zctx, start_beamd, receivers):
+    n, sid = 150, 21
+    cfg = make_config(ports, slow_stages(queue=2), mode="pull", push=True, pool_frames=8,
+                      input_hwm=2)
+    b = start_beamd(cfg)
+    rx = Receiver(zctx, ports.ep_push, kind=zmq.PULL)
+    receivers.append(rx)
+    tx = Sender(zctx, ports.ep_input, zmq.PUSH, sndhwm=2, send_timeout=20)
+    ff = FastFrames(frame_array())
+    tx.start(sid, (H, W), np.uint16)
+    t0 = time.monotonic()
+    for fid in range(n):
+        tx.send_parts(ff.parts(sid, fid, tx.seq))
+    tx.end(sid)
+    send_s = time.monotonic() - t0
+    end = rx.wait_series_end(sid, timeout=60)
+    assert not end[1].flags & proto.FLAG_ABORTED
+    ids = collections.Counter(m[1].frame_id for m in rx.snapshot("vd.sums")
+                              if m[1].series_id == sid)
+    assert sorted(ids) == list(range(n)), "missing frame ids: %s" % sorted(set(range(n)) - set(ids))
+    assert set(ids.values()) == {1}, "duplicates: %s" % {k: v for k, v in ids.items() if v > 1}
+    assert not rx.decode_errors(), rx.decode_errors()
+    st = b.stats()
+    inp = st["input"]
+    assert inp["frames"] == n and inp["messages"] == n + 2
+    assert inp["dropped_busy"] == 0 and inp["lost"] == 0 and inp["dropped_total"] == 0
+    assert inp["malformed"] == 0 and inp["unknown_series"] == 0
+    assert stage(st, "corr")["frames_in"] == n and stage(st, "vd")["frames_out"] == n
+    # Backpressure really happened: the input stopped reading for a while
+    # (the sender was throttled to the pipeline's pace).
+    assert inp["paused_s"] > 0, "input never paused (sent in %.2f s): %s" % (send_s, inp)
+    push = st["outputs"]["push"]
+    assert push["dropped"] == 0 and push["backlog"] == 0
+    assert push["messages"] == n + 2  # n results + SERIES_START + SERIES_END
+    tx.close()
+
+
+def test_live_overload_counts_every_drop(ports, zctx, start_beamd, receivers):
+    """Invariant from daemon/ingest.c: every received message that parses
+    goes through track_seq (lost += size of each sequence gap) and then one
+    of on_series_start / on_frame / on_series_end. on_frame either accepts
+    (input.frames) or counts exactly one of unknown_series, shape_mismatch,
+    too_large, dropped_busy (or malformed for an undecodable payload). So
+    with contiguous seq numbers, the first message (SERIES_START, seq 0)
+    and the last (SERIES_END, sent after the queues drained) received, and
+    no malformed input:
+        frames + dropped_busy + lost + unknown_series == frames sent
+        messages + lost == messages sent.
+    The XPUB sender waits for beamd's subscription, which settles the
+    PUB/SUB join race, so the START cannot be lost (then unknown_series is 0
+    and input.series is 1, both asserted)."""
+    n, sid = 400, 31
+    cfg = make_config(ports, slow_stages(), mode="live", pool_frames=4, input_hwm=4)
+    b = start_beamd(cfg)
+    rx = Receiver(zctx, ports.ep_publish, topics=(b"beamd.series", b"vd.sums"))
+    receivers.append(rx)
+    tx = Sender(zctx, ports.ep_input, zmq.XPUB, sndhwm=8)
+    tx.wait_subscriber()
+    ff = FastFrames(frame_array())
+    tx.start(sid, (H, W), np.uint16)
+    # Paced at about 3x what the pipeline takes: beamd reads everything and
+    # drops for lack of slots (dropped_busy). Then a burst: ZeroMQ drops at
+    # the high-water marks and beamd sees sequence gaps (lost).
+    for fid in range(n):
+        tx.send_parts(ff.parts(sid, fid, tx.seq))
+        if fid < n // 2:
+            time.sleep(0.002)
+    time.sleep(1.0)  # let every queue drain, so the END cannot be dropped
+    tx.end(sid)
+    total = n + 2
+    st = b.wait_stats(lambda s: s["input"]["messages"] + s["input"]["lost"] >= total,
+                      timeout=30, what="all %d messages seen or counted lost" % total)
+    rx.wait_series_end(sid, timeout=30)
+    st = b.stats()
+    inp = st["input"]
+    assert inp["series"] == 1 and inp["unknown_series"] == 0, inp
+    assert inp["malformed"] == 0 and inp["shape_mismatch"] == 0 and inp["too_large"] == 0
+    assert inp["messages"] + inp["lost"] == total, inp
+    assert inp["frames"] + inp["dropped_busy"] + inp["lost"] + inp["unknown_series"] == n, inp
+    assert inp["dropped_total"] == inp["dropped_busy"] + inp["lost"]
+    assert inp["dropped_busy"] > 0 and inp["lost"] > 0, "both kinds of drop must occur: %s" % inp
+    assert inp["frames"] > 0
+    # Every accepted frame went through the pipeline.
+    assert stage(st, "corr")["frames_in"] == inp["frames"]
+    assert stage(st, "vd")["frames_out"] == inp["frames"]
+
+    # Still alive and answering, and a gentle series afterwards is whole.
+    assert b.ctl("ping") == {"ok": True}
+    before = inp
+    sid2, n2 = 32, 10
+    tx.start(sid2, (H, W), np.uint16)
+    for fid in range(n2):
+        tx.send_parts(ff.parts(sid2, fid, tx.seq))
+        time.sleep(0.05)
+    time.sleep(0.3)
+    tx.end(sid2)
+    end = rx.wait_series_end(sid2, timeout=15)
+    assert not end[1].flags & proto.FLAG_ABORTED
+    rx.wait_for(lambda ms: sum(1 for m in ms if m[0] == "vd.sums" and m[1].series_id == sid2) >= n2,
+                timeout=5, what="vd.sums of the second series")
+    ids = sorted(m[1].frame_id for m in rx.snapshot("vd.sums") if m[1].series_id == sid2)
+    assert ids == list(range(n2))
+    after = b.stats()["input"]
+    assert after["frames"] - before["frames"] == n2
+    assert after["dropped_total"] == before["dropped_total"]
+    assert after["series"] == 2 and after["messages"] - before["messages"] == n2 + 2
+    tx.close()
+
+
+def test_sigterm_drain_loses_nothing(ports, zctx, start_beamd, receivers):
+    sid = 41
+    cfg = make_config(ports, slow_stages(scan=True), mode="pull", push=True, pool_frames=8,
+                      input_hwm=2)
+    b = start_beamd(cfg)
+    rx = Receiver(zctx, ports.ep_push, kind=zmq.PULL)
+    receivers.append(rx)
+    tx = Sender(zctx, ports.ep_input, zmq.PUSH, sndhwm=2, send_timeout=2)
+    ff = FastFrames(frame_array())
+    stop = threading.Event()
+    sent = []
+
+    def sender():
+        tx.start(sid, (H, W), np.uint16)
+        for fid in range(5000):
+            if stop.is_set():
+                return
+            try:
+                tx.send_parts(ff.parts(sid, fid, tx.seq))
+            except zmq.Again:
+                return  # beamd stopped reading: it is draining
+            sent.append(fid)
+
+    t = threading.Thread(target=sender, daemon=True)
+    t.start()
+    try:
+        b.wait_stats(lambda s: s["input"]["frames"] >= 20, timeout=20, what="20 frames in")
+        b.signal(signal.SIGTERM)
+        rc = b.wait(30)
+    finally:
+        stop.set()
+        t.join(5)
+    assert rc == 0, "beamd exited with %s after SIGTERM" % rc
+    m = re.search(r"drained: (\d+) frames in, (\d+) results out", b.stderr())
+    assert m, "no 'drained:' line in the log"
+    accepted = int(m.group(1))
+    assert 20 <= accepted <= len(sent), (accepted, len(sent))
+    end = rx.wait_series_end(sid, timeout=10)
+    assert end[1].flags & proto.FLAG_ABORTED, "the cut series must end ABORTED"
+    msgs = rx.snapshot()
+    ids = collections.Counter(x[1].frame_id for x in msgs if x[0] == "vd.sums")
+    # Pull mode accepts frames in order, so the accepted ones are 0..N-1.
+    assert sorted(ids) == list(range(accepted)), \
+        "results for %d frames, beamd accepted %d" % (len(ids), accepted)
+    assert set(ids.values()) == {1}
+    finals = [i for i, x in enumerate(msgs) if x[0] == "vd.image" and x[1].flags & proto.FLAG_FINAL]
+    assert finals, "no final vd.image result"
+    end_at = [i for i, x in enumerate(msgs) if x[0] == "beamd.series" and
+              x[1].type == proto.SERIES_END][0]
+    assert finals[-1] < end_at, "final results must precede SERIES_END"
+    img = msgs[finals[-1]][2]
+    assert img.shape == (len(SLOW_ROIS), 16, 16)
+    # Scan pixel p holds frame p's sum (frames are identical here); frames
+    # past the drain point left NaN.
+    ref = float(frame_array().astype(np.float64).sum())
+    flat = img[0].ravel()
+    k = min(accepted, 256)
+    assert np.all(flat[:k] == np.float32(ref)) and np.all(np.isnan(flat[k:]))
+    tx.close()
