@@ -133,6 +133,7 @@ endif
 $(BUILD)/beamd: $(BUILD)/daemon/main.o $(LIBBEAMD) $(LIBBEAM)
 	$(LINK)
 
+.SECONDARY:
 .SECONDEXPANSION:
 $(TOOL_BIN): $(BUILD)/%: $$(foreach f,$$(wildcard tools/$$*/*.c),$(BUILD)/$$(basename $$(f)).o) $(LIBBEAMD) $(LIBBEAM)
 	$(LINK)

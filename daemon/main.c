@@ -8,9 +8,8 @@
 
 #include "daemon/beamd.h"
 #include "gpu/gpu.h"
+#include "daemon/h5array.h"
 #include "pipeline/array.h"
-
-void beam_h5array_register(void);
 
 static void usage(FILE *f) {
   fprintf(f,

@@ -15,6 +15,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum beam_cn_kind_e {
   BEAM_CN_SCALAR = 1,
   BEAM_CN_SEQ = 2,
@@ -114,4 +118,7 @@ const beam_cnode_t *beam_cfg_at(const beam_cnode_t *seq, size_t i);
  * string, for `beamd --check-config`. */
 char *beam_cfg_dump(const beam_cnode_t *root);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

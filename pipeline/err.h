@@ -11,6 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define BEAM_ERR_MAP(X)                                   \
   X(EINVAL,  "invalid argument")                          \
   X(ENOMEM,  "out of memory")                             \
@@ -67,4 +71,7 @@ void beam_diag_clear(beam_diag_t *d);
     }                                                                         \
   } while (0)
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -13,12 +13,23 @@
 #ifndef BEAM_FRAME_H
 #define BEAM_FRAME_H
 
+/* C11 atomics; CUDA translation units (C++) get the layout-compatible
+ * std::atomic types (gpu/cuda_int.h checks size and alignment). */
+#ifdef __cplusplus
+#include <atomic>
+using std::atomic_int;
+#else
 #include <stdatomic.h>
+#endif
 #include <stddef.h>
 #include <stdint.h>
 
 #include "pipeline/err.h"
 #include "proto/proto.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct beam_pool_s beam_pool_t;
 
@@ -96,4 +107,7 @@ void beam_frame_copy_ident(beam_frame_t *dst, const beam_frame_t *src);
 uint64_t beam_now_ns(void);      /* CLOCK_MONOTONIC */
 uint64_t beam_realtime_ns(void); /* CLOCK_REALTIME */
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -18,6 +18,10 @@
 #include "pipeline/hist.h"
 #include "pipeline/stage.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct beam_graph_s beam_graph_t;
 
 typedef struct beam_graph_hooks_s {
@@ -101,4 +105,7 @@ void beam_graph_stage_stats(const beam_graph_t *g, size_t i, beam_stage_stats_t 
 unsigned beam_graph_input_free(beam_graph_t *g);
 unsigned beam_graph_input_slots(beam_graph_t *g);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -5,8 +5,17 @@
 #ifndef BEAM_HIST_H
 #define BEAM_HIST_H
 
+#ifdef __cplusplus
+#include <atomic>
+using std::atomic_uint_fast64_t;
+#else
 #include <stdatomic.h>
+#endif
 #include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 #define BEAM_HIST_BUCKETS 160 /* 20 per decade over 8 decades */
 
@@ -22,4 +31,7 @@ void beam_hist_add(beam_hist_t *h, uint64_t ns);
 double beam_hist_quantile(const beam_hist_t *h, double q);
 uint64_t beam_hist_count(const beam_hist_t *h);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

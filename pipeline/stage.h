@@ -26,6 +26,10 @@
 #include "pipeline/err.h"
 #include "pipeline/frame.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define BEAM_STAGE_MAX_OUTS 8
 #define BEAM_NAME_MAX 48
 
@@ -114,4 +118,7 @@ const beam_stage_kind_t *beam_stage_kind_find(const char *kind);
 /* NULL-terminated list of every kind. */
 const beam_stage_kind_t *const *beam_stage_kinds(void);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -22,6 +22,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define BEAM_PROTO_MAJOR 1
 #define BEAM_PROTO_MINOR 0
 #define BEAM_HDR_SIZE_V1 128u
@@ -187,4 +191,7 @@ void beam_bitunshuffle(const void *in, void *out, size_t n, size_t elem_size);
 /* Topic validity: 1..BEAM_TOPIC_MAX chars of [a-z0-9_.-]. */
 int beam_topic_valid(const char *t, size_t len);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -3,7 +3,9 @@ ports) fed by `beamd-sim` with its default pattern and endpoint; results
 arrive on tcp://127.0.0.1:5600. Skipped when a default port is taken (a
 real beamd may be running on this machine)."""
 
+import json
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -22,6 +24,10 @@ def test_default_configuration_runs(zctx, start_beamd, run_tool, receivers):
                                                          b"beamd.series"))
     receivers.append(rx)
     rx.wait_live()
+    # beamd-sub with its default endpoint as a second viewer.
+    sub = run_tool("beamd-sub", ["--topic", "vd.sums", "--count", "10", "--timeout", "30",
+                                 "--json"])
+    time.sleep(0.5)  # PUB/SUB join: let beamd-sub subscribe before frames flow
     # Default pattern, endpoint, shape and dtype; paced and bounded so the
     # run is short (live mode would drop an unpaced stream on 2 cores).
     sim = run_tool("beamd-sim", ["--rate", "100", "--frames", "100", "--quiet"])
@@ -35,6 +41,11 @@ def test_default_configuration_runs(zctx, start_beamd, run_tool, receivers):
     assert sums[0][3]["labels"] == ["bf", "adf"]
     _, h, arr, _ = prev[0]
     assert arr.dtype == np.float32 and arr.ndim == 2
+    assert sub.wait(30) == 0, sub.stderr()
+    lines = [json.loads(x) for x in sub.stdout().splitlines() if x.strip()]
+    vals = [x for x in lines if x.get("topic") == "vd.sums"]
+    assert len(vals) == 10, lines[:3]
+    assert all(len(x["values"]) == 2 for x in vals)
     st = b.stats()
     assert st["input"]["frames"] > 0 and st["input"]["malformed"] == 0
     b.signal(signal.SIGTERM)

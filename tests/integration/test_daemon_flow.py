@@ -18,7 +18,7 @@ import zmq
 from conftest import FastFrames, Receiver, Sender, make_config, proto, stage
 
 H, W = 512, 512
-SLOW_ROIS = [{"name": "r%d" % i, "shape": "rect", "rect": [0, 0, W, H]} for i in range(24)]
+SLOW_ROIS = [{"name": "r%d" % i, "shape": "rect", "rect": [0, 0, W, H]} for i in range(48)]
 
 
 def slow_stages(queue=None, scan=False):
@@ -98,13 +98,14 @@ def test_live_overload_counts_every_drop(ports, zctx, start_beamd, receivers):
     tx.wait_subscriber()
     ff = FastFrames(frame_array())
     tx.start(sid, (H, W), np.uint16)
-    # Paced at about 3x what the pipeline takes: beamd reads everything and
+    # Paced at 1 ms, several times faster than the pipeline (about 5 ms a
+    # frame on the 2-core reference machine): beamd reads everything and
     # drops for lack of slots (dropped_busy). Then a burst: ZeroMQ drops at
     # the high-water marks and beamd sees sequence gaps (lost).
     for fid in range(n):
         tx.send_parts(ff.parts(sid, fid, tx.seq))
         if fid < n // 2:
-            time.sleep(0.002)
+            time.sleep(0.001)
     time.sleep(1.0)  # let every queue drain, so the END cannot be dropped
     tx.end(sid)
     total = n + 2

@@ -12,7 +12,7 @@ rounding.
 import numpy as np
 import zmq
 
-from conftest import (FastFrames, Receiver, Sender, correct_ref, make_config, proto,  # noqa: F401
+from conftest import (Receiver, Sender, correct_ref, make_config, proto,
                       roi_masks, stage)
 
 H, W = 64, 80
