@@ -200,10 +200,13 @@ static int do_send(const opts_t *o) {
     rc = 1;
   }
   double el = (double)(t1 - t0) * 1e-9;
+  /* CLOCK_MONOTONIC is system-wide: the driver sets t0 against the
+   * receiver's last arrival for an end-to-end rate. */
   printf("{\"mode\":\"send\",\"frames\":%" PRIu64 ",\"bytes\":%" PRIu64
-         ",\"elapsed_s\":%.6f,\"fps\":%.3f,\"gbps\":%.4f}\n",
+         ",\"elapsed_s\":%.6f,\"fps\":%.3f,\"gbps\":%.4f,\"t0_mono_ns\":%" PRIu64
+         ",\"t1_mono_ns\":%" PRIu64 "}\n",
          sent, payload, el, el > 0 ? (double)sent / el : 0.0,
-         el > 0 ? (double)payload / el / 1e9 : 0.0);
+         el > 0 ? (double)payload / el / 1e9 : 0.0, t0, t1);
 out:
   if (s) {
     /* Linger so the last frames and SERIES_END reach the peer. */
@@ -327,9 +330,10 @@ static int do_recv(const opts_t *o) {
   double gbps = el > 0 && counted ? (double)bytes / (double)counted * fps / 1e9 : 0;
   printf("{\"mode\":\"recv\",\"messages\":%" PRIu64 ",\"counted\":%" PRIu64 ",\"bytes\":%" PRIu64
          ",\"malformed\":%" PRIu64 ",\"frame_id_gaps\":%" PRIu64
-         ",\"elapsed_s\":%.6f,\"fps\":%.3f,\"gbps\":%.4f,\"series_end\":%s,\"timed_out\":%s",
-         messages, counted, bytes, malformed, gaps, el, fps, gbps, ended ? "true" : "false",
-         timed_out ? "true" : "false");
+         ",\"elapsed_s\":%.6f,\"fps\":%.3f,\"gbps\":%.4f,\"t_first_mono_ns\":%" PRIu64
+         ",\"t_last_mono_ns\":%" PRIu64 ",\"series_end\":%s,\"timed_out\":%s",
+         messages, counted, bytes, malformed, gaps, el, fps, gbps, t_first, t_last,
+         ended ? "true" : "false", timed_out ? "true" : "false");
   if (lat) {
     qsort(lat, nlat, sizeof *lat, cmp_u64);
     double sum = 0;

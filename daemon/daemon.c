@@ -418,6 +418,10 @@ int beamd_init(beamd_t *d, beam_config_t *cfg, const char *cfg_path, char *err, 
   }
   uv_async_init(&d->loop, &d->wake, wake_cb);
   d->wake.data = d;
+  /* Every handle close_all may close is initialised here, before anything
+   * can fail, so a failed start-up tears down cleanly. */
+  uv_idle_init(&d->loop, &d->in.more);
+  d->in.more.data = d;
   uv_timer_init(&d->loop, &d->heartbeat);
   d->heartbeat.data = d;
   uv_timer_init(&d->loop, &d->watchdog);

@@ -46,8 +46,6 @@ int beamd_ingest_open(beamd_t *d, char *err, size_t errlen) {
     return BEAM_ENOMEM;
   }
   beam_ratelimit_init(&in->rl, c->log.rate_limit);
-  uv_idle_init(&d->loop, &in->more);
-  in->more.data = d;
   int type;
   switch (c->input.mode) {
   case BEAM_IN_LIVE: type = ZMQ_SUB; break;
@@ -167,7 +165,10 @@ static void on_frame(beamd_t *d, const beam_msg_t *m, uint64_t t_recv) {
     bad(d, "frame larger than pool.frame_bytes", h, "dropped (raise pool.frame_bytes)");
     return;
   }
-  beam_frame_t *f = beam_graph_input_slot(d->graph);
+  /* Live mode reads even when the graph is full (lossless modes pause
+   * before reading): such frames are dropped here, counted, and never
+   * wait on a stage queue, which would block the loop. */
+  beam_frame_t *f = beam_graph_room(d->graph) ? beam_graph_input_slot(d->graph) : NULL;
   if (!f) {
     atomic_fetch_add(&in->dropped_busy, 1);
     return;

@@ -18,9 +18,28 @@ static const beam_stage_kind_t k_preview = {
     "preview", "decimated frames at a bounded rate for viewers", beam_preview_params,
     &beam_preview_cpu_ops, &beam_preview_cuda_ops};
 
-static const beam_stage_kind_t *const kinds[] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, NULL};
+/* Built-in kinds first; kinds that need libraries pipeline/ must not use
+ * (HDF5 for `record`) are registered by the daemon at start-up. */
+#define MAX_KINDS 32
+static const beam_stage_kind_t *kinds[MAX_KINDS + 1] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, NULL};
 
 const beam_stage_kind_t *const *beam_stage_kinds(void) { return kinds; }
+
+int beam_stage_kind_register(const beam_stage_kind_t *k) {
+  size_t n = 0;
+  while (kinds[n]) {
+    if (kinds[n] == k)
+      return 0; /* registering twice is harmless */
+    if (strcmp(kinds[n]->kind, k->kind) == 0)
+      return BEAM_EINVAL;
+    n++;
+  }
+  if (n >= MAX_KINDS)
+    return BEAM_ELIMIT;
+  kinds[n] = k;
+  kinds[n + 1] = NULL;
+  return 0;
+}
 
 const beam_stage_kind_t *beam_stage_kind_find(const char *kind) {
   for (size_t i = 0; kind && kinds[i]; i++)

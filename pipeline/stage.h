@@ -117,6 +117,10 @@ const char *beam_stage_name_valid(const beam_cnode_t *v);
 const beam_stage_kind_t *beam_stage_kind_find(const char *kind);
 /* NULL-terminated list of every kind. */
 const beam_stage_kind_t *const *beam_stage_kinds(void);
+/* Adds a kind defined outside pipeline/ (e.g. daemon/'s HDF5 `record`).
+ * Call at start-up, before any config is loaded; not thread-safe. Returns
+ * BEAM_EINVAL when another kind has the same name. */
+int beam_stage_kind_register(const beam_stage_kind_t *k);
 
 #ifdef __cplusplus
 }

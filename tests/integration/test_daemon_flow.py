@@ -207,3 +207,11 @@ def test_sigterm_drain_loses_nothing(ports, zctx, start_beamd, receivers):
     k = min(accepted, 256)
     assert np.all(flat[:k] == np.float32(ref)) and np.all(np.isnan(flat[k:]))
     tx.close()
+
+
+def test_sigint_idle_exits_cleanly(ports, start_beamd):
+    """SIGINT drains like SIGTERM; with nothing in flight it exits 0 at once."""
+    b = start_beamd(make_config(ports, slow_stages(), mode="pull"))
+    b.signal(signal.SIGINT)
+    assert b.wait(10) == 0
+    assert re.search(r"drained: 0 frames in, 0 results out", b.stderr())
