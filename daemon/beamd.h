@@ -63,6 +63,8 @@ typedef struct beamd_ingest_s {
   uint64_t last_seq;
   uint64_t open_series; /* 0 = none */
   beam_series_t *series; /* current series (for shape checks), one ref */
+  uint64_t fed_next;     /* ingest_idx of the next accepted frame */
+  struct beamd_replay_s *replay; /* replay mode state (replay_in.c) */
   /* counters (loop thread writes, others read) */
   atomic_uint_fast64_t messages, frames, bytes, malformed, gaps, lost, dropped_busy,
       unknown_series, shape_mismatch, too_large, unexpected, series_started, series_aborted,
@@ -72,6 +74,15 @@ typedef struct beamd_ingest_s {
 } beamd_ingest_t;
 
 int beamd_ingest_open(beamd_t *d, char *err, size_t errlen);
+/* Handles one decoded-part message (used by the replay input, whose
+ * replies carry many messages). */
+void beamd_ingest_handle(beamd_t *d, const beam_part_t *parts, size_t n);
+void beamd_ingest_pause(beamd_t *d);
+/* Replay input (replay_in.c): REQ to a beamd-replay server. */
+int beamd_replay_open(beamd_t *d, char *err, size_t errlen);
+void beamd_replay_pump(beamd_t *d);   /* ask for frames if there is room */
+void beamd_replay_close(beamd_t *d);  /* final checkpoint, free */
+void beamd_replay_stats(beamd_t *d, void *json_obj); /* adds a "replay" object */
 void beamd_ingest_resume(beamd_t *d); /* room appeared */
 void beamd_ingest_stop(beamd_t *d);   /* draining */
 void beamd_ingest_close(beamd_t *d);
@@ -91,6 +102,7 @@ typedef struct beamd_out_s {
   struct beamd_msgq_s *pending;
   atomic_uint_fast64_t messages, bytes, dropped, results;
   uint64_t blocked_ns, blocked_since;
+  int discard; /* drain timed out: the PUSH no longer holds results */
 } beamd_out_t;
 
 /* Descriptor attachment bookkeeping: first result of each output pool (one
@@ -108,6 +120,9 @@ void beamd_publish_series(beamd_t *d, const beam_series_t *s, int type, int abor
 void beamd_publish_stats(beamd_t *d, const char *json);
 void beamd_publish_flush(beamd_t *d); /* retry PUSH backlog */
 int beamd_publish_backlog(beamd_t *d);
+/* Drain ran past output.drain_timeout: drop the PUSH backlog (counted)
+ * and stop keeping results for it, so stages blocked on slots finish. */
+void beamd_publish_discard(beamd_t *d);
 void beamd_publish_unwatch(beamd_t *d);
 void beamd_publish_close(beamd_t *d, int linger_ms);
 
@@ -175,6 +190,7 @@ struct beamd_s {
   uv_check_t check;
 
   beam_hist_t e2e; /* input received -> result sent */
+  void *replay_garbage; /* replay state whose timer closes with the loop */
   uint64_t started_ns;
   uint64_t drain_started_ns;
   uint64_t reloads, reload_failures;

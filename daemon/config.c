@@ -60,8 +60,16 @@ static const beam_param_t input_params[] = {
      "bind the endpoint instead of connecting to it", NULL},
     {"hwm", BEAM_P_INT, "1000", 0, 0, 10000000, NULL, NULL,
      "receive high-water mark (messages); 0 = no limit", NULL},
-    {"credit", BEAM_P_INT, "64", 0, 1, 65536, NULL, NULL,
-     "replay mode: frames asked for per request", NULL},
+    {"credit", BEAM_P_INT, "64", 0, 1, 4096, NULL, NULL,
+     "replay: frames asked for per request (capped by free pool slots)", NULL},
+    {"state_file", BEAM_P_STRING, "", 0, 0, 0, NULL, NULL,
+     "replay: file where progress is kept so a restarted daemon resumes; \"\" = no resume", NULL},
+    {"commit_delay", BEAM_P_DURATION, "2s", 0, 0, 3600, NULL, NULL,
+     "replay: how long progress is held back before it is written to state_file", NULL},
+    {"timeout", BEAM_P_DURATION, "10s", 0, 0.1, 3600, NULL, NULL,
+     "replay: a request unanswered this long is sent again (server restarted)", NULL},
+    {"exit_on_eof", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
+     "replay: drain and exit 0 when the file has been served completely", NULL},
     BEAM_PARAM_END};
 
 static const beam_param_t output_params[] = {
@@ -74,6 +82,8 @@ static const beam_param_t output_params[] = {
      "send high-water mark of the PUB (messages); 0 = no limit", NULL},
     {"push_hwm", BEAM_P_INT, "1000", 0, 0, 10000000, NULL, NULL,
      "send high-water mark of the PUSH (messages); 0 = no limit", NULL},
+    {"drain_timeout", BEAM_P_DURATION, "30s", 0, 0, 86400, NULL, NULL,
+     "on shutdown, how long results wait for a PUSH consumer before they are dropped", NULL},
     {"publish_frames_meta", BEAM_P_BOOL, "true", 0, 0, 0, NULL, NULL,
      "republish each series' SERIES_START and SERIES_END on the outputs", NULL},
     BEAM_PARAM_END};
@@ -351,11 +361,17 @@ static int fill(beam_config_t *c, beam_cfg_errs_t *errs) {
   c->input.bind = beam_cfg_bool(in, "bind", 0);
   c->input.hwm = (int)beam_cfg_int(in, "hwm", 1000);
   c->input.credit = (unsigned)beam_cfg_int(in, "credit", 64);
+  snprintf(c->input.state_file, sizeof c->input.state_file, "%s",
+           beam_cfg_str(in, "state_file") ? beam_cfg_str(in, "state_file") : "");
+  c->input.commit_delay_s = beam_cfg_float(in, "commit_delay", 2.0);
+  c->input.timeout_s = beam_cfg_float(in, "timeout", 10.0);
+  c->input.exit_on_eof = beam_cfg_bool(in, "exit_on_eof", 0);
   copy_str(c->output.publish, sizeof c->output.publish, beam_cfg_str(out, "publish"));
   copy_str(c->output.push, sizeof c->output.push, beam_cfg_str(out, "push"));
   c->output.hwm = (int)beam_cfg_int(out, "hwm", 1000);
   c->output.push_hwm = (int)beam_cfg_int(out, "push_hwm", 1000);
   c->output.publish_frames_meta = beam_cfg_bool(out, "publish_frames_meta", 1);
+  c->output.drain_timeout_s = beam_cfg_float(out, "drain_timeout", 30.0);
   c->pool.frames = (unsigned)beam_cfg_int(pool, "frames", 128);
   c->pool.frame_bytes = (uint64_t)beam_cfg_int(pool, "frame_bytes", 16 << 20);
   copy_str(c->control.endpoint, sizeof c->control.endpoint, beam_cfg_str(ctl, "endpoint"));

@@ -32,6 +32,10 @@ typedef struct beam_config_s {
     int bind;       /* bind instead of connect */
     int hwm;        /* ZMQ_RCVHWM (messages) */
     unsigned credit; /* replay: frames asked per request */
+    char state_file[BEAM_ENDPOINT_MAX]; /* replay: resume state, "" = none */
+    double commit_delay_s; /* replay: progress held back before it is persisted */
+    double timeout_s;      /* replay: resend an unanswered request */
+    int exit_on_eof;       /* replay: drain and exit at the end of the file */
   } input;
   struct {
     char publish[BEAM_ENDPOINT_MAX]; /* "" = no PUB */
@@ -39,6 +43,7 @@ typedef struct beam_config_s {
     int hwm;                         /* ZMQ_SNDHWM of the PUB */
     int push_hwm;
     int publish_frames_meta;         /* republish SERIES_START/END */
+    double drain_timeout_s;          /* drain: how long results wait for a PUSH consumer */
   } output;
   struct {
     unsigned frames;     /* input slots */

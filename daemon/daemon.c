@@ -17,7 +17,6 @@
 enum { RQ_RESULT = 1, RQ_SERIES_DONE = 2 };
 static void heartbeat_cb(uv_timer_t *t);
 #define INPUT_DRAIN_GRACE_NS 1000000000ull  /* lossless drain: read what ZeroMQ holds */
-#define OUTPUT_DRAIN_GRACE_NS 30000000000ull /* PUSH backlog with no consumer */
 
 typedef struct draining_s {
   beam_graph_t *graph;
@@ -253,9 +252,7 @@ int beamd_reload(beamd_t *d, beam_cfg_errs_t *errs, char *err, size_t errlen) {
 static void close_all(beamd_t *d);
 
 static int drain_complete(beamd_t *d) {
-  return !d->graph && d->ndraining == 0 && d->rq.count == 0 &&
-         (beamd_publish_backlog(d) == 0 ||
-          beam_now_ns() - d->drain_started_ns > OUTPUT_DRAIN_GRACE_NS);
+  return !d->graph && d->ndraining == 0 && d->rq.count == 0 && beamd_publish_backlog(d) == 0;
 }
 
 static void maybe_finish(beamd_t *d) {
@@ -264,11 +261,15 @@ static void maybe_finish(beamd_t *d) {
   if (d->graph && beam_graph_finished(d->graph))
     beam_graph_destroy(&d->graph);
   reap_draining(d);
+  if (!d->push.discard && beamd_publish_backlog(d) &&
+      beam_now_ns() - d->drain_started_ns > (uint64_t)(d->cfg->output.drain_timeout_s * 1e9)) {
+    BEAM_LOG(LOG_ERR, "drain: no PUSH consumer took %d waiting results within output.drain_timeout "
+                      "(%.0f s); dropping them and what is still being produced",
+             beamd_publish_backlog(d), d->cfg->output.drain_timeout_s);
+    beamd_publish_discard(d);
+  }
   if (!drain_complete(d))
     return;
-  if (beamd_publish_backlog(d))
-    BEAM_LOG(LOG_ERR, "drain: %d results never taken by a PUSH consumer within %llus; discarded",
-             beamd_publish_backlog(d), (unsigned long long)(OUTPUT_DRAIN_GRACE_NS / 1000000000ull));
   BEAM_LOG(LOG_NOTICE, "drained: %llu frames in, %llu results out; exiting",
            (unsigned long long)atomic_load(&d->in.frames), (unsigned long long)atomic_load(&d->pub.results));
   d->state = BEAMD_STOPPED;
@@ -306,7 +307,9 @@ void beamd_drain(beamd_t *d, const char *why) {
   d->state = BEAMD_DRAINING;
   d->drain_started_ns = beam_now_ns();
   uv_timer_start(&d->drain_timer, drain_timer_cb, 50, 50);
-  if (d->cfg->input.mode != BEAM_IN_LIVE && d->in.zs.open) {
+  /* Pull: read what ZeroMQ already took from the sender. Replay needs no
+   * such step: frames never asked for are asked for after a restart. */
+  if (d->cfg->input.mode == BEAM_IN_PULL && d->in.zs.open) {
     d->in.drain_read = 1;
     beamd_ingest_resume(d);
   } else {
@@ -525,6 +528,7 @@ void beamd_fini(beamd_t *d) {
   beamd_publish_close(d, 2000);
   uv_run(&d->loop, UV_RUN_NOWAIT);
   uv_loop_close(&d->loop);
+  free(d->replay_garbage);
   if (d->zctx)
     zmq_ctx_term(d->zctx);
   free(d->rq.buf);

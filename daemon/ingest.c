@@ -50,9 +50,7 @@ int beamd_ingest_open(beamd_t *d, char *err, size_t errlen) {
   switch (c->input.mode) {
   case BEAM_IN_LIVE: type = ZMQ_SUB; break;
   case BEAM_IN_PULL: type = ZMQ_PULL; break;
-  default:
-    snprintf(err, errlen, "input: mode replay is not available yet (use live or pull)");
-    return BEAM_ENOTSUP;
+  default: return beamd_replay_open(d, err, errlen);
   }
   beamd_zopts_t o = {.rcvhwm = c->input.hwm};
   char zerr[512];
@@ -188,6 +186,7 @@ static void on_frame(beamd_t *d, const beam_msg_t *m, uint64_t t_recv) {
   f->series_id = h->series_id;
   f->frame_id = h->frame_id;
   f->seq = h->seq;
+  f->ingest_idx = in->fed_next++;
   f->t_acq_ns = h->t_acq_ns;
   f->t_recv_ns = t_recv;
   f->flags = h->flags & ~(uint32_t)BEAM_FLAG_META;
@@ -228,18 +227,22 @@ static int recv_parts(void *sock, zmq_msg_t *parts) {
 }
 
 static void handle(beamd_t *d, zmq_msg_t *zparts, int n) {
-  beamd_ingest_t *in = &d->in;
   beam_part_t parts[MAX_PARTS];
   for (int i = 0; i < n; i++) {
     parts[i].data = zmq_msg_data(&zparts[i]);
     parts[i].size = zmq_msg_size(&zparts[i]);
   }
+  beamd_ingest_handle(d, parts, (size_t)n);
+}
+
+void beamd_ingest_handle(beamd_t *d, const beam_part_t *parts, size_t n) {
+  beamd_ingest_t *in = &d->in;
   uint64_t t_recv = beam_now_ns();
   beam_limits_t lim = beam_limits_default;
   const char *why = NULL;
   beam_msg_t m;
   atomic_fetch_add(&in->messages, 1);
-  if (beam_msg_parse(parts, (size_t)n, &lim, &m, &why) < 0) {
+  if (beam_msg_parse(parts, n, &lim, &m, &why) < 0) {
     atomic_fetch_add(&in->malformed, 1);
     bad(d, "malformed message", NULL, why ? why : "?");
     return;
@@ -306,8 +309,13 @@ void beamd_ingest_resume(beamd_t *d) {
     in->paused = 0;
     in->paused_ns += beam_now_ns() - in->paused_since;
   }
-  ingest_read(d);
+  if (d->cfg->input.mode == BEAM_IN_REPLAY)
+    beamd_replay_pump(d);
+  else
+    ingest_read(d);
 }
+
+void beamd_ingest_pause(beamd_t *d) { pause_input(d); }
 
 void beamd_ingest_stop(beamd_t *d) {
   beamd_ingest_t *in = &d->in;
@@ -324,6 +332,7 @@ void beamd_ingest_stop(beamd_t *d) {
 
 void beamd_ingest_close(beamd_t *d) {
   beamd_ingest_t *in = &d->in;
+  beamd_replay_close(d);
   beamd_zsock_close(&in->zs, 0);
   if (!uv_is_closing((uv_handle_t *)&in->more))
     uv_close((uv_handle_t *)&in->more, NULL);

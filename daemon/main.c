@@ -9,6 +9,7 @@
 #include "daemon/beamd.h"
 #include "gpu/gpu.h"
 #include "daemon/h5array.h"
+#include "daemon/stage_record.h"
 #include "pipeline/array.h"
 
 static void usage(FILE *f) {
@@ -59,6 +60,7 @@ int main(int argc, char **argv) {
   int c;
   beam_log_init("beamd");
   beam_h5array_register();
+  beam_record_stage_register();
   while ((c = getopt_long(argc, argv, "c:l:Vh", opts, NULL)) != -1) {
     switch (c) {
     case 'c': cfg_path = optarg; break;

@@ -127,6 +127,12 @@ static void out_send(beamd_t *d, beamd_out_t *o, omsg_t *m) {
     return;
   }
   msgq_t *q = o->pending;
+  if (o->discard) {
+    /* Draining past output.drain_timeout with no consumer: count, drop. */
+    if (omsg_send(o->zs.sock, m) != 0)
+      atomic_fetch_add(&o->dropped, 1);
+    return;
+  }
   if (q->count == 0) {
     int rc = omsg_send(o->zs.sock, m);
     if (rc == 0) {
@@ -174,6 +180,18 @@ void beamd_publish_flush(beamd_t *d) {
   if (o->blocked_since) {
     o->blocked_ns += beam_now_ns() - o->blocked_since;
     o->blocked_since = 0;
+  }
+}
+
+void beamd_publish_discard(beamd_t *d) {
+  beamd_out_t *o = &d->push;
+  msgq_t *q = o->pending;
+  o->discard = 1;
+  while (q && q->count) {
+    omsg_release(&q->buf[q->head]);
+    q->head = (q->head + 1) % q->cap;
+    q->count--;
+    atomic_fetch_add(&o->dropped, 1);
   }
 }
 

@@ -61,6 +61,7 @@ static json_t *input_json(beamd_t *d) {
   json_object_set_new(o, "paused_s", json_real(paused_s));
   json_object_set_new(o, "rate_fps", json_real(d->rate_fps));
   json_object_set_new(o, "rate_mbps", json_real(d->rate_mbps));
+  beamd_replay_stats(d, o);
   if (d->graph) {
     json_object_set_new(o, "pool_free", json_integer(beam_graph_input_free(d->graph)));
     json_object_set_new(o, "pool_slots", json_integer(beam_graph_input_slots(d->graph)));

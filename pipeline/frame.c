@@ -204,6 +204,7 @@ void beam_frame_copy_ident(beam_frame_t *dst, const beam_frame_t *src) {
   dst->series_id = src->series_id;
   dst->frame_id = src->frame_id;
   dst->seq = src->seq;
+  dst->ingest_idx = src->ingest_idx;
   dst->t_acq_ns = src->t_acq_ns;
   dst->t_recv_ns = src->t_recv_ns;
   dst->flags = src->flags;

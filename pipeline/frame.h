@@ -35,6 +35,10 @@ typedef struct beam_pool_s beam_pool_t;
 
 typedef struct beam_frame_s {
   uint64_t series_id, frame_id, seq;
+  /* Position in the input's own order, monotonic for this daemon: the
+   * replay index for replay input, a counter otherwise. Results inherit it,
+   * which is how the graph knows which input frames are fully processed. */
+  uint64_t ingest_idx;
   uint64_t t_acq_ns;  /* from the wire header (realtime ns, 0 = unknown) */
   uint64_t t_recv_ns; /* monotonic ns when beamd received the input frame */
   uint32_t flags;     /* BEAM_FLAG_* */

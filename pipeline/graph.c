@@ -79,7 +79,11 @@ struct node_s {
   out_t outs[BEAM_STAGE_MAX_OUTS];
   beam_series_t *series; /* current series when start succeeded */
   int series_ok;
-  const beam_frame_t *cur;
+  int upstream;          /* node index of the input stage, -1 = frames */
+  /* ingest_idx of the frame being processed, UINT64_MAX when idle (read
+   * by beam_graph_watermark under the queue lock). */
+  uint64_t cur_idx;
+  uint64_t last_idx;     /* of the last frame processed (for end results) */
   atomic_uint_fast64_t frames_in, frames_out, results, rejected, errors, nseries, busy_ns;
   beam_hist_t lat;
 };
@@ -133,11 +137,15 @@ static void queue_push(queue_t *q, const item_t *it) {
   pthread_mutex_unlock(&q->mu);
 }
 
-static void queue_pop(queue_t *q, item_t *it) {
+/* cur (may be NULL) is set under the queue lock to the popped frame's
+ * ingest_idx, so a watermark reader never sees a frame in neither place. */
+static void queue_pop(queue_t *q, item_t *it, uint64_t *cur) {
   pthread_mutex_lock(&q->mu);
   while (q->count == 0)
     pthread_cond_wait(&q->not_empty, &q->mu);
   *it = q->buf[q->head];
+  if (cur && it->kind == IT_FRAME)
+    *cur = it->frame->ingest_idx;
   q->head = (q->head + 1) % q->size;
   q->count--;
   pthread_cond_broadcast(&q->not_full);
@@ -221,6 +229,7 @@ static beam_frame_t *emit_get(void *ctx, unsigned out) {
   } else if (nd->series) {
     f->series_id = nd->series->series_id;
     f->t_recv_ns = beam_now_ns();
+    f->ingest_idx = nd->last_idx;
   }
   f->dtype = o->dtype;
   f->ndim = o->ndim;
@@ -392,6 +401,7 @@ static void series_done(beam_graph_t *g, end_tracker_t *t) {
 }
 
 static void on_end(node_t *nd, item_t *it) {
+  nd->stage.end_aborted = it->tracker->aborted;
   if (nd->series_ok) {
     emit_ctx_t ec = {nd, NULL};
     beam_emit_t e = {&ec, emit_get, emit_put, emit_drop};
@@ -414,7 +424,7 @@ static void *worker_main(void *arg) {
   beam_graph_t *g = nd->g;
   for (;;) {
     item_t it;
-    queue_pop(&nd->q, &it);
+    queue_pop(&nd->q, &it, &nd->cur_idx);
     int quit = it.kind == IT_QUIT;
     switch (it.kind) {
     case IT_START:
@@ -424,7 +434,11 @@ static void *worker_main(void *arg) {
       break;
     case IT_FRAME:
       on_frame(nd, it.frame);
+      nd->last_idx = it.frame->ingest_idx;
       beam_frame_unref(it.frame);
+      pthread_mutex_lock(&nd->q.mu);
+      nd->cur_idx = UINT64_MAX;
+      pthread_mutex_unlock(&nd->q.mu);
       break;
     case IT_END:
       on_end(nd, &it);
@@ -507,6 +521,8 @@ int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
     snprintf(nd->stage.name, sizeof nd->stage.name, "%s", specs[i].name);
     nd->stage.cfg = specs[i].node;
     nd->publish = specs[i].publish;
+    nd->upstream = -1;
+    nd->cur_idx = UINT64_MAX;
     nd->kind = specs[i].kind_def ? specs[i].kind_def : beam_stage_kind_find(specs[i].kind);
     if (!nd->kind) {
       rc = BEAM_DIAG(d, BEAM_ECONFIG, "stage \"%s\": unknown kind \"%s\"", specs[i].name, specs[i].kind);
@@ -537,6 +553,7 @@ int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
       goto fail;
     }
     node_t *upn = &g->nodes[up];
+    nd->upstream = up;
     if (upn->ncons >= MAX_CONSUMERS) {
       rc = BEAM_DIAG(d, BEAM_ECONFIG, "stage \"%s\": too many consumers", upn->stage.name);
       goto fail;
@@ -663,6 +680,67 @@ void beam_graph_series_end(beam_graph_t *g, uint64_t series_id, int aborted) {
   push_roots(g, &it);
 }
 
+unsigned beam_graph_room_count(beam_graph_t *g) {
+  if (g->shutting_down)
+    return 0;
+  unsigned n = beam_pool_free_count(g->input);
+  for (unsigned i = 0; n && i < g->nroots; i++) {
+    queue_t *q = &g->roots[i]->q;
+    pthread_mutex_lock(&q->mu);
+    unsigned space = q->count < q->cap ? q->cap - q->count : 0;
+    pthread_mutex_unlock(&q->mu);
+    if (space < n)
+      n = space;
+  }
+  if (n == 0)
+    atomic_store(&g->want_room, 1);
+  return n;
+}
+
+/* The smallest ingest_idx a node still has to handle: the frame it is
+ * processing or the first frame in its queue, else whatever its upstream
+ * may still send it. Upstreams are snapshotted before their consumers, so
+ * a frame moving downstream between the two reads is never missed. */
+static uint64_t node_pending(node_t *nd, uint64_t upstream_w) {
+  uint64_t w = upstream_w;
+  pthread_mutex_lock(&nd->q.mu);
+  if (nd->cur_idx < w)
+    w = nd->cur_idx;
+  for (unsigned i = 0; i < nd->q.count; i++) {
+    const item_t *it = &nd->q.buf[(nd->q.head + i) % nd->q.size];
+    if (it->kind == IT_FRAME && it->frame->ingest_idx < w)
+      w = it->frame->ingest_idx;
+  }
+  pthread_mutex_unlock(&nd->q.mu);
+  return w;
+}
+
+uint64_t beam_graph_watermark(beam_graph_t *g, uint64_t fed_next) {
+  uint64_t wmin = fed_next;
+  uint64_t *w = calloc(g->n ? g->n : 1, sizeof *w);
+  char *have = calloc(g->n ? g->n : 1, 1);
+  if (!w || !have) {
+    free(w);
+    free(have);
+    return 0; /* no progress claimed: safe */
+  }
+  /* Nodes in dependency order: repeat until every node has a value (the
+   * config validator guarantees a DAG, so this ends within n rounds). */
+  for (size_t round = 0; round <= g->n; round++)
+    for (size_t i = 0; i < g->n; i++) {
+      node_t *nd = &g->nodes[i];
+      if (have[i] || (nd->upstream >= 0 && !have[nd->upstream]))
+        continue;
+      w[i] = node_pending(nd, nd->upstream >= 0 ? w[nd->upstream] : fed_next);
+      have[i] = 1;
+      if (w[i] < wmin)
+        wmin = w[i];
+    }
+  free(w);
+  free(have);
+  return wmin;
+}
+
 int beam_graph_idle(beam_graph_t *g) { return !g->open && atomic_load(&g->inflight) == 0; }
 int beam_graph_series_open(beam_graph_t *g) { return g->open != NULL; }
 
@@ -709,7 +787,7 @@ void beam_graph_destroy(beam_graph_t **gp) {
     /* Items left in a queue (only possible when workers never started). */
     while (nd->q.buf && nd->q.count) {
       item_t it;
-      queue_pop(&nd->q, &it);
+      queue_pop(&nd->q, &it, NULL);
       if (it.kind == IT_FRAME)
         beam_frame_unref(it.frame);
       else if (it.kind == IT_START)

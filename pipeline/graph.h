@@ -87,6 +87,12 @@ beam_frame_t *beam_graph_input_slot(beam_graph_t *g); /* NULL when none free */
 void beam_graph_series_start(beam_graph_t *g, beam_series_t *s); /* takes a ref */
 void beam_graph_frame(beam_graph_t *g, beam_frame_t *f);         /* takes the ref */
 void beam_graph_series_end(beam_graph_t *g, uint64_t series_id, int aborted);
+/* How many frames frame() can take now without blocking (0 = none). */
+unsigned beam_graph_room_count(beam_graph_t *g);
+/* Every input frame with ingest_idx < the returned value has been processed
+ * by every stage, with its results handed to on_result. fed_next is the
+ * ingest_idx the next input frame will get. Loop thread only. */
+uint64_t beam_graph_watermark(beam_graph_t *g, uint64_t fed_next);
 /* No frame is queued or being processed and no series is open. */
 int beam_graph_idle(beam_graph_t *g);
 int beam_graph_series_open(beam_graph_t *g);

@@ -77,6 +77,8 @@ struct beam_stage_s {
   beam_outdesc_t outs[BEAM_STAGE_MAX_OUTS];
   unsigned nouts;
   beam_diag_t diag;        /* last process/end error, for rate-limited logs */
+  int end_aborted;         /* during end: 1 when the series was cut short
+                            * (drain, a new SERIES_START, ABORTED flag) */
 };
 
 /* Emitting results from process/end. get returns a frame for output `out`

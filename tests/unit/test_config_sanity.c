@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/stage_record.h"
 #include "daemon/config.h"
 #include "pipeline/err.h"
 #include "pipeline/stage.h"
@@ -417,8 +418,8 @@ static void test_checker_catches_drift(void **state) {
   char *text = reference_text();
   static const struct { const char *from, *to, *expect; } cases[] = {
       /* a default that no longer matches the code */
-      {"carries many frames. range: 1..65536. default: 64",
-       "carries many frames. range: 1..65536. default: 65", "input.credit (line"},
+      {"slots for. range: 1..4096. default: 64",
+       "slots for. range: 1..4096. default: 65", "input.credit (line"},
       /* a key removed from the file */
       {"  credit: 64\n", "", "input.credit: is not in etc/beamd.yaml"},
       /* a range that no longer matches */
@@ -446,6 +447,7 @@ static void test_checker_catches_drift(void **state) {
 }
 
 int main(void) {
+  beam_record_stage_register();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reference_loads),
       cmocka_unit_test(test_reference_documents_schema),

@@ -216,6 +216,7 @@ static void feed(beam_graph_t *g, uint64_t sid, int n, int end) {
     assert_non_null(f);
     f->series_id = sid;
     f->frame_id = (uint64_t)i;
+    f->ingest_idx = (uint64_t)i;
     f->dtype = BEAM_DT_U32;
     f->ndim = 2;
     f->shape[0] = f->shape[1] = 4;
@@ -493,6 +494,43 @@ static void test_graph_cuda_without_gpu(void **state) {
   sink_free(s);
 }
 
+static void test_graph_watermark(void **state) {
+  (void)state;
+  sink_t *s = sink_new();
+  memset(g_tag_cfg, 0, sizeof g_tag_cfg);
+  g_tag_next = 0;
+  g_tag_cfg[0].delay_us = 3000; /* a: slow */
+  beam_stage_spec_t sp[] = {spec("a", "frames", 0, 8), spec("b", "a", 1, 8)};
+  beam_graph_params_t gp = {16, 64, 0};
+  beam_graph_hooks_t h = hooks(s);
+  beam_graph_t *g = NULL;
+  beam_diag_t d = {0};
+  assert_int_equal(beam_graph_new(&g, sp, 2, &gp, &h, &d), 0);
+  assert_int_equal(beam_graph_watermark(g, 0), 0);
+  feed(g, 4, 6, 0);
+  uint64_t w = beam_graph_watermark(g, 6);
+  assert_true(w < 6); /* a is still busy */
+  uint64_t prev = w;
+  for (int i = 0; i < 3000 && (w = beam_graph_watermark(g, 6)) < 6; i++) {
+    assert_true(w >= prev); /* never goes back */
+    prev = w;
+    usleep(500);
+  }
+  assert_int_equal(w, 6);
+  /* Everything below the watermark has its results out: b published 6. */
+  pthread_mutex_lock(&s->mu);
+  int nb = 0;
+  for (int i = 0; i < s->n; i++)
+    nb += strcmp(s->topic[i], "b.frame") == 0;
+  pthread_mutex_unlock(&s->mu);
+  assert_int_equal(nb, 6);
+  assert_int_equal(beam_graph_room_count(g), 8); /* min(16 free slots, queue 8) */
+  beam_graph_series_end(g, 4, 0);
+  wait_for(is_done, s);
+  beam_graph_destroy(&g);
+  sink_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pool_basics),
@@ -505,6 +543,7 @@ int main(void) {
       cmocka_unit_test(test_graph_shutdown_open_series),
       cmocka_unit_test(test_graph_bad_input_name),
       cmocka_unit_test(test_graph_cuda_without_gpu),
+      cmocka_unit_test(test_graph_watermark),
   };
   return cmocka_run_group_tests_name("graph", tests, NULL, NULL);
 }

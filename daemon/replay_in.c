@@ -1,0 +1,410 @@
+/* The replay input: a REQ socket asking a beamd-replay server (REP) for
+ * frames, as proto/PROTOCOL.md §13 specifies.
+ *
+ * Lossless by construction: a request never asks for more frames than the
+ * graph can take at that moment (free input slots and queue places), so
+ * every frame of a reply is accepted without waiting. One request is in
+ * flight at a time; a reply carries up to `credit` frames, so throughput is
+ * not bound by the round trip.
+ *
+ * Resuming: the server is stateless, every request names the next frame
+ * index. Progress (the graph's watermark: every frame below it processed by
+ * every stage and its results handed to the outputs) is written to
+ * input.state_file once it is commit_delay old, so results still inside
+ * ZeroMQ's queues at a kill -9 are produced again after the restart
+ * (at-least-once; beamd-record keeps one copy per frame). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <zmq.h>
+
+#include "daemon/beamd.h"
+
+#define HIST 256          /* watermark samples kept for commit_delay */
+#define TICK_MS 100
+#define MAX_REPLY_PARTS(credit) ((size_t)(credit) * (2u + BEAM_MAX_PAYLOAD_PARTS) + 8u)
+
+typedef struct beamd_replay_s {
+  uv_timer_t tick;
+  int waiting;          /* a request is in flight */
+  int info_pending;     /* the in-flight request is the resume check */
+  uint64_t sent_ns;
+  char req[256];
+  uint64_t next;        /* next frame index to ask for */
+  int want_start;       /* ask for SERIES_START with the next request */
+  int eof;
+  int eof_logged;
+  uint64_t resume_next; /* from the state file */
+  char resume_id[256];
+  char file_id[256];
+  char file[512];
+  uint64_t total;
+  int loop;
+  uint64_t requests, replies, resends, corrupt;
+  /* commit bookkeeping */
+  struct {
+    uint64_t t_ns, w;
+  } hist[HIST];
+  unsigned hist_n, hist_head;
+  uint64_t committed;
+  int have_committed;
+  zmq_msg_t *parts; /* reply buffer, sized once from credit */
+  size_t parts_cap;
+} replay_t;
+
+static replay_t *R(beamd_t *d) { return d->in.replay; }
+
+/* ---- state file --------------------------------------------------------- */
+
+static void state_write(beamd_t *d, uint64_t next) {
+  replay_t *r = R(d);
+  const char *path = d->cfg->input.state_file;
+  if (!path[0] || !r->file_id[0])
+    return;
+  char tmp[BEAM_ENDPOINT_MAX + 16];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  json_t *o = json_pack("{s:s, s:I, s:s, s:s}", "file_id", r->file_id, "next", (json_int_t)next,
+                        "file", r->file, "endpoint", d->cfg->input.endpoint);
+  char *txt = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  int fd = txt ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
+  int ok = fd >= 0;
+  if (ok) {
+    size_t len = strlen(txt);
+    ok = write(fd, txt, len) == (ssize_t)len && write(fd, "\n", 1) == 1 && fsync(fd) == 0;
+    ok = (close(fd) == 0) && ok;
+    /* rename is atomic: a crash leaves the old state or the new one. */
+    ok = ok && rename(tmp, path) == 0;
+  }
+  free(txt);
+  if (!ok) {
+    static beam_ratelimit_t rl = {.per_s = 1};
+    beam_log_rl(&rl, LOG_ERR, "replay: cannot write state file %s: %s", path, strerror(errno));
+    return;
+  }
+  r->committed = next;
+  r->have_committed = 1;
+}
+
+static void state_read(beamd_t *d) {
+  replay_t *r = R(d);
+  const char *path = d->cfg->input.state_file;
+  if (!path[0])
+    return;
+  json_error_t je;
+  json_t *o = json_load_file(path, 0, &je);
+  if (!o) {
+    if (access(path, F_OK) == 0)
+      BEAM_LOG(LOG_WARNING, "replay: ignoring unreadable state file %s: %s (line %d)", path, je.text,
+               je.line);
+    return;
+  }
+  json_t *id = json_object_get(o, "file_id"), *nx = json_object_get(o, "next");
+  if (json_is_string(id) && json_is_integer(nx) && json_integer_value(nx) >= 0) {
+    snprintf(r->resume_id, sizeof r->resume_id, "%s", json_string_value(id));
+    r->resume_next = (uint64_t)json_integer_value(nx);
+  } else {
+    BEAM_LOG(LOG_WARNING, "replay: state file %s lacks file_id/next; starting from the beginning", path);
+  }
+  json_decref(o);
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+static void send_req(beamd_t *d) {
+  replay_t *r = R(d);
+  if (zmq_send(d->in.zs.sock, r->req, strlen(r->req), ZMQ_DONTWAIT) < 0) {
+    BEAM_LOG(LOG_ERR, "replay: cannot send a request: %s", zmq_strerror(errno));
+    return;
+  }
+  r->waiting = 1;
+  r->sent_ns = beam_now_ns();
+  r->requests++;
+}
+
+void beamd_replay_pump(beamd_t *d) {
+  replay_t *r = R(d);
+  if (!r || r->waiting || r->eof || d->state != BEAMD_RUNNING || d->in.stopped)
+    return;
+  unsigned room = beam_graph_room_count(d->graph);
+  unsigned credit = d->cfg->input.credit < room ? d->cfg->input.credit : room;
+  if (credit == 0) {
+    beamd_ingest_pause(d); /* on_room resumes us */
+    return;
+  }
+  snprintf(r->req, sizeof r->req, "{\"op\":\"get\",\"next\":%llu,\"credit\":%u,\"start\":%s}",
+           (unsigned long long)r->next, credit, r->want_start ? "true" : "false");
+  send_req(d);
+}
+
+/* ---- replies ------------------------------------------------------------- */
+
+/* Parts of the message starting at parts[i] (header first, no topic). */
+static size_t msg_parts(const zmq_msg_t *zp, size_t i, size_t n) {
+  beam_hdr_t h;
+  const char *why;
+  beam_limits_t lim = beam_limits_default;
+  if (beam_hdr_decode(zmq_msg_data((zmq_msg_t *)&zp[i]), zmq_msg_size((zmq_msg_t *)&zp[i]), &lim, &h,
+                      &why) < 0)
+    return 0;
+  size_t k = 1u + h.nparts + ((h.flags & BEAM_FLAG_META) ? 1u : 0u);
+  return i + k <= n ? k : 0;
+}
+
+static void on_status(beamd_t *d, json_t *st, int was_info, size_t nparts) {
+  replay_t *r = R(d);
+  json_t *v;
+  if ((v = json_object_get(st, "file_id")) && json_is_string(v))
+    snprintf(r->file_id, sizeof r->file_id, "%s", json_string_value(v));
+  if ((v = json_object_get(st, "file")) && json_is_string(v))
+    snprintf(r->file, sizeof r->file, "%s", json_string_value(v));
+  if ((v = json_object_get(st, "total")) && json_is_integer(v))
+    r->total = (uint64_t)json_integer_value(v);
+  r->loop = json_is_true(json_object_get(st, "loop"));
+  if (was_info) {
+    if (r->resume_id[0] && strcmp(r->resume_id, r->file_id) == 0) {
+      r->next = r->resume_next;
+      r->want_start = r->next > 0;
+      BEAM_LOG(LOG_NOTICE, "replay: resuming %s at frame index %llu of %llu", r->file,
+               (unsigned long long)r->next, (unsigned long long)r->total);
+      if (!r->loop && r->total && r->next >= r->total) {
+        r->eof = 1;
+        BEAM_LOG(LOG_NOTICE, "replay: %s was already replayed completely (delete %s to replay again)",
+                 r->file, d->cfg->input.state_file);
+      }
+    } else if (r->resume_id[0]) {
+      BEAM_LOG(LOG_WARNING, "replay: state file %s is for another file (%s); starting from the beginning",
+               d->cfg->input.state_file, r->resume_id);
+    }
+    d->in.fed_next = r->next;
+    return;
+  }
+  (void)nparts;
+}
+
+static void on_reply(beamd_t *d, size_t n) {
+  replay_t *r = R(d);
+  int was_info = r->info_pending;
+  r->waiting = 0;
+  r->info_pending = 0;
+  r->replies++;
+  json_error_t je;
+  json_t *st = json_loadb(zmq_msg_data(&r->parts[0]), zmq_msg_size(&r->parts[0]), 0, &je);
+  if (!json_is_object(st) || !json_is_true(json_object_get(st, "ok"))) {
+    json_t *e = json_object_get(st, "error");
+    static beam_ratelimit_t rl = {.per_s = 1};
+    beam_log_rl(&rl, LOG_ERR, "replay: server refused the request %s: %s", r->req,
+                json_is_string(e) ? json_string_value(e) : "unreadable status part");
+    json_decref(st);
+    /* Retried at the next tick after the timeout, so a broken server is
+     * not hammered. */
+    r->waiting = 1;
+    r->sent_ns = beam_now_ns();
+    return;
+  }
+  on_status(d, st, was_info, n);
+  if (was_info) {
+    json_decref(st);
+    beamd_replay_pump(d);
+    return;
+  }
+  uint64_t next2 = (uint64_t)json_integer_value(json_object_get(st, "next"));
+  uint64_t count = (uint64_t)json_integer_value(json_object_get(st, "count"));
+  r->eof = json_is_true(json_object_get(st, "eof"));
+  json_t *c = json_object_get(st, "corrupt");
+  r->corrupt = json_is_integer(c) ? (uint64_t)json_integer_value(c) : r->corrupt;
+  json_decref(st);
+  uint64_t idx = next2 >= count ? next2 - count : 0;
+  beam_part_t bp[2 + BEAM_MAX_PAYLOAD_PARTS];
+  for (size_t i = 1; i < n;) {
+    size_t k = msg_parts(r->parts, i, n);
+    if (k == 0) {
+      atomic_fetch_add(&d->in.malformed, 1);
+      BEAM_LOG(LOG_ERR, "replay: reply to %s has an undecodable message at part %zu; the rest of "
+                        "the reply is skipped and asked for again", r->req, i);
+      next2 = idx;
+      break;
+    }
+    for (size_t j = 0; j < k; j++) {
+      bp[j].data = zmq_msg_data(&r->parts[i + j]);
+      bp[j].size = zmq_msg_size(&r->parts[i + j]);
+    }
+    beam_hdr_t h;
+    const char *why;
+    beam_limits_t lim = beam_limits_default;
+    int is_frame = beam_hdr_decode(bp[0].data, bp[0].size, &lim, &h, &why) == 0 && h.type == BEAM_MSG_FRAME;
+    if (is_frame)
+      d->in.fed_next = idx;
+    beamd_ingest_handle(d, bp, k);
+    if (is_frame)
+      d->in.fed_next = ++idx; /* a frame dropped at ingest counts as handled */
+    i += k;
+  }
+  r->next = next2;
+  r->want_start = 0;
+  if (r->eof && !r->eof_logged) {
+    r->eof_logged = 1;
+    BEAM_LOG(LOG_NOTICE, "replay: %s served completely (%llu frames, %llu corrupt)", r->file,
+             (unsigned long long)r->total, (unsigned long long)r->corrupt);
+  }
+  beamd_replay_pump(d);
+}
+
+static void on_replay_event(beamd_zsock_t *zs) {
+  beamd_t *d = zs->d;
+  replay_t *r = R(d);
+  while (zs->open && (beamd_zsock_events(zs) & ZMQ_POLLIN)) {
+    size_t n = 0;
+    int more = 1;
+    while (more) {
+      zmq_msg_t *p = &r->parts[n < r->parts_cap ? n : r->parts_cap - 1];
+      if (n >= r->parts_cap)
+        zmq_msg_close(p); /* oversized reply: keep draining, reject below */
+      zmq_msg_init(p);
+      if (zmq_msg_recv(p, zs->sock, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+        zmq_msg_close(p);
+        if (n == 0)
+          return;
+        break;
+      }
+      more = zmq_msg_more(p);
+      if (n < r->parts_cap)
+        n++;
+    }
+    if (n >= r->parts_cap) {
+      BEAM_LOG(LOG_ERR, "replay: reply with more than %zu parts rejected", r->parts_cap);
+      atomic_fetch_add(&d->in.malformed, 1);
+      r->waiting = 0;
+    } else if (d->state == BEAMD_RUNNING) {
+      on_reply(d, n);
+    } else {
+      r->waiting = 0; /* draining: frames not taken are asked for again after a restart */
+    }
+    for (size_t i = 0; i < n; i++)
+      zmq_msg_close(&r->parts[i]);
+  }
+}
+
+/* ---- progress and timeouts --------------------------------------------------- */
+
+static uint64_t watermark(beamd_t *d) {
+  /* Frames still inside a graph replaced by a reload count too. */
+  uint64_t w = d->graph ? beam_graph_watermark(d->graph, d->in.fed_next) : d->in.fed_next;
+  if (d->next_graph) {
+    uint64_t w2 = beam_graph_watermark(d->next_graph, d->in.fed_next);
+    w = w2 < w ? w2 : w;
+  }
+  return w;
+}
+
+static void tick_cb(uv_timer_t *t) {
+  beamd_t *d = t->data;
+  replay_t *r = R(d);
+  uint64_t now = beam_now_ns();
+  if (r->waiting && now - r->sent_ns > (uint64_t)(d->cfg->input.timeout_s * 1e9) &&
+      d->state == BEAMD_RUNNING) {
+    BEAM_LOG(LOG_WARNING, "replay: no answer from %s within %.1f s; asking again",
+             d->cfg->input.endpoint, d->cfg->input.timeout_s);
+    r->resends++;
+    send_req(d); /* ZMQ_REQ_RELAXED allows it; ZMQ_REQ_CORRELATE drops a late old reply */
+  }
+  /* Results of frames below the watermark are in the result queue or
+   * already sent; publish what is queued before recording progress. */
+  uint64_t w = watermark(d);
+  beamd_wake(d);
+  r->hist[r->hist_head].t_ns = now;
+  r->hist[r->hist_head].w = w;
+  r->hist_head = (r->hist_head + 1) % HIST;
+  if (r->hist_n < HIST)
+    r->hist_n++;
+  uint64_t delay = (uint64_t)(d->cfg->input.commit_delay_s * 1e9), best = 0;
+  int found = 0;
+  for (unsigned i = 0; i < r->hist_n; i++)
+    if (now - r->hist[i].t_ns >= delay && r->hist[i].w >= best) {
+      best = r->hist[i].w;
+      found = 1;
+    }
+  if (found && (!r->have_committed || best > r->committed) && beamd_publish_backlog(d) == 0)
+    state_write(d, best);
+  if (r->eof && d->cfg->input.exit_on_eof && d->state == BEAMD_RUNNING && w >= r->next &&
+      (!d->graph || !beam_graph_series_open(d->graph)))
+    beamd_drain(d, "replay complete (input.exit_on_eof)");
+}
+
+/* ---- open / close -------------------------------------------------------------- */
+
+int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
+  replay_t *r = calloc(1, sizeof *r);
+  if (!r) {
+    snprintf(err, errlen, "input: out of memory");
+    return BEAM_ENOMEM;
+  }
+  d->in.replay = r;
+  r->parts_cap = MAX_REPLY_PARTS(d->cfg->input.credit);
+  r->parts = calloc(r->parts_cap, sizeof *r->parts);
+  if (!r->parts) {
+    snprintf(err, errlen, "input: out of memory");
+    return BEAM_ENOMEM;
+  }
+  uv_timer_init(&d->loop, &r->tick);
+  r->tick.data = d;
+  char zerr[512];
+  beamd_zopts_t o = {.rcvhwm = d->cfg->input.hwm};
+  int rc = beamd_zsock_open(d, &d->in.zs, ZMQ_REQ, d->cfg->input.endpoint, d->cfg->input.bind, &o,
+                            on_replay_event, zerr, sizeof zerr);
+  if (rc < 0) {
+    snprintf(err, errlen, "input: %s", zerr);
+    return rc;
+  }
+  int one = 1;
+  zmq_setsockopt(d->in.zs.sock, ZMQ_REQ_RELAXED, &one, sizeof one);
+  zmq_setsockopt(d->in.zs.sock, ZMQ_REQ_CORRELATE, &one, sizeof one);
+  uv_timer_start(&r->tick, tick_cb, TICK_MS, TICK_MS);
+  state_read(d);
+  /* Always start with "info": it tells the file and whether a stored
+   * position belongs to it. */
+  snprintf(r->req, sizeof r->req, "{\"op\":\"info\"}");
+  r->info_pending = 1;
+  send_req(d);
+  return 0;
+}
+
+void beamd_replay_close(beamd_t *d) {
+  replay_t *r = R(d);
+  if (!r)
+    return;
+  /* A clean exit with nothing waiting for a consumer: everything fed was
+   * processed and handed to ZeroMQ, which lingers to send it. */
+  if (!d->graph && d->ndraining == 0 && beamd_publish_backlog(d) == 0 && r->file_id[0])
+    state_write(d, d->in.fed_next);
+  if (!uv_is_closing((uv_handle_t *)&r->tick))
+    uv_close((uv_handle_t *)&r->tick, NULL);
+  free(r->parts);
+  d->in.replay = NULL;
+  /* The timer handle lives in r: free it after its close callback ran,
+   * which beamd_fini's last uv_run does; leaking it instead is wrong, so
+   * park it on the loop's data for beamd_fini. */
+  d->replay_garbage = r;
+}
+
+void beamd_replay_stats(beamd_t *d, void *obj) {
+  replay_t *r = R(d);
+  if (!r)
+    return;
+  json_t *o = json_object();
+  json_object_set_new(o, "file", json_string(r->file));
+  json_object_set_new(o, "file_id", json_string(r->file_id));
+  json_object_set_new(o, "next", json_integer((json_int_t)r->next));
+  json_object_set_new(o, "total", json_integer((json_int_t)r->total));
+  json_object_set_new(o, "eof", json_boolean(r->eof));
+  json_object_set_new(o, "requests", json_integer((json_int_t)r->requests));
+  json_object_set_new(o, "replies", json_integer((json_int_t)r->replies));
+  json_object_set_new(o, "resends", json_integer((json_int_t)r->resends));
+  json_object_set_new(o, "corrupt", json_integer((json_int_t)r->corrupt));
+  json_object_set_new(o, "committed", r->have_committed ? json_integer((json_int_t)r->committed) : json_null());
+  json_object_set_new((json_t *)obj, "replay", o);
+}

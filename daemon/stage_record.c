@@ -1,0 +1,533 @@
+/* Stage kind `record`: the frames a stage receives (raw detector frames when
+ * its input is "frames"), written to HDF5 as they arrive, one file per
+ * series, so that beamd-replay can serve them again.
+ *
+ * Layout (docs/recording.md): /entry/data/data (N, *frame shape), chunked
+ * chunk_frames frames per chunk; /entry/data/{frame_id, t_acq_ns, flags}
+ * (N,); series metadata as attributes of /series; /entry attributes
+ * series_id, frames_written, complete. The file is DIR/<prefix>series_<id>.h5,
+ * written as NAME.partial and renamed at the end of the series.
+ *
+ * Compression: bitshuffle+LZ4 chunks are made by our own encoder
+ * (beam_codec_encode, HDF5 filter 32008 framing) and stored with
+ * H5Dwrite_chunk, so writing needs no plugin and no second copy through the
+ * filter pipeline; readers need the 32008 plugin (Debian:
+ * hdf5-filter-plugin). The dataset declares the filter as mandatory when the
+ * plugin is loadable here, optional otherwise (HDF5 refuses to create a
+ * dataset with a mandatory filter it cannot find).
+ *
+ * Threads: init runs on the graph build thread and does not touch HDF5; all
+ * HDF5 calls are made from start/process/end on the stage's worker thread.
+ * The library Debian ships is thread-safe (one global lock), and its error
+ * stacks are per thread, hence beam_h5_quiet() in start.
+ *
+ * Not known to a stage: whether the series was aborted (end() has no flag).
+ * A series that was cut short (the graph says so in end_aborted), or that
+ * announced nframes and delivered fewer, is incomplete: its file keeps the
+ * .partial name and complete=false. */
+#include "daemon/stage_record.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/h5util.h"
+
+#define REC_IDS_FLUSH 1024u     /* companions (frame_id ...) written in batches of this */
+#define REC_IDS_BUF 2048u       /* >= REC_IDS_FLUSH + the largest chunk_frames */
+#define REC_MAX_CHUNK (1u << 30) /* HDF5 chunks must stay below 4 GiB; keep well clear */
+#define REC_FLUSH_NS 1000000000ull
+
+static const char *prefix_valid(const beam_cnode_t *v) {
+  if (!v->scalar || strchr(v->scalar, '/') || strlen(v->scalar) > 128)
+    return "a file name prefix: no '/', at most 128 characters";
+  return NULL;
+}
+
+const beam_param_t beam_record_params[] = {
+    BEAM_STAGE_COMMON_PARAMS,
+    {"dir", BEAM_P_PATH, NULL, 1, 0, 0, NULL, NULL,
+     "directory for the files (created if missing; its parent must exist)", NULL},
+    {"prefix", BEAM_P_STRING, "", 0, 0, 0, NULL, NULL,
+     "file name prefix: files are DIR/<prefix>series_<id>.h5", prefix_valid},
+    {"compress", BEAM_P_ENUM, "bslz4", 0, 0, 0, "bslz4|none", NULL,
+     "chunk compression: bslz4 (HDF5 filter 32008) or none", NULL},
+    {"chunk_frames", BEAM_P_INT, "1", 0, 1, 1024, NULL, NULL,
+     "frames per HDF5 chunk", NULL},
+    BEAM_PARAM_END};
+
+typedef struct rec_s {
+  /* config */
+  char dir[4096];
+  char prefix[132];
+  int bslz4;
+  unsigned chunk_frames;
+  /* series (copied: the stage keeps no reference to the series object) */
+  int open;
+  uint64_t series_id, nframes;
+  beam_dtype_t dtype;
+  uint32_t ndim;
+  uint32_t shape[BEAM_MAX_NDIM];
+  size_t elem, frame_bytes, chunk_bytes;
+  char final_path[4300], path[4320];
+  hid_t file, data, fid, tacq, flg;
+  uint64_t written;   /* rows in /entry/data/data (frames accepted) */
+  uint64_t committed; /* rows whose chunk is on disk */
+  uint64_t corrupt, errors;
+  uint8_t *chunk, *enc, *scratch; /* chunk_bytes, codec bound, chunk_bytes */
+  size_t enc_cap;
+  unsigned in_chunk; /* frames in the chunk being filled */
+  uint64_t ids[REC_IDS_BUF], tacqs[REC_IDS_BUF];
+  uint32_t flags[REC_IDS_BUF];
+  unsigned nids;
+  uint64_t ids_written; /* rows of the companion datasets on disk */
+  uint64_t last_flush_ns;
+} rec_t;
+
+static void close_file(rec_t *s) {
+  hid_t *h[] = {&s->data, &s->fid, &s->tacq, &s->flg};
+  for (size_t i = 0; i < sizeof h / sizeof *h; i++)
+    if (*h[i] >= 0) {
+      H5Dclose(*h[i]);
+      *h[i] = -1;
+    }
+  if (s->file >= 0) {
+    H5Fclose(s->file);
+    s->file = -1;
+  }
+}
+
+static void free_series(rec_t *s) {
+  close_file(s);
+  free(s->chunk);
+  free(s->enc);
+  free(s->scratch);
+  s->chunk = s->enc = s->scratch = NULL;
+  s->open = 0;
+}
+
+static void rec_destroy(beam_stage_t *self) {
+  rec_t *s = self->priv;
+  if (!s)
+    return;
+  if (s->file >= 0)
+    H5Fflush(s->file, H5F_SCOPE_GLOBAL); /* whatever was written stays readable */
+  free_series(s);
+  free(s);
+  self->priv = NULL;
+}
+
+/* The directory exists (or is created) and a file can be created in it: a
+ * real probe, because access(W_OK) says yes to root on a read-only mount. */
+static int check_dir(const char *dir, beam_diag_t *d) {
+  struct stat st;
+  if (stat(dir, &st) < 0) {
+    if (errno != ENOENT || mkdir(dir, 0777) < 0)
+      return BEAM_DIAG(d, BEAM_ECONFIG, "record: directory %s: %s", dir, strerror(errno));
+  } else if (!S_ISDIR(st.st_mode)) {
+    return BEAM_DIAG(d, BEAM_ECONFIG, "record: %s is not a directory", dir);
+  }
+  char probe[4200];
+  snprintf(probe, sizeof probe, "%s/.beamd-record-XXXXXX", dir);
+  int fd = mkstemp(probe);
+  if (fd < 0)
+    return BEAM_DIAG(d, BEAM_ECONFIG, "record: cannot create files in %s: %s", dir, strerror(errno));
+  close(fd);
+  unlink(probe);
+  return 0;
+}
+
+static int rec_init(beam_stage_t *self, beam_diag_t *d) {
+  rec_t *s = calloc(1, sizeof *s);
+  if (!s)
+    return BEAM_DIAG(d, BEAM_ENOMEM, "record: out of memory");
+  s->file = s->data = s->fid = s->tacq = s->flg = -1;
+  self->priv = s;
+  const char *dir = beam_cfg_str(self->cfg, "dir");
+  const char *prefix = beam_cfg_str(self->cfg, "prefix");
+  const char *comp = beam_cfg_str(self->cfg, "compress");
+  int64_t cf = beam_cfg_int(self->cfg, "chunk_frames", 1);
+  int rc = 0;
+  if (!dir || !dir[0] || strlen(dir) >= sizeof s->dir)
+    rc = BEAM_DIAG(d, BEAM_ECONFIG, "record: dir must be a path of 1..%zu characters", sizeof s->dir - 1);
+  else if (prefix && (strchr(prefix, '/') || strlen(prefix) >= sizeof s->prefix))
+    rc = BEAM_DIAG(d, BEAM_ECONFIG, "record: prefix must not contain '/' (at most 128 characters)");
+  else if (cf < 1 || cf > 1024)
+    rc = BEAM_DIAG(d, BEAM_ECONFIG, "record: chunk_frames %lld outside 1..1024", (long long)cf);
+  else if (comp && strcmp(comp, "bslz4") && strcmp(comp, "none"))
+    rc = BEAM_DIAG(d, BEAM_ECONFIG, "record: compress must be bslz4 or none, got \"%s\"", comp);
+  if (rc == 0) {
+    snprintf(s->dir, sizeof s->dir, "%s", dir);
+    snprintf(s->prefix, sizeof s->prefix, "%s", prefix ? prefix : "");
+    s->bslz4 = !comp || !strcmp(comp, "bslz4");
+    s->chunk_frames = (unsigned)cf;
+    rc = check_dir(s->dir, d);
+  }
+  if (rc < 0)
+    rec_destroy(self);
+  return rc;
+}
+
+/* Error from the current HDF5 stack into the stage diagnostic. */
+static int h5fail(beam_stage_t *self, rec_t *s, beam_diag_t *d, const char *what) {
+  char why[512];
+  int e = 0;
+  beam_h5_reason(why, sizeof why, &e);
+  (void)e;
+  return BEAM_DIAG(d, BEAM_EIO, "record \"%s\": %s: %s: %s", self->name, s->path, what, why);
+}
+
+static hid_t make_1d(hid_t loc, const char *name, hid_t type) {
+  hsize_t dim = 0, maxd = H5S_UNLIMITED, chunk = REC_IDS_FLUSH;
+  hid_t sp = H5Screate_simple(1, &dim, &maxd);
+  hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
+  hid_t ds = -1;
+  if (sp >= 0 && pl >= 0 && H5Pset_chunk(pl, 1, &chunk) >= 0)
+    ds = H5Dcreate2(loc, name, type, sp, H5P_DEFAULT, pl, H5P_DEFAULT);
+  if (pl >= 0) H5Pclose(pl);
+  if (sp >= 0) H5Sclose(sp);
+  return ds;
+}
+
+/* Picks DIR/<prefix>series_<id>[-n].h5 so an earlier recording (a daemon
+ * restart reuses series ids) is never overwritten. */
+static void pick_names(rec_t *s, uint64_t sid) {
+  for (unsigned n = 0;; n++) {
+    char suffix[24] = "";
+    if (n)
+      snprintf(suffix, sizeof suffix, "-%u", n);
+    snprintf(s->final_path, sizeof s->final_path, "%s/%sseries_%llu%s.h5", s->dir, s->prefix,
+             (unsigned long long)sid, suffix);
+    snprintf(s->path, sizeof s->path, "%s.partial", s->final_path);
+    if (access(s->final_path, F_OK) != 0 && access(s->path, F_OK) != 0)
+      return;
+  }
+}
+
+static int write_series_attrs(rec_t *s, const beam_series_t *series) {
+  hid_t g = H5Gcreate2(s->file, "/series", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  if (g < 0)
+    return -1;
+  int rc = 0;
+  const char *dtn = beam_dtype_name(s->dtype);
+  uint64_t shape[BEAM_MAX_NDIM];
+  for (uint32_t i = 0; i < s->ndim; i++)
+    shape[i] = s->shape[i];
+  rc |= beam_h5_attr_u64(g, "series_id", series->series_id);
+  rc |= beam_h5_attr_str(g, "frame_dtype", dtn);
+  rc |= beam_h5_attr_u64s(g, "frame_shape", shape, s->ndim);
+  rc |= beam_h5_attr_bool(g, "metadata_missing", series->meta_json == NULL);
+  if (series->meta_json) {
+    rc |= beam_h5_attr_strn(g, "metadata_json", series->meta_json, series->meta_len);
+    char msg[128];
+    /* Malformed metadata is kept verbatim above; only the flattening fails. */
+    if (beam_h5_attrs_from_json(g, series->meta_json, series->meta_len, 1, msg, sizeof msg) < 0)
+      H5Eclear2(H5E_DEFAULT);
+  }
+  H5Gclose(g);
+  return rc ? -1 : 0;
+}
+
+static int create_file(beam_stage_t *self, rec_t *s, const beam_series_t *series, beam_diag_t *d) {
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  /* 1.8 object headers at least: large metadata attributes need dense storage. */
+  H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST);
+  s->file = H5Fcreate(s->path, H5F_ACC_EXCL, H5P_DEFAULT, fapl);
+  H5Pclose(fapl);
+  if (s->file < 0)
+    return h5fail(self, s, d, "cannot create file");
+  hid_t entry = H5Gcreate2(s->file, "/entry", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t dg = entry >= 0 ? H5Gcreate2(entry, "data", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT) : -1;
+  hid_t ftype = beam_h5_type(s->dtype);
+  hid_t sp = -1, pl = -1;
+  int rc = entry >= 0 && dg >= 0 && ftype >= 0 ? 0 : -1;
+  if (rc == 0) {
+    hsize_t dims[BEAM_MAX_NDIM + 1] = {0}, maxd[BEAM_MAX_NDIM + 1], chunk[BEAM_MAX_NDIM + 1];
+    maxd[0] = H5S_UNLIMITED;
+    chunk[0] = s->chunk_frames;
+    for (uint32_t i = 0; i < s->ndim; i++)
+      dims[i + 1] = maxd[i + 1] = chunk[i + 1] = s->shape[i];
+    sp = H5Screate_simple((int)s->ndim + 1, dims, maxd);
+    pl = H5Pcreate(H5P_DATASET_CREATE);
+    rc = sp >= 0 && pl >= 0 && H5Pset_chunk(pl, (int)s->ndim + 1, chunk) >= 0 ? 0 : -1;
+    if (rc == 0 && s->bslz4) {
+      /* With the plugin loadable, its set_local fills in the element size
+       * from (block size 0 = default, compression 2 = LZ4); without it we
+       * state the full parameter list ourselves. */
+      if (H5Zfilter_avail(BEAM_H5_BSLZ4_FILTER) > 0) {
+        const unsigned cd[2] = {0, 2};
+        rc = H5Pset_filter(pl, BEAM_H5_BSLZ4_FILTER, H5Z_FLAG_MANDATORY, 2, cd) < 0 ? -1 : 0;
+      } else {
+        H5Eclear2(H5E_DEFAULT);
+        const unsigned cd[5] = {0, 3, (unsigned)s->elem, 0, 2};
+        rc = H5Pset_filter(pl, BEAM_H5_BSLZ4_FILTER, H5Z_FLAG_OPTIONAL, 5, cd) < 0 ? -1 : 0;
+      }
+    }
+    if (rc == 0)
+      s->data = H5Dcreate2(dg, "data", ftype, sp, H5P_DEFAULT, pl, H5P_DEFAULT);
+    s->fid = s->data >= 0 ? make_1d(dg, "frame_id", H5T_STD_U64LE) : -1;
+    s->tacq = s->fid >= 0 ? make_1d(dg, "t_acq_ns", H5T_STD_U64LE) : -1;
+    s->flg = s->tacq >= 0 ? make_1d(dg, "flags", H5T_STD_U32LE) : -1;
+    rc = s->flg >= 0 ? 0 : -1;
+  }
+  if (rc == 0) {
+    rc |= beam_h5_attr_str(entry, "NX_class", "NXentry");
+    rc |= beam_h5_attr_str(entry, "writer", "beamd record stage");
+    rc |= beam_h5_attr_str(entry, "stage", self->name);
+    rc |= beam_h5_attr_u64(entry, "series_id", series->series_id);
+    rc |= beam_h5_attr_u64(entry, "frames_expected", series->nframes);
+    rc |= beam_h5_attr_bool(entry, "complete", 0);
+    rc |= beam_h5_attr_str(dg, "NX_class", "NXdata");
+    rc |= beam_h5_attr_str(dg, "signal", "data");
+    rc |= beam_h5_attr_str(entry, "compression", s->bslz4 ? "bslz4" : "none");
+    rc |= write_series_attrs(s, series);
+  }
+  if (pl >= 0) H5Pclose(pl);
+  if (sp >= 0) H5Sclose(sp);
+  if (ftype >= 0) H5Tclose(ftype);
+  if (dg >= 0) H5Gclose(dg);
+  if (entry >= 0) H5Gclose(entry);
+  if (rc < 0) {
+    int r = h5fail(self, s, d, "cannot create the datasets");
+    close_file(s);
+    unlink(s->path);
+    return r;
+  }
+  return 0;
+}
+
+static int rec_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in,
+                     beam_diag_t *d) {
+  rec_t *s = self->priv;
+  beam_h5_quiet();
+  if (s->open) /* end() did not run (a rejected series, say): keep what was written */
+    free_series(s);
+  self->nouts = 0; /* a sink: nothing is published */
+  s->elem = beam_dtype_size(in->dtype);
+  if (!s->elem || in->ndim < 1 || in->ndim > 3)
+    return BEAM_DIAG(d, BEAM_ESHAPE, "record: frames must be 1-3 dimensional with a known dtype");
+  s->dtype = in->dtype;
+  s->ndim = in->ndim;
+  memcpy(s->shape, in->shape, sizeof s->shape);
+  s->frame_bytes = s->elem;
+  for (uint32_t i = 0; i < in->ndim; i++)
+    s->frame_bytes *= in->shape[i];
+  if (s->frame_bytes == 0 || s->frame_bytes > REC_MAX_CHUNK / s->chunk_frames)
+    return BEAM_DIAG(d, BEAM_ELIMIT, "record: a chunk of %u frames of %zu bytes exceeds %u bytes",
+                     s->chunk_frames, s->frame_bytes, REC_MAX_CHUNK);
+  s->chunk_bytes = s->frame_bytes * s->chunk_frames;
+  s->enc_cap = s->bslz4 ? beam_codec_bound(BEAM_CODEC_BSLZ4, s->chunk_bytes, s->elem) : 0;
+  s->chunk = calloc(1, s->chunk_bytes);
+  s->enc = s->bslz4 ? malloc(s->enc_cap) : NULL;
+  s->scratch = s->bslz4 ? malloc(s->chunk_bytes) : NULL;
+  if (!s->chunk || (s->bslz4 && (!s->enc || !s->scratch))) {
+    free_series(s);
+    return BEAM_DIAG(d, BEAM_ENOMEM, "record: cannot allocate %zu-byte chunk buffers", s->chunk_bytes);
+  }
+  s->written = s->committed = s->corrupt = s->errors = s->ids_written = 0;
+  s->in_chunk = s->nids = 0;
+  pick_names(s, series->series_id);
+  int rc = create_file(self, s, series, d);
+  if (rc < 0) {
+    free_series(s);
+    return rc;
+  }
+  s->open = 1;
+  s->series_id = series->series_id;
+  s->nframes = series->nframes;
+  s->last_flush_ns = beam_now_ns();
+  return 0;
+}
+
+/* Appends n values to a 1-D dataset that has `have` rows. */
+static int append_1d(hid_t ds, uint64_t have, const void *buf, size_t n, hid_t memtype) {
+  hsize_t nd = have + n, start = have, count = n;
+  if (H5Dset_extent(ds, &nd) < 0)
+    return -1;
+  hid_t fs = H5Dget_space(ds), ms = H5Screate_simple(1, &count, NULL);
+  int rc = fs >= 0 && ms >= 0 &&
+                   H5Sselect_hyperslab(fs, H5S_SELECT_SET, &start, NULL, &count, NULL) >= 0 &&
+                   H5Dwrite(ds, memtype, ms, fs, H5P_DEFAULT, buf) >= 0
+               ? 0
+               : -1;
+  /* H5Sclose would clear the error stack that says why the write failed. */
+  hid_t es = rc < 0 ? H5Eget_current_stack() : -1;
+  if (ms >= 0) H5Sclose(ms);
+  if (fs >= 0) H5Sclose(fs);
+  if (es >= 0)
+    H5Eset_current_stack(es);
+  return rc;
+}
+
+/* Writes the companions of the rows whose pixels are on disk (rows
+ * [ids_written, committed)); rows of a chunk still being filled wait. */
+static int flush_ids(beam_stage_t *self, rec_t *s, beam_diag_t *d) {
+  unsigned n = (unsigned)(s->committed - s->ids_written);
+  if (!n)
+    return 0;
+  if (append_1d(s->fid, s->ids_written, s->ids, n, H5T_NATIVE_UINT64) < 0 ||
+      append_1d(s->tacq, s->ids_written, s->tacqs, n, H5T_NATIVE_UINT64) < 0 ||
+      append_1d(s->flg, s->ids_written, s->flags, n, H5T_NATIVE_UINT32) < 0) {
+    /* Leave the three companions at the same length; retried next time. */
+    hsize_t len = s->ids_written;
+    H5Dset_extent(s->fid, &len);
+    H5Dset_extent(s->tacq, &len);
+    H5Dset_extent(s->flg, &len);
+    return h5fail(self, s, d, "writing frame ids");
+  }
+  s->ids_written += n;
+  s->nids -= n;
+  memmove(s->ids, s->ids + n, s->nids * sizeof *s->ids);
+  memmove(s->tacqs, s->tacqs + n, s->nids * sizeof *s->tacqs);
+  memmove(s->flags, s->flags + n, s->nids * sizeof *s->flags);
+  return 0;
+}
+
+/* Writes the chunk being filled (a last partial chunk is zero padded: HDF5
+ * stores a chunk whole). On failure the chunk's frames are forgotten, ids
+ * included, so the file never holds a row without its pixels. */
+static int flush_chunk(beam_stage_t *self, rec_t *s, beam_diag_t *d) {
+  if (!s->in_chunk)
+    return 0;
+  unsigned n = s->in_chunk;
+  s->in_chunk = 0;
+  if (n < s->chunk_frames)
+    memset(s->chunk + (size_t)n * s->frame_bytes, 0, (size_t)(s->chunk_frames - n) * s->frame_bytes);
+  const void *buf = s->chunk;
+  size_t size = s->chunk_bytes;
+  int rc = 0;
+  if (s->bslz4) {
+    int64_t e = beam_codec_encode(BEAM_CODEC_BSLZ4, s->chunk, s->chunk_bytes, s->elem, s->enc,
+                                  s->enc_cap, s->scratch);
+    if (e < 0)
+      rc = BEAM_DIAG(d, (int)e, "record \"%s\": %s: bitshuffle-LZ4 encoding failed: %s",
+                     self->name, s->path, beam_strerror((int)e));
+    buf = s->enc;
+    size = e < 0 ? 0 : (size_t)e;
+  }
+  hsize_t dims[BEAM_MAX_NDIM + 1] = {0}, off[BEAM_MAX_NDIM + 1] = {0};
+  dims[0] = s->committed + n;
+  off[0] = s->committed;
+  for (uint32_t i = 0; i < s->ndim; i++)
+    dims[i + 1] = s->shape[i];
+  if (rc == 0 && (H5Dset_extent(s->data, dims) < 0 ||
+                  H5Dwrite_chunk(s->data, H5P_DEFAULT, 0, off, size, buf) < 0)) {
+    rc = h5fail(self, s, d, "writing frames");
+    dims[0] = s->committed; /* no row without its pixels */
+    H5Dset_extent(s->data, dims);
+    H5Eclear2(H5E_DEFAULT);
+  }
+  if (rc < 0) {
+    s->errors++;
+    s->nids -= n;
+    s->written -= n;
+    return rc;
+  }
+  s->committed += n;
+  return 0;
+}
+
+static int periodic_flush(beam_stage_t *self, rec_t *s, int force) {
+  uint64_t now = beam_now_ns();
+  int rc = 0;
+  if (s->nids >= REC_IDS_FLUSH || force || now - s->last_flush_ns >= REC_FLUSH_NS)
+    if ((rc = flush_ids(self, s, &self->diag)) < 0)
+      s->errors++;
+  if (force || now - s->last_flush_ns >= REC_FLUSH_NS) {
+    s->last_flush_ns = now;
+    if (H5Fflush(s->file, H5F_SCOPE_GLOBAL) < 0 && rc == 0) {
+      rc = h5fail(self, s, &self->diag, "flush");
+      s->errors++;
+    }
+  }
+  return rc;
+}
+
+static int rec_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *emit) {
+  rec_t *s = self->priv;
+  (void)emit;
+  if (!s->open || s->file < 0)
+    return BEAM_DIAG(&self->diag, BEAM_ESTATE, "record \"%s\": no open file for this series", self->name);
+  if (in->flags & BEAM_FLAG_CORRUPT) {
+    s->corrupt++; /* no pixels to record; frame_id keeps the numbering honest */
+    return 0;
+  }
+  int ok = in->dtype == s->dtype && in->ndim == s->ndim && in->nbytes >= s->frame_bytes;
+  for (uint32_t i = 0; ok && i < s->ndim; i++)
+    ok = in->shape[i] == s->shape[i];
+  if (!ok)
+    return BEAM_DIAG(&self->diag, BEAM_ESHAPE, "record \"%s\": frame %llu does not match the series geometry",
+                     self->name, (unsigned long long)in->frame_id);
+  memcpy(s->chunk + (size_t)s->in_chunk * s->frame_bytes, in->data, s->frame_bytes);
+  s->in_chunk++;
+  s->ids[s->nids] = in->frame_id;
+  s->tacqs[s->nids] = in->t_acq_ns;
+  s->flags[s->nids] = in->flags;
+  s->nids++;
+  s->written++;
+  if (s->in_chunk == s->chunk_frames) {
+    int rc = flush_chunk(self, s, &self->diag);
+    if (rc < 0)
+      return rc;
+  }
+  return periodic_flush(self, s, 0);
+}
+
+static int rec_end(beam_stage_t *self, beam_emit_t *emit) {
+  rec_t *s = self->priv;
+  (void)emit;
+  if (!s->open)
+    return 0;
+  beam_h5_quiet();
+  beam_diag_t *d = &self->diag;
+  int rc = 0;
+  if (s->file >= 0) {
+    if (flush_chunk(self, s, d) < 0)
+      rc = d->code;
+    if (periodic_flush(self, s, 1) < 0)
+      rc = rc ? rc : d->code;
+  }
+  int complete = s->file >= 0 && s->errors == 0 && !self->end_aborted &&
+                 (s->nframes == 0 || s->written + s->corrupt >= s->nframes);
+  if (s->file >= 0) {
+    hid_t entry = H5Gopen2(s->file, "/entry", H5P_DEFAULT);
+    int arc = entry >= 0 ? 0 : -1;
+    if (entry >= 0) {
+      arc |= beam_h5_attr_u64(entry, "frames_written", s->committed);
+      arc |= beam_h5_attr_u64(entry, "frames_corrupt", s->corrupt);
+      arc |= beam_h5_attr_u64(entry, "write_errors", s->errors);
+      arc |= beam_h5_attr_bool(entry, "complete", complete);
+      H5Gclose(entry);
+    }
+    if (arc < 0 || H5Fflush(s->file, H5F_SCOPE_GLOBAL) < 0) {
+      int r = h5fail(self, s, d, "writing the final attributes");
+      rc = rc ? rc : r;
+      complete = 0;
+    }
+    close_file(s);
+    if (complete && rename(s->path, s->final_path) < 0)
+      rc = rc ? rc
+              : BEAM_DIAG(d, BEAM_EIO, "record \"%s\": rename %s -> %s: %s", self->name, s->path,
+                          s->final_path, strerror(errno));
+    else if (!complete && rc == 0)
+      rc = BEAM_DIAG(d, BEAM_EIO, "record \"%s\": series %llu incomplete (%llu of %llu frames, %llu write errors); left as %s",
+                     self->name, (unsigned long long)s->series_id, (unsigned long long)s->committed,
+                     (unsigned long long)s->nframes, (unsigned long long)s->errors, s->path);
+  }
+  free_series(s);
+  return rc;
+}
+
+const beam_stage_ops_t beam_record_cpu_ops = {
+    "record", "cpu", rec_init, rec_start, rec_process, rec_end, rec_destroy,
+};
+
+const beam_stage_kind_t beam_record_kind = {
+    "record", "frames to HDF5, one file per series (bitshuffle-LZ4 chunks), replayable",
+    beam_record_params, &beam_record_cpu_ops, NULL};
+
+void beam_record_stage_register(void) { (void)beam_stage_kind_register(&beam_record_kind); }

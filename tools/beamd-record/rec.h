@@ -1,0 +1,120 @@
+/* beamd-record internals: options, per-series HDF5 files, duplicate sets.
+ *
+ * beamd-record subscribes to (SUB) or pulls (PULL) a beamd result stream and
+ * writes one HDF5 file per series (layout: docs/recording.md). main.c owns
+ * the sockets and the loop, rfile.c the files, idset.c the per-topic sets of
+ * frame ids that make replayed (at-least-once) results land exactly once.
+ * Shared by the tool's own files only. */
+#ifndef BEAMD_RECORD_H
+#define BEAMD_RECORD_H
+
+#include <hdf5.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "proto/proto.h"
+
+#define REC_MAX_CONNECT 16
+#define REC_MAX_LATEST 32
+#define REC_MAX_TOPICS 256 /* per series file */
+#define REC_MAX_OPEN 16    /* series files open at once */
+
+enum { REC_COMP_NONE, REC_COMP_GZIP, REC_COMP_BSLZ4 };
+
+typedef struct rec_opts_s {
+  const char *connect[REC_MAX_CONNECT];
+  int nconnect;
+  int pull;
+  const char *dir, *prefix;
+  int latest_default; /* --mode latest */
+  const char *latest[REC_MAX_LATEST];
+  int nlatest;
+  int compress;
+  uint64_t swmr_after; /* results before SWMR starts */
+  double swmr_delay;   /* seconds after the file opened before SWMR starts */
+  int no_swmr;
+  int stats;           /* record beamd.stats documents */
+  uint64_t count;      /* exit after this many results written (0: none) */
+  uint64_t nseries;    /* exit after this many complete series (0: none) */
+  double timeout;      /* seconds (0: none) */
+  int hwm;
+  int stats_json;
+} rec_opts_t;
+
+/* Counters, reported by --stats-json. */
+typedef struct rec_counts_s {
+  uint64_t messages, malformed, results, written, duplicates, late_topic, mismatched;
+  uint64_t late_join, series_started, series_complete, series_aborted, ignored_series;
+  uint64_t stats_docs, dup_starts, write_errors;
+} rec_counts_t;
+
+/* ---- idset.c: set of uint64 (open addressing, grows by doubling) ---- */
+typedef struct idset_s {
+  uint64_t *keys;
+  size_t cap, n;
+  int has_max; /* UINT64_MAX is the empty marker, kept aside */
+} idset_t;
+/* 1 when v was added, 0 when already present, -1 out of memory. */
+int idset_add(idset_t *s, uint64_t v);
+void idset_free(idset_t *s);
+
+/* ---- rfile.c: one series file ---- */
+typedef struct rtopic_s {
+  char name[BEAM_TOPIC_MAX + 1];
+  int latest;
+  int refused; /* appeared after SWMR started: results counted, not stored */
+  hid_t grp, data, fid, tacq, flg;
+  beam_dtype_t dtype;
+  uint32_t ndim;
+  uint32_t shape[BEAM_MAX_NDIM];
+  uint64_t n; /* rows (every) or results stored (latest) */
+  int have_desc;
+  idset_t seen, seen_final;
+  uint64_t dups, mismatched, late;
+} rtopic_t;
+
+typedef struct rfile_s {
+  uint64_t series_id;
+  char final_path[4300], path[4320];
+  hid_t file;
+  int swmr;
+  int have_meta;
+  uint64_t opened_ns, last_flush_ns;
+  int dirty;
+  int failed; /* a write failed: closed without reopening (the disk may be full) */
+  uint64_t written;
+  rtopic_t *topics[REC_MAX_TOPICS];
+  int ntopics;
+} rfile_t;
+
+typedef struct rec_ctx_s {
+  const rec_opts_t *o;
+  rec_counts_t *c;
+  char err[10000]; /* the last file error (fatal) */
+} rec_ctx_t;
+
+/* Creates DIR/<prefix>series_<id>.h5.partial (an old .partial of the same
+ * name is moved aside to .partial.N first). meta may be NULL (series start
+ * not seen). Returns NULL with ctx->err set. */
+rfile_t *rfile_open(rec_ctx_t *ctx, uint64_t series_id, const beam_hdr_t *start,
+                    const char *meta, size_t meta_len);
+/* A SERIES_START for a file opened without one (before SWMR started). */
+int rfile_set_meta(rec_ctx_t *ctx, rfile_t *f, const beam_hdr_t *start, const char *meta,
+                   size_t meta_len);
+/* Stores one RESULT (payload decoded into data). Returns 0 (stored, skipped
+ * as duplicate or refused, all counted) or -1 on a write error (ctx->err). */
+int rfile_result(rec_ctx_t *ctx, rfile_t *f, const beam_msg_t *m, const void *data);
+/* Starts SWMR when due, flushes when a second has passed. -1 on error. */
+int rfile_tick(rec_ctx_t *ctx, rfile_t *f, uint64_t now_ns, int force_flush);
+/* Closes the file: complete renames NAME.partial to NAME (after writing
+ * complete=true); otherwise it stays .partial with complete=false. -1 on
+ * error (the file is closed either way). Frees f. */
+int rfile_close(rec_ctx_t *ctx, rfile_t **f, int complete, const char *why);
+
+/* "DIR/<prefix>series_<id>.h5" into buf. */
+void rec_final_name(const rec_opts_t *o, uint64_t series_id, char *buf, size_t cap);
+uint64_t rec_now_ns(void);
+void rec_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

@@ -1,0 +1,517 @@
+/* beamd-record: one HDF5 file per series (layout in docs/recording.md).
+ *
+ * A file is created as NAME.partial with libver "latest" (SWMR needs it),
+ * gets a group per topic the first time that topic shows up, and enters
+ * SWMR mode (H5Fstart_swmr_write) once --swmr-after results were stored or
+ * --swmr-delay seconds passed, whichever comes first. HDF5 1.10 cannot create
+ * groups, datasets or attributes in SWMR mode, so a topic first seen after
+ * that is refused: its results are counted (per topic and in total) and one
+ * line is logged per topic. Everything that needs attributes at the end
+ * (complete, counters) is written after the SWMR session is closed, by
+ * reopening the file without SWMR. */
+#include "tools/beamd-record/rec.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/h5util.h"
+
+#define FLUSH_NS 1000000000ull /* readers see data at least this often */
+
+static int fail(rec_ctx_t *ctx, const char *path, const char *what) {
+  char why[512];
+  beam_h5_reason(why, sizeof why, NULL);
+  snprintf(ctx->err, sizeof ctx->err, "%s: %s: %s", path, what, why);
+  return -1;
+}
+
+void rec_final_name(const rec_opts_t *o, uint64_t series_id, char *buf, size_t cap) {
+  snprintf(buf, cap, "%.4000s/%.128sseries_%llu.h5", o->dir, o->prefix, (unsigned long long)series_id);
+}
+
+static hid_t fapl_latest(void) {
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  if (fapl >= 0)
+    H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
+  return fapl;
+}
+
+/* Series metadata into /series: the frame geometry of SERIES_START and the
+ * JSON members flattened (h5util.h says how); the JSON text itself too. */
+static int write_meta(hid_t file, const beam_hdr_t *start, const char *meta, size_t len) {
+  hid_t g = H5Lexists(file, "/series", H5P_DEFAULT) > 0
+                ? H5Gopen2(file, "/series", H5P_DEFAULT)
+                : H5Gcreate2(file, "/series", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  if (g < 0)
+    return -1;
+  int rc = 0;
+  rc |= beam_h5_attr_bool(g, "metadata_missing", start == NULL);
+  if (start && start->ndim) {
+    uint64_t shape[BEAM_MAX_NDIM];
+    for (unsigned i = 0; i < start->ndim; i++)
+      shape[i] = start->shape[i];
+    rc |= beam_h5_attr_str(g, "frame_dtype", beam_dtype_name((beam_dtype_t)start->dtype));
+    rc |= beam_h5_attr_u64s(g, "frame_shape", shape, start->ndim);
+  }
+  if (meta) {
+    char msg[256];
+    rc |= beam_h5_attr_strn(g, "metadata_json", meta, len);
+    if (beam_h5_attrs_from_json(g, meta, len, 1, msg, sizeof msg) < 0) {
+      H5Eclear2(H5E_DEFAULT);
+      rec_log("series %llu: %s; kept verbatim in /series metadata_json",
+              (unsigned long long)(start ? start->series_id : 0), msg);
+    }
+  }
+  H5Gclose(g);
+  return rc ? -1 : 0;
+}
+
+rfile_t *rfile_open(rec_ctx_t *ctx, uint64_t series_id, const beam_hdr_t *start, const char *meta,
+                    size_t meta_len) {
+  const rec_opts_t *o = ctx->o;
+  rfile_t *f = calloc(1, sizeof *f);
+  if (!f) {
+    snprintf(ctx->err, sizeof ctx->err, "out of memory");
+    return NULL;
+  }
+  f->series_id = series_id;
+  rec_final_name(o, series_id, f->final_path, sizeof f->final_path);
+  snprintf(f->path, sizeof f->path, "%.4300s.partial", f->final_path);
+  if (access(f->path, F_OK) == 0) {
+    /* A run that died mid-series: keep its data, under another name. */
+    char aside[4500];
+    for (unsigned n = 1;; n++) {
+      snprintf(aside, sizeof aside, "%s.%u", f->path, n);
+      if (access(aside, F_OK) != 0)
+        break;
+    }
+    if (rename(f->path, aside) == 0)
+      rec_log("%s existed (an earlier run did not finish it); moved to %s", f->path, aside);
+  }
+  hid_t fapl = fapl_latest();
+  f->file = H5Fcreate(f->path, H5F_ACC_EXCL, H5P_DEFAULT, fapl);
+  H5Pclose(fapl);
+  if (f->file < 0) {
+    fail(ctx, f->path, "cannot create the file");
+    free(f);
+    return NULL;
+  }
+  hid_t e = H5Gcreate2(f->file, "/entry", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t r = H5Gcreate2(f->file, "/results", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  int rc = e >= 0 && r >= 0 ? 0 : -1;
+  if (rc == 0) {
+    static const char *comp[] = {"none", "gzip", "bslz4"};
+    rc |= beam_h5_attr_str(e, "NX_class", "NXentry");
+    rc |= beam_h5_attr_str(e, "writer", "beamd-record");
+    rc |= beam_h5_attr_u64(e, "series_id", series_id);
+    rc |= beam_h5_attr_bool(e, "complete", 0);
+    rc |= beam_h5_attr_str(e, "compression", comp[o->compress]);
+    rc |= write_meta(f->file, start, meta, meta_len);
+  }
+  if (r >= 0) H5Gclose(r);
+  if (e >= 0) H5Gclose(e);
+  if (rc < 0) {
+    fail(ctx, f->path, "cannot write the file header");
+    H5Fclose(f->file);
+    free(f);
+    return NULL;
+  }
+  f->have_meta = start != NULL;
+  f->opened_ns = f->last_flush_ns = rec_now_ns();
+  if (!start) {
+    ctx->c->late_join++;
+    rec_log("series %llu: results before its SERIES_START (joined late?): recording to %s "
+            "without series metadata", (unsigned long long)series_id, f->path);
+  }
+  return f;
+}
+
+int rfile_set_meta(rec_ctx_t *ctx, rfile_t *f, const beam_hdr_t *start, const char *meta,
+                   size_t meta_len) {
+  if (f->have_meta)
+    return 0;
+  if (f->swmr) {
+    rec_log("series %llu: SERIES_START arrived after SWMR mode began; metadata not stored",
+            (unsigned long long)f->series_id);
+    return 0;
+  }
+  if (write_meta(f->file, start, meta, meta_len) < 0)
+    return fail(ctx, f->path, "cannot write series metadata");
+  f->have_meta = 1;
+  return 0;
+}
+
+static void topic_close(rtopic_t *t) {
+  hid_t *h[] = {&t->data, &t->fid, &t->tacq, &t->flg, &t->grp};
+  for (size_t i = 0; i < sizeof h / sizeof *h; i++)
+    if (*h[i] > 0) {
+      if (H5Iget_type(*h[i]) == H5I_GROUP)
+        H5Gclose(*h[i]);
+      else
+        H5Dclose(*h[i]);
+      *h[i] = -1;
+    }
+}
+
+static int topic_latest(const rec_opts_t *o, const char *name) {
+  for (int i = 0; i < o->nlatest; i++)
+    if (!strncmp(name, o->latest[i], strlen(o->latest[i])))
+      return 1;
+  return o->latest_default;
+}
+
+static hid_t make_ds(hid_t loc, const char *name, hid_t type, int latest, unsigned nrow,
+                     const uint32_t *row, hsize_t chunk0, int comp) {
+  hsize_t dims[BEAM_MAX_NDIM + 1], maxd[BEAM_MAX_NDIM + 1], chunk[BEAM_MAX_NDIM + 1];
+  int nd = 0;
+  if (!latest) {
+    dims[0] = 0;
+    maxd[0] = H5S_UNLIMITED;
+    chunk[0] = chunk0;
+    nd = 1;
+  }
+  for (unsigned i = 0; i < nrow; i++, nd++)
+    dims[nd] = maxd[nd] = chunk[nd] = row[i];
+  hid_t sp = nd ? H5Screate_simple(nd, dims, maxd) : H5Screate(H5S_SCALAR);
+  hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
+  int ok = sp >= 0 && pl >= 0;
+  if (ok && nd)
+    ok = H5Pset_chunk(pl, nd, chunk) >= 0;
+  if (ok && comp == REC_COMP_GZIP)
+    ok = H5Pset_shuffle(pl) >= 0 && H5Pset_deflate(pl, 4) >= 0;
+  if (ok && comp == REC_COMP_BSLZ4) {
+    const unsigned cd[2] = {0, 2}; /* default block size, LZ4 */
+    ok = H5Pset_filter(pl, BEAM_H5_BSLZ4_FILTER, H5Z_FLAG_MANDATORY, 2, cd) >= 0;
+  }
+  hid_t ds = ok ? H5Dcreate2(loc, name, type, sp, H5P_DEFAULT, pl, H5P_DEFAULT) : -1;
+  if (pl >= 0) H5Pclose(pl);
+  if (sp >= 0) H5Sclose(sp);
+  return ds;
+}
+
+/* Descriptor members as attributes of `data`. */
+static int write_desc(hid_t data, const beam_msg_t *m) {
+  int rc = 0;
+  char dbuf[64];
+  snprintf(dbuf, sizeof dbuf, "%s", beam_dtype_name((beam_dtype_t)m->hdr.dtype));
+  rc |= beam_h5_attr_str(data, "dtype", dbuf);
+  if (!m->meta)
+    return rc | beam_h5_attr_bool(data, "descriptor_missing", 1);
+  rc |= beam_h5_attr_bool(data, "descriptor_missing", 0);
+  rc |= beam_h5_attr_strn(data, "descriptor_json", m->meta, m->meta_len);
+  json_t *d = json_loadb(m->meta, m->meta_len, 0, NULL);
+  if (!json_is_object(d)) {
+    json_decref(d);
+    return rc;
+  }
+  static const char *strs[] = {"stage", "output", "units", "kind"};
+  for (size_t i = 0; i < sizeof strs / sizeof *strs; i++) {
+    json_t *v = json_object_get(d, strs[i]);
+    if (json_is_string(v))
+      rc |= beam_h5_attr_str(data, strs[i], json_string_value(v));
+  }
+  json_t *axes = json_object_get(d, "axes");
+  if (json_is_array(axes)) {
+    const char *a[BEAM_MAX_NDIM];
+    size_t n = 0, i;
+    json_t *v;
+    json_array_foreach(axes, i, v) if (n < BEAM_MAX_NDIM) a[n++] = json_is_string(v) ? json_string_value(v) : "";
+    rc |= beam_h5_attr_strs(data, "axes", a, n);
+  }
+  json_t *shape = json_object_get(d, "shape");
+  if (json_is_array(shape) && json_array_size(shape) <= BEAM_MAX_NDIM) {
+    uint64_t s[BEAM_MAX_NDIM];
+    size_t n = 0, i;
+    json_t *v;
+    json_array_foreach(shape, i, v) s[n++] = (uint64_t)json_integer_value(v);
+    if (n)
+      rc |= beam_h5_attr_u64s(data, "shape", s, n);
+  }
+  json_t *pf = json_object_get(d, "per_frame");
+  if (json_is_boolean(pf))
+    rc |= beam_h5_attr_bool(data, "per_frame", json_is_true(pf));
+  json_t *labels = json_object_get(d, "labels");
+  if (labels) {
+    char *s = json_dumps(labels, JSON_COMPACT | JSON_ENCODE_ANY);
+    rc |= s ? beam_h5_attr_str(data, "labels", s) : -1;
+    free(s);
+  }
+  json_decref(d);
+  return rc;
+}
+
+static rtopic_t *topic_find(rfile_t *f, const char *name) {
+  for (int i = 0; i < f->ntopics; i++)
+    if (!strcmp(f->topics[i]->name, name))
+      return f->topics[i];
+  return NULL;
+}
+
+/* A topic's group and datasets, created from its first result. */
+static rtopic_t *topic_new(rec_ctx_t *ctx, rfile_t *f, const char *name, const beam_msg_t *m) {
+  if (f->ntopics == REC_MAX_TOPICS) {
+    snprintf(ctx->err, sizeof ctx->err, "%s: more than %d topics in one series", f->path, REC_MAX_TOPICS);
+    return NULL;
+  }
+  rtopic_t *t = calloc(1, sizeof *t);
+  if (!t) {
+    snprintf(ctx->err, sizeof ctx->err, "out of memory");
+    return NULL;
+  }
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->grp = t->data = t->fid = t->tacq = t->flg = -1;
+  f->topics[f->ntopics++] = t;
+  if (f->swmr) {
+    t->refused = 1;
+    rec_log("%s: topic %s first seen after SWMR mode began (HDF5 cannot add datasets then): "
+            "its results are counted, not stored; raise --swmr-after/--swmr-delay or use --no-swmr",
+            f->path, name);
+    return t;
+  }
+  const beam_hdr_t *h = &m->hdr;
+  t->latest = topic_latest(ctx->o, name);
+  t->dtype = (beam_dtype_t)h->dtype;
+  t->ndim = h->ndim;
+  memcpy(t->shape, h->shape, sizeof t->shape);
+  char path[BEAM_TOPIC_MAX + 16];
+  snprintf(path, sizeof path, "/results/%s", name);
+  hid_t type = t->ndim ? beam_h5_type(t->dtype) : H5Tcopy(H5T_STD_U8LE); /* no array: ids only */
+  t->grp = H5Gcreate2(f->file, path, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  if (t->grp >= 0 && type >= 0)
+    t->data = make_ds(t->grp, "data", type, t->latest, t->ndim, t->shape, 1,
+                      t->ndim ? ctx->o->compress : REC_COMP_NONE);
+  if (t->data >= 0)
+    t->fid = make_ds(t->grp, "frame_id", H5T_STD_U64LE, t->latest, 0, NULL, 1024, REC_COMP_NONE);
+  if (t->fid >= 0)
+    t->tacq = make_ds(t->grp, "t_acq_ns", H5T_STD_U64LE, t->latest, 0, NULL, 1024, REC_COMP_NONE);
+  if (t->tacq >= 0)
+    t->flg = make_ds(t->grp, "flags", H5T_STD_U32LE, t->latest, 0, NULL, 1024, REC_COMP_NONE);
+  if (type >= 0)
+    H5Tclose(type);
+  int rc = t->flg >= 0 ? 0 : -1;
+  if (rc == 0) {
+    rc |= beam_h5_attr_str(t->grp, "topic", name);
+    rc |= beam_h5_attr_str(t->grp, "mode", t->latest ? "latest" : "every");
+    rc |= write_desc(t->data, m);
+  }
+  if (rc < 0) {
+    fail(ctx, f->path, "cannot create the datasets of a topic");
+    return NULL;
+  }
+  t->have_desc = m->meta != NULL;
+  return t;
+}
+
+static int append_one(hid_t ds, uint64_t row, hid_t memtype, const void *buf, unsigned ndim,
+                      const uint32_t *shape) {
+  hsize_t dims[BEAM_MAX_NDIM + 1], start[BEAM_MAX_NDIM + 1] = {0}, count[BEAM_MAX_NDIM + 1];
+  dims[0] = row + 1;
+  start[0] = row;
+  count[0] = 1;
+  for (unsigned i = 0; i < ndim; i++)
+    dims[i + 1] = count[i + 1] = shape[i];
+  if (H5Dset_extent(ds, dims) < 0)
+    return -1;
+  hid_t fs = H5Dget_space(ds), ms = H5Screate_simple((int)ndim + 1, count, NULL);
+  int rc = fs >= 0 && ms >= 0 &&
+                   H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0 &&
+                   H5Dwrite(ds, memtype, ms, fs, H5P_DEFAULT, buf) >= 0
+               ? 0
+               : -1;
+  /* H5Sclose would clear the error stack that says why the write failed. */
+  hid_t es = rc < 0 ? H5Eget_current_stack() : -1;
+  if (ms >= 0) H5Sclose(ms);
+  if (fs >= 0) H5Sclose(fs);
+  if (es >= 0)
+    H5Eset_current_stack(es);
+  return rc;
+}
+
+int rfile_result(rec_ctx_t *ctx, rfile_t *f, const beam_msg_t *m, const void *data) {
+  const beam_hdr_t *h = &m->hdr;
+  char name[BEAM_TOPIC_MAX + 1];
+  snprintf(name, sizeof name, "%.*s", (int)m->topic_len, m->topic);
+  rtopic_t *t = topic_find(f, name);
+  if (!t && !(t = topic_new(ctx, f, name, m)))
+    return -1;
+  if (t->refused) {
+    t->late++;
+    ctx->c->late_topic++;
+    return 0;
+  }
+  int same = h->dtype == t->dtype && h->ndim == t->ndim;
+  for (unsigned i = 0; same && i < t->ndim; i++)
+    same = h->shape[i] == t->shape[i];
+  if (!same || (t->ndim && !data)) {
+    if (t->mismatched++ < 3)
+      rec_log("%s: topic %s frame %llu has another dtype or shape than its first result; not stored",
+              f->path, name, (unsigned long long)h->frame_id);
+    ctx->c->mismatched++;
+    return 0;
+  }
+  int fin = (h->flags & BEAM_FLAG_FINAL) != 0;
+  int added = idset_add(fin ? &t->seen_final : &t->seen, h->frame_id);
+  if (added < 0) {
+    snprintf(ctx->err, sizeof ctx->err, "out of memory for the duplicate set");
+    return -1;
+  }
+  if (added == 0) {
+    t->dups++;
+    ctx->c->duplicates++;
+    return 0;
+  }
+  if (!t->have_desc && m->meta && !f->swmr) {
+    if (write_desc(t->data, m) < 0)
+      return fail(ctx, f->path, "cannot write a descriptor");
+    t->have_desc = 1;
+  }
+  hid_t mt = H5Dget_type(t->data);
+  uint32_t flags = h->flags;
+  int rc;
+  if (t->latest) {
+    rc = (!t->ndim || H5Dwrite(t->data, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0) &&
+                 H5Dwrite(t->fid, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &h->frame_id) >= 0 &&
+                 H5Dwrite(t->tacq, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &h->t_acq_ns) >= 0 &&
+                 H5Dwrite(t->flg, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, &flags) >= 0
+             ? 0
+             : -1;
+  } else {
+    /* ndim 0 results have no pixels: the row is still recorded (ids). */
+    uint8_t none = 0;
+    rc = append_one(t->data, t->n, mt, t->ndim ? data : &none, t->ndim, t->shape) >= 0 &&
+                 append_one(t->fid, t->n, H5T_NATIVE_UINT64, &h->frame_id, 0, NULL) >= 0 &&
+                 append_one(t->tacq, t->n, H5T_NATIVE_UINT64, &h->t_acq_ns, 0, NULL) >= 0 &&
+                 append_one(t->flg, t->n, H5T_NATIVE_UINT32, &flags, 0, NULL) >= 0
+             ? 0
+             : -1;
+  }
+  if (rc < 0)
+    fail(ctx, f->path, "write failed"); /* before H5Tclose, which clears the error stack */
+  if (mt >= 0)
+    H5Tclose(mt);
+  if (rc < 0) {
+    f->failed = 1;
+    return -1;
+  }
+  t->n++;
+  f->written++;
+  f->dirty = 1;
+  ctx->c->written++;
+  return 0;
+}
+
+int rfile_tick(rec_ctx_t *ctx, rfile_t *f, uint64_t now, int force_flush) {
+  const rec_opts_t *o = ctx->o;
+  if (!f->swmr && !o->no_swmr &&
+      (f->written >= o->swmr_after || now - f->opened_ns >= (uint64_t)(o->swmr_delay * 1e9))) {
+    if (H5Fstart_swmr_write(f->file) < 0) {
+      f->failed = 1;
+      return fail(ctx, f->path, "cannot start SWMR mode");
+    }
+    f->swmr = 1;
+    f->dirty = 0; /* starting SWMR flushes the file */
+    f->last_flush_ns = now;
+  }
+  if (f->dirty && (force_flush || now - f->last_flush_ns >= FLUSH_NS)) {
+    if (H5Fflush(f->file, H5F_SCOPE_GLOBAL) < 0) {
+      f->failed = 1;
+      return fail(ctx, f->path, "flush failed");
+    }
+    f->dirty = 0;
+    f->last_flush_ns = now;
+  }
+  return 0;
+}
+
+/* The end-of-series attributes, written with SWMR over. */
+static int final_attrs(rfile_t *f, int complete, const char *why) {
+  hid_t fapl = fapl_latest();
+  /* A SWMR reader may still hold the file (and its lock): the series is
+   * over and no dataset changes any more, only /entry's attributes do. */
+  if (fapl >= 0)
+    H5Pset_file_locking(fapl, 0, 1);
+  hid_t file = H5Fopen(f->path, H5F_ACC_RDWR, fapl);
+  hid_t es = file < 0 ? H5Eget_current_stack() : -1;
+  H5Pclose(fapl);
+  if (file < 0) {
+    H5Eset_current_stack(es);
+    return -1;
+  }
+  int rc = 0;
+  hid_t e = H5Gopen2(file, "/entry", H5P_DEFAULT);
+  if (e >= 0) {
+    rc |= beam_h5_attr_bool(e, "complete", complete);
+    rc |= beam_h5_attr_u64(e, "results_written", f->written);
+    if (why)
+      rc |= beam_h5_attr_str(e, "incomplete_reason", why);
+    H5Gclose(e);
+  } else {
+    rc = -1;
+  }
+  for (int i = 0; i < f->ntopics && rc == 0; i++) {
+    rtopic_t *t = f->topics[i];
+    if (t->refused)
+      continue;
+    char path[BEAM_TOPIC_MAX + 16];
+    snprintf(path, sizeof path, "/results/%s", t->name);
+    hid_t g = H5Gopen2(file, path, H5P_DEFAULT);
+    if (g < 0) {
+      rc = -1;
+      break;
+    }
+    rc |= beam_h5_attr_u64(g, "results", t->n);
+    rc |= beam_h5_attr_u64(g, "duplicates_skipped", t->dups);
+    rc |= beam_h5_attr_u64(g, "mismatched_skipped", t->mismatched);
+    H5Gclose(g);
+  }
+  /* Refused topics leave a trace in the file, not only in the log. */
+  int nref = 0;
+  const char *refused[REC_MAX_TOPICS];
+  for (int i = 0; i < f->ntopics; i++)
+    if (f->topics[i]->refused)
+      refused[nref++] = f->topics[i]->name;
+  if (nref && rc == 0 && (e = H5Gopen2(file, "/entry", H5P_DEFAULT)) >= 0) {
+    rc |= beam_h5_attr_strs(e, "topics_refused_after_swmr", refused, (size_t)nref);
+    H5Gclose(e);
+  }
+  if (H5Fclose(file) < 0)
+    rc = -1;
+  return rc;
+}
+
+int rfile_close(rec_ctx_t *ctx, rfile_t **pf, int complete, const char *why) {
+  rfile_t *f = *pf;
+  *pf = NULL;
+  if (!f)
+    return 0;
+  int rc = 0;
+  for (int i = 0; i < f->ntopics; i++)
+    topic_close(f->topics[i]);
+  if (H5Fclose(f->file) < 0)
+    rc = fail(ctx, f->path, "closing the file failed");
+  /* After a write error the file keeps complete=false from its creation:
+   * reopening it for writing on a full disk could leave it unreadable. */
+  if (rc == 0 && !f->failed && final_attrs(f, complete, why) < 0)
+    rc = fail(ctx, f->path, "cannot write the final attributes");
+  if (rc == 0 && complete && !f->failed) {
+    if (rename(f->path, f->final_path) < 0) {
+      snprintf(ctx->err, sizeof ctx->err, "rename %s -> %s: %s", f->path, f->final_path, strerror(errno));
+      rc = -1;
+    }
+  }
+  if (rc == 0 && !complete)
+    rec_log("series %llu incomplete (%s): left as %s", (unsigned long long)f->series_id,
+            why ? why : "no reason", f->path);
+  for (int i = 0; i < f->ntopics; i++) {
+    idset_free(&f->topics[i]->seen);
+    idset_free(&f->topics[i]->seen_final);
+    free(f->topics[i]);
+  }
+  free(f);
+  return rc;
+}

@@ -1,0 +1,321 @@
+/* beamd-replay: serves the frames of an HDF5 file to beamd over ZeroMQ
+ * REQ/REP, losslessly and resumably (proto/PROTOCOL.md section 13).
+ *
+ * Parses the command line, opens the file (h5src.c, metadata in h5meta.c),
+ * binds one REP socket and answers requests (serve.c) until SIGINT or
+ * SIGTERM, drawing a one-line progress display when stderr is a terminal.
+ * Usage is in docs/replay.md and --help. Exit codes: 0 stopped by a
+ * signal, 1 runtime error (file, bind, socket), 2 bad command line.
+ */
+#include "tools/beamd-replay/replay.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define DEFAULT_ENDPOINT "tcp://127.0.0.1:5500"
+#define PROGRESS_MS 250
+#define LINGER_MS 1000
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+  (void)sig;
+  g_stop = 1;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+"usage: beamd-replay FILE.h5 [options]\n"
+"Serves the frames of an HDF5 file (a 3-D dataset or an NXmx/Eiger master)\n"
+"over ZeroMQ REP, as proto/PROTOCOL.md section 13 describes.\n"
+"  --bind ENDPOINT      REP endpoint (default " DEFAULT_ENDPOINT ")\n"
+"  --dataset PATH       dataset of frames (default: NXmx master links, else\n"
+"                       /entry/data/data, else the only 3-D dataset)\n"
+"  --first N            first frame served, dataset index (default 0)\n"
+"  --last N             last frame served, inclusive (default the last one)\n"
+"  --stride S           serve every S-th frame (default 1)\n"
+"  --rate HZ            at most HZ frames per second (default 0 = unpaced)\n"
+"  --loop               serve the range again and again, a new series each pass\n"
+"  --series-id ID       series id of the first pass (default 1)\n"
+"  --max-bytes B        most payload bytes in one reply (default 268435456)\n"
+"  --quiet              no start-up lines and no progress line\n"
+"  --stats-json         print one JSON line of totals on stdout at exit\n"
+"  --help               this text\n");
+}
+
+static int bad(const char *opt, const char *val, const char *why) {
+  fprintf(stderr, "beamd-replay: bad value for --%s: '%s' (%s)\n", opt, val, why);
+  return -1;
+}
+
+static int parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
+  char *end;
+  errno = 0;
+  if (*s == '-' || *s == '\0')
+    return bad(opt, s, "expected a non-negative integer");
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || *end)
+    return bad(opt, s, "expected a non-negative integer");
+  if (v < lo || v > hi) {
+    char why[96];
+    snprintf(why, sizeof why, "must be in %llu..%llu", (unsigned long long)lo,
+             (unsigned long long)hi);
+    return bad(opt, s, why);
+  }
+  *out = v;
+  return 0;
+}
+
+enum {
+  OPT_BIND = 256, OPT_DATASET, OPT_FIRST, OPT_LAST, OPT_STRIDE, OPT_RATE, OPT_LOOP,
+  OPT_SERIES_ID, OPT_MAX_BYTES, OPT_QUIET, OPT_STATS, OPT_HELP,
+};
+
+static const struct option long_opts[] = {
+  {"bind", required_argument, 0, OPT_BIND},
+  {"dataset", required_argument, 0, OPT_DATASET},
+  {"first", required_argument, 0, OPT_FIRST},
+  {"last", required_argument, 0, OPT_LAST},
+  {"stride", required_argument, 0, OPT_STRIDE},
+  {"rate", required_argument, 0, OPT_RATE},
+  {"loop", no_argument, 0, OPT_LOOP},
+  {"series-id", required_argument, 0, OPT_SERIES_ID},
+  {"max-bytes", required_argument, 0, OPT_MAX_BYTES},
+  {"quiet", no_argument, 0, OPT_QUIET},
+  {"stats-json", no_argument, 0, OPT_STATS},
+  {"help", no_argument, 0, OPT_HELP},
+  {0, 0, 0, 0},
+};
+
+/* Returns 0, 1 for --help, or -1 after printing why. */
+static int parse_args(int argc, char **argv, rp_opts_t *o) {
+  int c;
+  char *end;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
+    switch (c) {
+    case OPT_BIND: o->endpoint = optarg; break;
+    case OPT_DATASET:
+      if (optarg[0] != '/')
+        return bad("dataset", optarg, "an absolute HDF5 path, e.g. /entry/data/data");
+      o->dataset = optarg;
+      break;
+    case OPT_FIRST: if (parse_u64("first", optarg, 0, (uint64_t)INT64_MAX / 2, &o->first)) return -1; break;
+    case OPT_LAST:
+      if (parse_u64("last", optarg, 0, (uint64_t)INT64_MAX / 2, &o->last)) return -1;
+      o->have_last = 1;
+      break;
+    case OPT_STRIDE: if (parse_u64("stride", optarg, 1, 1u << 30, &o->stride)) return -1; break;
+    case OPT_RATE:
+      errno = 0;
+      o->rate = strtod(optarg, &end);
+      if (errno || *optarg == '\0' || *end || !(o->rate >= 0 && o->rate <= 1e9))
+        return bad("rate", optarg, "expected frames per second in 0..1e9");
+      break;
+    case OPT_LOOP: o->loop = 1; break;
+    case OPT_SERIES_ID:
+      if (parse_u64("series-id", optarg, 0, (uint64_t)INT64_MAX / 2, &o->series_id)) return -1;
+      break;
+    case OPT_MAX_BYTES:
+      if (parse_u64("max-bytes", optarg, 1, 1ull << 40, &o->max_bytes)) return -1;
+      break;
+    case OPT_QUIET: o->quiet = 1; break;
+    case OPT_STATS: o->stats_json = 1; break;
+    case OPT_HELP: return 1;
+    default:
+      if (optopt)
+        fprintf(stderr, "beamd-replay: option needs a value or is unknown: %s\n", argv[optind - 1]);
+      else
+        fprintf(stderr, "beamd-replay: unknown option: %s\n", argv[optind - 1]);
+      return -1;
+    }
+  }
+  if (optind >= argc) {
+    fprintf(stderr, "beamd-replay: no file given\n");
+    return -1;
+  }
+  if (optind + 1 < argc) {
+    fprintf(stderr, "beamd-replay: one file only; unexpected argument: %s\n", argv[optind + 1]);
+    return -1;
+  }
+  o->file = argv[optind];
+  return 0;
+}
+
+/* ---- progress and totals ---------------------------------------------------- */
+
+typedef struct progress_s {
+  uint64_t t_ns, frames, bytes; /* at the last draw */
+  double rate, mbps;            /* smoothed */
+  int drawn;
+} progress_t;
+
+static void progress_draw(progress_t *p, const rp_server_t *srv) {
+  uint64_t now = rp_now_mono_ns();
+  if (p->t_ns && now - p->t_ns < PROGRESS_MS * 1000000ull)
+    return;
+  if (p->t_ns) {
+    double dt = (double)(now - p->t_ns) * 1e-9;
+    double r = (double)(srv->st.frames - p->frames) / dt;
+    double b = (double)(srv->st.payload_bytes - p->bytes) / dt / 1e6;
+    /* Smoothed over about half a second, so the line is readable. */
+    p->rate = p->drawn ? 0.5 * p->rate + 0.5 * r : r;
+    p->mbps = p->drawn ? 0.5 * p->mbps + 0.5 * b : b;
+  }
+  p->t_ns = now;
+  p->frames = srv->st.frames;
+  p->bytes = srv->st.payload_bytes;
+  uint64_t T = srv->T, k = srv->last_next;
+  uint64_t pass = k / T, in_pass = k % T;
+  if (!srv->o->loop && k >= T)
+    in_pass = T;
+  char eta[32] = "-";
+  if (p->rate > 0.5 && in_pass < T)
+    snprintf(eta, sizeof eta, "%.0f s", (double)(T - in_pass) / p->rate);
+  else if (in_pass >= T)
+    snprintf(eta, sizeof eta, "done");
+  char passbuf[32] = "";
+  if (srv->o->loop)
+    snprintf(passbuf, sizeof passbuf, " pass %llu", (unsigned long long)pass + 1);
+  fprintf(stderr, "\r\033[Kbeamd-replay: %llu/%llu%s  %.1f fr/s  %.1f MB/s  ETA %s  corrupt %llu",
+          (unsigned long long)in_pass, (unsigned long long)T, passbuf, p->rate, p->mbps, eta,
+          (unsigned long long)srv->st.corrupt);
+  fflush(stderr);
+  p->drawn = 1;
+}
+
+static void print_stats(const rp_server_t *srv) {
+  const rp_stats_t *st = &srv->st;
+  double secs = (double)(rp_now_mono_ns() - st->t_start_ns) * 1e-9;
+  double fspan = (double)(st->t_last_frame_ns - st->t_first_frame_ns) * 1e-9;
+  double rate = st->frames >= 2 && fspan > 0 ? (double)st->frames / fspan : 0.0;
+  printf("{\"requests\":%llu,\"bad_requests\":%llu,\"info_requests\":%llu,"
+         "\"frames_served\":%llu,\"corrupt_served\":%llu,\"forwarded\":%llu,\"decoded\":%llu,"
+         "\"series_started\":%llu,\"series_ended\":%llu,\"payload_bytes\":%llu,\"bytes\":%llu,"
+         "\"arena_allocs\":%llu,\"arena_bytes\":%llu,"
+         "\"seconds\":%.6f,\"rate\":%.3f,\"next\":%llu,\"total\":%llu}\n",
+         (unsigned long long)st->requests, (unsigned long long)st->bad_requests,
+         (unsigned long long)st->info_requests, (unsigned long long)st->frames,
+         (unsigned long long)st->corrupt, (unsigned long long)srv->src->forwarded,
+         (unsigned long long)srv->src->decoded, (unsigned long long)st->series_started,
+         (unsigned long long)st->series_ended, (unsigned long long)st->payload_bytes,
+         (unsigned long long)st->bytes, (unsigned long long)st->arena_allocs,
+         (unsigned long long)(srv->arena ? srv->arena->cap : 0), secs, rate,
+         (unsigned long long)srv->last_next,
+         (unsigned long long)srv->T);
+  fflush(stdout);
+}
+
+static void print_start(const rp_server_t *srv, const rp_opts_t *o) {
+  const rp_src_t *s = srv->src;
+  fprintf(stderr, "beamd-replay: %s %s: %llu frames of %ux%u %s; serving %llu (first %llu, "
+          "stride %llu)%s on %s\n", s->path, s->dataset, (unsigned long long)s->nframes, s->h,
+          s->w, beam_dtype_name(s->dtype), (unsigned long long)srv->T,
+          (unsigned long long)o->first, (unsigned long long)o->stride, o->loop ? ", looping" : "",
+          o->endpoint);
+  for (size_t i = 0; i < s->nparts; i++)
+    fprintf(stderr, "beamd-replay:   %s %s: %llu frames, %s\n", s->parts[i].file,
+            s->parts[i].dataset, (unsigned long long)s->parts[i].nframes, s->parts[i].plan);
+}
+
+int main(int argc, char **argv) {
+  rp_opts_t o = {
+      .endpoint = DEFAULT_ENDPOINT, .stride = 1, .series_id = 1,
+      .max_bytes = RP_DEFAULT_MAX_BYTES,
+  };
+  int pr = parse_args(argc, argv, &o);
+  if (pr == 1) {
+    usage(stdout);
+    return 0;
+  }
+  if (pr < 0) {
+    fprintf(stderr, "beamd-replay: try --help\n");
+    return 2;
+  }
+  o.progress = !o.quiet && isatty(STDERR_FILENO);
+
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal; /* no SA_RESTART: blocking calls must see EINTR */
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+
+  beam_diag_t d;
+  beam_diag_clear(&d);
+  rp_src_t src;
+  rp_server_t srv;
+  memset(&srv, 0, sizeof srv);
+  int rc = 1;
+  if (rp_src_open(&src, o.file, o.dataset, &d) < 0) {
+    fprintf(stderr, "beamd-replay: %s\n", d.msg);
+    rp_src_close(&src);
+    return 1;
+  }
+  void *ctx = zmq_ctx_new();
+  void *sock = ctx ? zmq_socket(ctx, ZMQ_REP) : NULL;
+  if (!sock) {
+    fprintf(stderr, "beamd-replay: cannot create ZeroMQ socket: %s\n", zmq_strerror(errno));
+    goto out;
+  }
+  if (rp_server_init(&srv, sock, &src, &o, &d) < 0) {
+    fprintf(stderr, "beamd-replay: %s\n", d.msg);
+    goto out;
+  }
+  if (zmq_bind(sock, o.endpoint) < 0) {
+    fprintf(stderr, "beamd-replay: cannot bind %s: %s\n", o.endpoint, zmq_strerror(errno));
+    goto out;
+  }
+  if (!o.quiet)
+    print_start(&srv, &o);
+  progress_t prog;
+  memset(&prog, 0, sizeof prog);
+  rc = 0;
+  while (!g_stop) {
+    zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
+    int n = zmq_poll(&it, 1, PROGRESS_MS);
+    if (n < 0 && errno != EINTR) {
+      fprintf(stderr, "beamd-replay: poll: %s\n", zmq_strerror(errno));
+      rc = 1;
+      break;
+    }
+    int h = 0;
+    while (!g_stop && (h = rp_server_handle(&srv, &g_stop, &d)) > 0)
+      ;
+    if (!g_stop && h < 0) {
+      fprintf(stderr, "%sbeamd-replay: %s\n", prog.drawn ? "\n" : "", d.msg);
+      rc = 1;
+      break;
+    }
+    if (o.progress)
+      progress_draw(&prog, &srv);
+  }
+  if (prog.drawn)
+    fputc('\n', stderr);
+  if (!o.quiet)
+    fprintf(stderr, "beamd-replay: served %llu frames (%llu corrupt) in %llu requests%s\n",
+            (unsigned long long)srv.st.frames, (unsigned long long)srv.st.corrupt,
+            (unsigned long long)srv.st.requests, g_stop ? ", stopped by signal" : "");
+  if (o.stats_json)
+    print_stats(&srv);
+
+out:
+  if (sock) {
+    int linger = LINGER_MS;
+    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_close(sock);
+  }
+  /* Waits for the linger: the arena, sent zero-copy, is released by
+   * ZeroMQ's callbacks, which all run before this returns. */
+  if (ctx)
+    while (zmq_ctx_term(ctx) < 0 && errno == EINTR)
+      ;
+  rp_server_destroy(&srv);
+  rp_src_close(&src);
+  return rc;
+}

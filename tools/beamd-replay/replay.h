@@ -1,0 +1,157 @@
+/* beamd-replay internals: the HDF5 frame source, its metadata, the reply
+ * arena and the REP server.
+ *
+ * beamd-replay serves the frames of an HDF5 file (one 3-D dataset, or an
+ * Eiger/NXmx master with external links to data files) over a ZeroMQ REP
+ * socket, as proto/PROTOCOL.md section 13 specifies. This header is shared by
+ * the tool's own files only; nothing else links against it. Which HDF5 paths
+ * are read is documented in docs/replay.md.
+ */
+#ifndef BEAMD_REPLAY_H
+#define BEAMD_REPLAY_H
+
+#include <hdf5.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pipeline/err.h"
+#include "proto/proto.h"
+
+#define RP_CREDIT_MAX 4096u
+#define RP_DEFAULT_MAX_BYTES (256ull << 20)
+#define RP_REASON_MAX 768 /* bytes of a corrupt frame's {"error": ...} */
+
+/* One stack of frames in one HDF5 dataset: the dataset itself, or one data
+ * file of a master. */
+typedef struct rp_part_s {
+  char *file;         /* data file path, for messages and file_id */
+  char *dataset;      /* dataset path inside `file` */
+  char *link;         /* master only: the link in the master, else NULL */
+  hid_t dset;         /* -1 when the part could not be opened */
+  hid_t fspace;       /* file dataspace, for hyperslab reads */
+  char *open_error;   /* why dset is -1 (dangling link, missing file) */
+  uint64_t first;     /* global index of the part's frame 0 */
+  uint64_t nframes;
+  uint64_t chunk0;    /* frames per chunk; 0 when not chunked */
+  int forward;        /* stored chunks are sent as they are */
+  beam_codec_t codec; /* codec of forwarded chunks */
+  char plan[96];      /* "forward bslz4", "decode (deflate)", for the log */
+} rp_part_t;
+
+typedef struct rp_src_s {
+  char *path;          /* absolute path of the file given */
+  char *dataset;       /* dataset given or found; "/entry/data" for a master */
+  int is_master;
+  hid_t file;
+  rp_part_t *parts;
+  size_t nparts;
+  uint64_t nframes;    /* all parts together */
+  beam_dtype_t dtype;
+  size_t esize;
+  uint32_t h, w;
+  size_t raw_size;     /* bytes of one decoded frame */
+  size_t slot_size;    /* most payload bytes one frame can take */
+  hid_t memtype;       /* native type to read decoded frames as */
+  hid_t memspace;
+  double *pos;         /* nframes x 3 metres, NULL without positions */
+  char pos_dataset[64];
+  char pos_units[32];
+  char file_id[17];    /* 16 hex digits */
+  uint64_t forwarded, decoded; /* frames read either way */
+} rp_src_t;
+
+/* Opens `path` and finds the frames (see docs/replay.md): `dataset` NULL
+ * auto-detects. Warnings (dangling links, ignored positions) are printed on
+ * stderr. Returns 0 or a negative BEAM_E* with d naming file and dataset. */
+int rp_src_open(rp_src_t *self, const char *path, const char *dataset, beam_diag_t *d);
+void rp_src_close(rp_src_t *self);
+
+/* Payload bytes frame g will take when read (stored chunk size when it is
+ * forwarded, raw size otherwise): what the max_bytes budget counts. */
+size_t rp_src_frame_bytes(rp_src_t *self, uint64_t g);
+
+/* Reads frame g into buf (cap >= slot_size). Returns 0 with *codec and
+ * *len set, or BEAM_EIO with a reason "file F dataset D frame K: ..." in
+ * why (the frame is then sent as CORRUPT). Never allocates on our side. */
+int rp_src_read(rp_src_t *self, uint64_t g, void *buf, size_t cap, beam_codec_t *codec,
+                size_t *len, char *why, size_t whylen);
+
+/* Checks the framing of a stored lz4/bslz4 chunk without decompressing:
+ * header, every block size, the tail. Returns NULL when it accounts for
+ * exactly len bytes, else a static reason (PROTOCOL.md section 11 strings). */
+const char *rp_chunk_check(beam_codec_t codec, const uint8_t *p, size_t len, size_t raw_size,
+                           size_t esize);
+
+/* Innermost message of the current HDF5 error stack, which is cleared. */
+const char *rp_h5_reason(char *buf, size_t len);
+/* The "units" attribute of an object into buf; "" (and 0) when absent. */
+int rp_h5_units(hid_t obj, char *buf, size_t len);
+
+/* Series metadata from the file (PROTOCOL.md 7.1 keys plus pixel_mask,
+ * scan_positions and source references). nframes and the replay block are
+ * filled in by the server. Returns a new object or NULL (ENOMEM). */
+json_t *rp_meta_build(rp_src_t *src);
+
+/* A reference-counted buffer replies are built in and sent from zero-copy:
+ * the server holds one reference and every ZeroMQ message one more; the
+ * last release frees it, so a peer that keeps messages cannot make the
+ * server overwrite them. */
+typedef struct rp_arena_s {
+  atomic_int refs;
+  size_t cap, used;
+  uint8_t *data;
+} rp_arena_t;
+
+typedef struct rp_opts_s {
+  const char *file;
+  const char *endpoint;
+  const char *dataset;
+  uint64_t first, last, stride;
+  int have_last;
+  double rate;        /* frames/s, 0 = unpaced */
+  int loop;
+  uint64_t series_id;
+  uint64_t max_bytes; /* server cap on a reply's payload bytes */
+  int quiet, stats_json, progress;
+} rp_opts_t;
+
+typedef struct rp_stats_s {
+  uint64_t requests, bad_requests, info_requests;
+  uint64_t frames, corrupt, series_started, series_ended;
+  uint64_t payload_bytes, bytes;
+  uint64_t arena_allocs;   /* reply buffers allocated (reuse keeps this small) */
+  uint64_t t_start_ns, t_first_frame_ns, t_last_frame_ns;
+} rp_stats_t;
+
+typedef struct rp_server_s {
+  void *sock;
+  rp_src_t *src;
+  const rp_opts_t *o;
+  uint64_t T;           /* frames per pass */
+  uint64_t seq;         /* next message sequence number (section 6) */
+  rp_arena_t *arena;
+  json_t *meta;         /* series metadata without the per-pass part */
+  double tokens;        /* rate limiter */
+  uint64_t tokens_ns;
+  uint64_t last_next;   /* for the progress line */
+  rp_stats_t st;
+  struct rp_rec_s *recs; /* RP_CREDIT_MAX + 2 message records */
+} rp_server_t;
+
+int rp_server_init(rp_server_t *self, void *sock, rp_src_t *src, const rp_opts_t *o,
+                   beam_diag_t *d);
+void rp_server_destroy(rp_server_t *self);
+/* Receives one request (without blocking) and sends its one reply.
+ * Returns 1 when a request was served, 0 when none was waiting, or -1 with
+ * d set on a socket error (d->code 0 when a signal interrupted). */
+int rp_server_handle(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_t *d);
+/* Frame index k -> dataset index of the file. */
+uint64_t rp_server_frame_index(const rp_server_t *self, uint64_t k);
+
+uint64_t rp_now_mono_ns(void);
+uint64_t rp_now_real_ns(void);
+
+#endif

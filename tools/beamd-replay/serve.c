@@ -1,0 +1,590 @@
+/* beamd-replay REP server: one request in, exactly one reply out
+ * (proto/PROTOCOL.md section 13).
+ *
+ * A "get" reply is built in full before anything is sent, because its
+ * status part states how many frames follow: the frames are read into a
+ * reference-counted arena and every header and payload part is then handed
+ * to ZeroMQ zero-copy, the arena staying alive until ZeroMQ has released
+ * the last part. The arena is sized from credit x frame size, capped by
+ * max_bytes, so memory stays bounded; it is reused from reply to reply and
+ * only replaced when a request needs more room or a peer still holds parts.
+ * The rate limit (--rate) is a token bucket: a reply is delayed until at
+ * least one frame (or 5 ms worth) is due and carries no more than are due.
+ */
+#include "tools/beamd-replay/replay.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#define ALIGN 64u
+#define HDR_SLOT 128u            /* BEAM_HDR_SIZE_V1, a multiple of ALIGN */
+#define ARENA_WAIT_NS 200000000ull /* for ZeroMQ to release the last reply */
+#define RATE_BATCH_S 0.005       /* wait for this much of the rate per reply */
+#define RATE_BURST_S 0.1         /* most credit saved while nobody asks */
+
+typedef struct rp_rec_s {
+  uint8_t *hdr;      /* in the arena */
+  uint8_t *payload;  /* in the arena; NULL when none */
+  size_t plen;
+  uint8_t *meta;     /* in the arena, or meta_owned */
+  size_t mlen;
+  char *meta_owned;  /* malloc'd JSON (SERIES_START), freed after sending */
+} rp_rec_t;
+
+uint64_t rp_now_mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t rp_now_real_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static size_t align_up(size_t n) {
+  return (n + ALIGN - 1) & ~(size_t)(ALIGN - 1);
+}
+
+/* ---- arena ------------------------------------------------------------------ */
+
+static void arena_release(rp_arena_t *a) {
+  if (a && atomic_fetch_sub(&a->refs, 1) == 1) {
+    free(a->data);
+    free(a);
+  }
+}
+
+/* ZeroMQ's free callback, called from its I/O thread. */
+static void arena_free_cb(void *data, void *hint) {
+  (void)data;
+  arena_release(hint);
+}
+
+static int arena_prepare(rp_server_t *self, size_t need) {
+  rp_arena_t *a = self->arena;
+  size_t cap = align_up(need);
+  if (a) {
+    /* ZeroMQ closes the last part of a reply just after writing it, which
+     * can trail the peer's next request by a moment. */
+    uint64_t until = rp_now_mono_ns() + ARENA_WAIT_NS;
+    while (atomic_load(&a->refs) > 1 && rp_now_mono_ns() < until) {
+      struct timespec ts = {0, 100000};
+      nanosleep(&ts, NULL);
+    }
+    if (atomic_load(&a->refs) == 1 && a->cap >= need) {
+      a->used = 0;
+      return 0;
+    }
+    if (a->cap > cap)
+      cap = a->cap;
+    arena_release(a); /* the last part still out frees it */
+    self->arena = NULL;
+  }
+  a = malloc(sizeof *a);
+  if (!a)
+    return -1;
+  a->data = aligned_alloc(ALIGN, cap);
+  if (!a->data) {
+    free(a);
+    return -1;
+  }
+  atomic_init(&a->refs, 1);
+  a->cap = cap;
+  a->used = 0;
+  self->arena = a;
+  self->st.arena_allocs++;
+  return 0;
+}
+
+static uint8_t *arena_take(rp_arena_t *a, size_t n) {
+  size_t n2 = align_up(n);
+  if (a->cap - a->used < n2)
+    return NULL;
+  uint8_t *p = a->data + a->used;
+  a->used += n2;
+  return p;
+}
+
+/* ---- init ------------------------------------------------------------------- */
+
+int rp_server_init(rp_server_t *self, void *sock, rp_src_t *src, const rp_opts_t *o,
+                   beam_diag_t *d) {
+  memset(self, 0, sizeof *self);
+  self->sock = sock;
+  self->src = src;
+  self->o = o;
+  uint64_t last = o->have_last ? o->last : src->nframes - 1;
+  if (o->first >= src->nframes)
+    return BEAM_DIAG(d, BEAM_EINVAL, "--first %llu: the file has %llu frames (0..%llu)",
+                     (unsigned long long)o->first, (unsigned long long)src->nframes,
+                     (unsigned long long)(src->nframes - 1));
+  if (last >= src->nframes)
+    return BEAM_DIAG(d, BEAM_EINVAL, "--last %llu: the file has %llu frames (0..%llu)",
+                     (unsigned long long)last, (unsigned long long)src->nframes,
+                     (unsigned long long)(src->nframes - 1));
+  if (last < o->first)
+    return BEAM_DIAG(d, BEAM_EINVAL, "--last %llu is before --first %llu",
+                     (unsigned long long)last, (unsigned long long)o->first);
+  self->T = (last - o->first) / o->stride + 1;
+  self->meta = rp_meta_build(src);
+  self->recs = calloc(RP_CREDIT_MAX + 2, sizeof *self->recs);
+  if (!self->meta || !self->recs)
+    return BEAM_DIAG(d, BEAM_ENOMEM, "server tables");
+  json_object_set_new(self->meta, "nframes", json_integer((json_int_t)self->T));
+  /* JSON carries UTF-8 only: a path that is not would fail every reply. */
+  json_t *probe = json_string(src->path);
+  if (!probe)
+    return BEAM_DIAG(d, BEAM_EINVAL, "file %s: the path is not valid UTF-8, which the "
+                     "JSON replies cannot carry", src->path);
+  json_decref(probe);
+  self->tokens = 1.0;
+  self->tokens_ns = 0;
+  self->st.t_start_ns = rp_now_mono_ns();
+  return 0;
+}
+
+void rp_server_destroy(rp_server_t *self) {
+  if (!self)
+    return;
+  arena_release(self->arena);
+  self->arena = NULL;
+  json_decref(self->meta);
+  self->meta = NULL;
+  free(self->recs);
+  self->recs = NULL;
+}
+
+uint64_t rp_server_frame_index(const rp_server_t *self, uint64_t k) {
+  return self->o->first + (k % self->T) * self->o->stride;
+}
+
+/* ---- sending ------------------------------------------------------------------ */
+
+static int send_part(rp_server_t *self, zmq_msg_t *m, int more, volatile sig_atomic_t *stop) {
+  /* A part interrupted by a signal is retried: giving up half-way would
+   * leave the REP socket unable to ever answer again. */
+  for (;;) {
+    if (zmq_msg_send(m, self->sock, more ? ZMQ_SNDMORE : 0) >= 0)
+      return 0;
+    if (errno != EINTR || *stop)
+      break;
+  }
+  int e = errno;
+  zmq_msg_close(m);
+  errno = e;
+  return -1;
+}
+
+static int send_zc(rp_server_t *self, const void *p, size_t n, int more,
+                   volatile sig_atomic_t *stop) {
+  zmq_msg_t m;
+  rp_arena_t *a = self->arena;
+  atomic_fetch_add(&a->refs, 1);
+  if (zmq_msg_init_data(&m, (void *)p, n, arena_free_cb, a) < 0) {
+    arena_release(a);
+    return -1;
+  }
+  self->st.bytes += n;
+  return send_part(self, &m, more, stop);
+}
+
+static int send_copy(rp_server_t *self, const void *p, size_t n, int more,
+                     volatile sig_atomic_t *stop) {
+  zmq_msg_t m;
+  if (zmq_msg_init_size(&m, n) < 0)
+    return -1;
+  memcpy(zmq_msg_data(&m), p, n);
+  self->st.bytes += n;
+  return send_part(self, &m, more, stop);
+}
+
+static int send_json(rp_server_t *self, json_t *j, int more, volatile sig_atomic_t *stop,
+                     beam_diag_t *d) {
+  char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17));
+  json_decref(j);
+  if (!s)
+    return BEAM_DIAG(d, BEAM_ENOMEM, "reply JSON"), -1;
+  int rc = send_copy(self, s, strlen(s), more, stop);
+  free(s);
+  if (rc < 0 && errno != EINTR)
+    BEAM_DIAG(d, BEAM_EIO, "sending reply: %s", zmq_strerror(errno));
+  return rc;
+}
+
+static int send_error(rp_server_t *self, const char *why, volatile sig_atomic_t *stop,
+                      beam_diag_t *d) {
+  self->st.bad_requests++;
+  return send_json(self, json_pack("{s:b, s:s}", "ok", 0, "error", why), 0, stop, d);
+}
+
+/* ---- building ------------------------------------------------------------------- */
+
+static void hdr_common(rp_server_t *self, beam_hdr_t *h, unsigned type, uint64_t series,
+                       uint64_t frame_id) {
+  const rp_src_t *s = self->src;
+  memset(h, 0, sizeof *h);
+  h->type = (uint16_t)type;
+  h->series_id = series;
+  h->frame_id = frame_id;
+  h->seq = self->seq++;
+  h->t_send_ns = rp_now_real_ns(); /* t_acq_ns stays 0: unknown for a file */
+  h->dtype = (uint8_t)s->dtype;
+  h->ndim = 2;
+  h->shape[0] = s->h;
+  h->shape[1] = s->w;
+  h->raw_size = s->raw_size;
+}
+
+/* JSON string body: escapes what JSON requires, so a path with quotes
+ * or control characters still makes a valid {"error": ...}. */
+static size_t json_escape(char *out, size_t cap, const char *in) {
+  size_t o = 0;
+  for (; *in && o + 7 < cap; in++) {
+    unsigned char c = (unsigned char)*in;
+    if (c == '"' || c == '\\') {
+      out[o++] = '\\';
+      out[o++] = (char)c;
+    } else if (c < 0x20) {
+      o += (size_t)snprintf(out + o, cap - o, "\\u%04x", c);
+    } else {
+      out[o++] = (char)c;
+    }
+  }
+  out[o] = '\0';
+  return o;
+}
+
+static int add_control(rp_server_t *self, rp_rec_t *r, unsigned type, uint64_t series,
+                       uint64_t pass, beam_diag_t *d) {
+  beam_hdr_t h;
+  memset(r, 0, sizeof *r);
+  hdr_common(self, &h, type, series, type == BEAM_MSG_SERIES_END ? self->T : 0);
+  if (type == BEAM_MSG_SERIES_START) {
+    json_t *rep = json_pack("{s:I, s:I, s:I, s:I, s:b}", "first", (json_int_t)self->o->first,
+                            "last", (json_int_t)rp_server_frame_index(self, self->T - 1),
+                            "stride", (json_int_t)self->o->stride, "pass", (json_int_t)pass,
+                            "loop", self->o->loop);
+    json_object_set_new(self->meta, "replay", rep);
+    r->meta_owned = json_dumps(self->meta, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    if (!r->meta_owned)
+      return BEAM_DIAG(d, BEAM_ENOMEM, "series metadata");
+    r->meta = (uint8_t *)r->meta_owned;
+    r->mlen = strlen(r->meta_owned);
+    h.flags |= BEAM_FLAG_META;
+    h.meta_size = (uint32_t)r->mlen;
+    self->st.series_started++;
+  } else {
+    self->st.series_ended++;
+  }
+  r->hdr = arena_take(self->arena, HDR_SLOT);
+  BEAM_ASSERT(r->hdr); /* reserved by the sizing in serve_get */
+  int n = beam_hdr_encode(&h, r->hdr, HDR_SLOT);
+  BEAM_ASSERT(n == (int)BEAM_HDR_SIZE_V1);
+  return 0;
+}
+
+/* Reads frame k (sequence index) into record r. Returns 1 when the frame
+ * was corrupt. */
+static int add_frame(rp_server_t *self, rp_rec_t *r, uint64_t k, uint64_t series, size_t room) {
+  rp_src_t *s = self->src;
+  uint64_t g = rp_server_frame_index(self, k);
+  beam_hdr_t h;
+  memset(r, 0, sizeof *r);
+  r->hdr = arena_take(self->arena, HDR_SLOT);
+  uint8_t *buf = arena_take(self->arena, room);
+  BEAM_ASSERT(r->hdr && buf);
+  hdr_common(self, &h, BEAM_MSG_FRAME, series, g);
+  if (s->pos) {
+    const double *p = &s->pos[g * 3];
+    if (isfinite(p[0]) && isfinite(p[1]) && isfinite(p[2])) {
+      h.flags |= BEAM_FLAG_POS;
+      memcpy(h.pos, p, sizeof h.pos);
+    }
+  }
+  beam_codec_t codec;
+  size_t len;
+  char why[RP_REASON_MAX - 16];
+  int corrupt = rp_src_read(s, g, buf, room, &codec, &len, why, sizeof why) < 0;
+  if (corrupt) {
+    /* The payload room holds the metadata instead: {"error": "..."}. */
+    int n = snprintf((char *)buf, RP_REASON_MAX, "{\"error\":\"");
+    n += (int)json_escape((char *)buf + n, RP_REASON_MAX - (size_t)n - 3, why);
+    n += snprintf((char *)buf + n, RP_REASON_MAX - (size_t)n, "\"}");
+    r->meta = buf;
+    r->mlen = (size_t)n;
+    h.flags |= BEAM_FLAG_CORRUPT | BEAM_FLAG_META;
+    h.meta_size = (uint32_t)n;
+  } else {
+    r->payload = buf;
+    r->plen = len;
+    h.codec = (uint8_t)codec;
+    h.nparts = 1;
+    h.payload_size = len;
+  }
+  /* The arena keeps only what was used, so small chunks pack tightly. */
+  self->arena->used = (size_t)(buf - self->arena->data) +
+                      align_up(corrupt ? r->mlen : r->plen);
+  int n = beam_hdr_encode(&h, r->hdr, HDR_SLOT);
+  BEAM_ASSERT(n == (int)BEAM_HDR_SIZE_V1);
+  return corrupt;
+}
+
+/* Frames the rate allows now, after waiting for at least one batch. */
+static uint64_t rate_allow(rp_server_t *self, uint64_t want, volatile sig_atomic_t *stop) {
+  double rate = self->o->rate;
+  if (rate <= 0)
+    return want;
+  double burst = fmax(1.0, rate * RATE_BURST_S);
+  double batch = fmin((double)want, fmax(1.0, floor(rate * RATE_BATCH_S)));
+  for (;;) {
+    uint64_t now = rp_now_mono_ns();
+    if (self->tokens_ns)
+      self->tokens += (double)(now - self->tokens_ns) * 1e-9 * rate;
+    self->tokens_ns = now;
+    if (self->tokens > burst)
+      self->tokens = burst;
+    if (self->tokens >= batch || *stop)
+      break;
+    double wait = (batch - self->tokens) / rate;
+    struct timespec ts = {(time_t)wait, (long)((wait - floor(wait)) * 1e9)};
+    nanosleep(&ts, NULL); /* EINTR: the loop re-checks stop */
+  }
+  uint64_t n = (uint64_t)floor(self->tokens);
+  if (n < 1)
+    n = 1;
+  return n < want ? n : want;
+}
+
+static json_t *status(rp_server_t *self, uint64_t next, uint64_t count, uint64_t series,
+                      int eof, uint64_t corrupt) {
+  return json_pack("{s:b, s:I, s:I, s:I, s:b, s:b, s:I, s:s, s:s, s:I, s:I}", "ok", 1,
+                   "next", (json_int_t)next, "count", (json_int_t)count, "total",
+                   (json_int_t)self->T, "loop", self->o->loop, "eof", eof, "series_id",
+                   (json_int_t)series, "file", self->src->path, "file_id", self->src->file_id,
+                   "corrupt", (json_int_t)corrupt, "corrupt_total",
+                   (json_int_t)self->st.corrupt);
+}
+
+static int serve_info(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_t *d) {
+  const rp_src_t *s = self->src;
+  self->st.info_requests++;
+  json_t *j = status(self, self->last_next, 0, self->o->series_id, 0, 0);
+  json_t *parts = json_array();
+  for (size_t i = 0; i < s->nparts; i++)
+    json_array_append_new(parts, json_pack("{s:s, s:s, s:I, s:s}", "file", s->parts[i].file,
+                                           "dataset", s->parts[i].dataset, "frames",
+                                           (json_int_t)s->parts[i].nframes, "read",
+                                           s->parts[i].plan));
+  json_t *more = json_pack("{s:s, s:s, s:[ii], s:I, s:I, s:I, s:I, s:f, s:o}",
+      "op", "info", "dtype", beam_dtype_name(s->dtype), "shape", (int)s->h, (int)s->w,
+      "frames_in_file", (json_int_t)s->nframes, "first", (json_int_t)self->o->first,
+      "stride", (json_int_t)self->o->stride, "frames_served", (json_int_t)self->st.frames,
+      "rate", self->o->rate, "parts", parts);
+  json_object_update_missing(j, more);
+  json_decref(more);
+  json_object_set_new(j, "dataset", json_string(s->dataset));
+  return send_json(self, j, 0, stop, d);
+}
+
+/* Decoded "get" request. */
+typedef struct req_s {
+  uint64_t next, credit, max_bytes;
+  int start;
+} req_t;
+
+static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *stop,
+                     beam_diag_t *d) {
+  const rp_opts_t *o = self->o;
+  uint64_t T = self->T, k = q->next;
+  char why[160];
+  if (!o->loop && k > T) {
+    snprintf(why, sizeof why, "next %llu is past the end (%llu frames)",
+             (unsigned long long)k, (unsigned long long)T);
+    return send_error(self, why, stop, d);
+  }
+  uint64_t pass = k / T, idx = k % T;
+  uint64_t series = o->series_id + pass;
+  if (!o->loop && k == T) {
+    self->last_next = k;
+    return send_json(self, status(self, T, 0, o->series_id, 1, 0), 0, stop, d);
+  }
+  uint64_t want = T - idx < q->credit ? T - idx : q->credit;
+  want = rate_allow(self, want, stop);
+  uint64_t maxb = q->max_bytes && q->max_bytes < o->max_bytes ? q->max_bytes : o->max_bytes;
+  const rp_src_t *s = self->src;
+  size_t room = s->slot_size > RP_REASON_MAX ? s->slot_size : RP_REASON_MAX;
+  size_t per = HDR_SLOT + align_up(room);
+  /* Room for `want` frames, but never much more than max_bytes of
+   * payload: a reply holds at most max_bytes plus one frame. */
+  double need = 3.0 * HDR_SLOT + (double)want * per;
+  double capb = 3.0 * HDR_SLOT + (double)maxb + (double)per + (double)want * (HDR_SLOT + ALIGN);
+  if (need > capb)
+    need = capb;
+  if (arena_prepare(self, (size_t)need) < 0) {
+    snprintf(why, sizeof why, "out of memory for a reply of %.0f bytes (lower credit or "
+             "max_bytes)", need);
+    return send_error(self, why, stop, d);
+  }
+  rp_rec_t *recs = self->recs;
+  size_t nrec = 0;
+  int rc = 0;
+  if (idx == 0 || q->start)
+    rc = add_control(self, &recs[nrec++], BEAM_MSG_SERIES_START, series, pass, d);
+  /* The SERIES_END header is reserved now so frames cannot take its place. */
+  uint8_t *end_hdr = arena_take(self->arena, HDR_SLOT);
+  uint64_t n = 0, payload = 0, corrupt = 0;
+  while (rc == 0 && n < want) {
+    rp_arena_t *a = self->arena;
+    if (a->cap - a->used < per)
+      break;
+    uint64_t g = rp_server_frame_index(self, k + n);
+    size_t fb = rp_src_frame_bytes(self->src, g);
+    if (n > 0 && payload + fb > maxb)
+      break;
+    corrupt += (uint64_t)add_frame(self, &recs[nrec++], k + n, series, room);
+    payload += recs[nrec - 1].plen;
+    n++;
+  }
+  if (rc == 0 && idx + n == T) {
+    size_t keep = self->arena->used;
+    self->arena->used = (size_t)(end_hdr - self->arena->data);
+    rc = add_control(self, &recs[nrec++], BEAM_MSG_SERIES_END, series, pass, d);
+    self->arena->used = keep;
+  }
+  if (rc < 0) {
+    for (size_t i = 0; i < nrec; i++)
+      free(recs[i].meta_owned);
+    return send_error(self, d->msg, stop, d);
+  }
+  int eof = !o->loop && k + n == T;
+  self->last_next = k + n;
+  self->st.corrupt += corrupt; /* before the status, which reports the total */
+  rc = send_json(self, status(self, k + n, n, series, eof, corrupt), nrec > 0, stop, d);
+  for (size_t i = 0; i < nrec && rc == 0; i++) {
+    rp_rec_t *r = &recs[i];
+    int last = i + 1 == nrec;
+    rc = send_zc(self, r->hdr, BEAM_HDR_SIZE_V1, !last || r->payload || r->meta, stop);
+    if (rc == 0 && r->payload)
+      rc = send_zc(self, r->payload, r->plen, !last || r->meta, stop);
+    if (rc == 0 && r->meta)
+      rc = r->meta_owned ? send_copy(self, r->meta, r->mlen, !last, stop)
+                         : send_zc(self, r->meta, r->mlen, !last, stop);
+    if (rc < 0 && errno != EINTR)
+      BEAM_DIAG(d, BEAM_EIO, "sending reply: %s", zmq_strerror(errno));
+  }
+  for (size_t i = 0; i < nrec; i++) {
+    free(recs[i].meta_owned);
+    recs[i].meta_owned = NULL;
+  }
+  if (rc < 0)
+    return -1;
+  uint64_t now = rp_now_mono_ns();
+  if (n) {
+    if (!self->st.t_first_frame_ns)
+      self->st.t_first_frame_ns = now;
+    self->st.t_last_frame_ns = now;
+  }
+  self->st.frames += n;
+  self->st.payload_bytes += payload;
+  if (o->rate > 0)
+    self->tokens -= (double)n;
+  return 0;
+}
+
+/* ---- requests ------------------------------------------------------------------ */
+
+static const char *get_uint(json_t *o, const char *key, int required, uint64_t lo,
+                            uint64_t hi, uint64_t *out, char *why, size_t wl) {
+  json_t *v = json_object_get(o, key);
+  if (!v) {
+    if (!required)
+      return NULL;
+    snprintf(why, wl, "missing \"%s\"", key);
+    return why;
+  }
+  if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+      (uint64_t)json_integer_value(v) < lo || (uint64_t)json_integer_value(v) > hi) {
+    snprintf(why, wl, "\"%s\" must be an integer in %llu..%llu", key, (unsigned long long)lo,
+             (unsigned long long)hi);
+    return why;
+  }
+  *out = (uint64_t)json_integer_value(v);
+  return NULL;
+}
+
+int rp_server_handle(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_t *d) {
+  zmq_msg_t m;
+  zmq_msg_init(&m);
+  if (zmq_msg_recv(&m, self->sock, ZMQ_DONTWAIT) < 0) {
+    int e = errno;
+    zmq_msg_close(&m);
+    if (e == EAGAIN || e == EINTR)
+      return 0;
+    return BEAM_DIAG(d, BEAM_EIO, "receiving a request: %s", zmq_strerror(e)), -1;
+  }
+  self->st.requests++;
+  int nparts = 1;
+  while (zmq_msg_more(&m)) {
+    /* Every part of the request must be taken before the reply can go. */
+    zmq_msg_close(&m);
+    zmq_msg_init(&m);
+    while (zmq_msg_recv(&m, self->sock, 0) < 0 && errno == EINTR)
+      ;
+    nparts++;
+  }
+  char why[256];
+  json_error_t jerr;
+  json_t *req = NULL;
+  const char *err = NULL;
+  if (nparts != 1) {
+    snprintf(why, sizeof why, "a request is one part, got %d", nparts);
+    err = why;
+  } else {
+    req = json_loadb(zmq_msg_data(&m), zmq_msg_size(&m), 0, &jerr);
+    if (!req) {
+      snprintf(why, sizeof why, "request is not valid JSON: %s", jerr.text);
+      err = why;
+    } else if (!json_is_object(req)) {
+      err = "request is not a JSON object";
+    }
+  }
+  zmq_msg_close(&m);
+  int rc;
+  if (err) {
+    rc = send_error(self, err, stop, d);
+    json_decref(req);
+    return rc < 0 ? -1 : 1;
+  }
+  json_t *op = json_object_get(req, "op");
+  const char *ops = json_is_string(op) ? json_string_value(op) : NULL;
+  req_t q = {0, 0, 0, 0};
+  if (!ops || (strcmp(ops, "get") && strcmp(ops, "info"))) {
+    err = "\"op\" must be \"get\" or \"info\"";
+  } else if (!strcmp(ops, "get")) {
+    json_t *st = json_object_get(req, "start");
+    err = get_uint(req, "next", 1, 0, (uint64_t)INT64_MAX, &q.next, why, sizeof why);
+    if (!err)
+      err = get_uint(req, "credit", 1, 1, RP_CREDIT_MAX, &q.credit, why, sizeof why);
+    if (!err)
+      err = get_uint(req, "max_bytes", 0, 1, (uint64_t)INT64_MAX, &q.max_bytes, why,
+                     sizeof why);
+    if (!err && st && !json_is_boolean(st))
+      err = "\"start\" must be true or false";
+    q.start = st && json_is_true(st);
+  }
+  if (err)
+    rc = send_error(self, err, stop, d);
+  else if (!strcmp(ops, "info"))
+    rc = serve_info(self, stop, d);
+  else
+    rc = serve_get(self, &q, stop, d);
+  json_decref(req);
+  return rc < 0 ? -1 : 1;
+}
