@@ -64,6 +64,10 @@ typedef struct beamd_ingest_s {
   uint64_t open_series; /* 0 = none */
   beam_series_t *series; /* current series (for shape checks), one ref */
   uint64_t fed_next;     /* ingest_idx of the next accepted frame */
+  /* The ZeroMQ parts of the message being handled, so a payload can be
+   * kept without a copy (zmq_msg_t *, NULL when not available). */
+  void *cur_zparts;
+  size_t cur_nz;
   struct beamd_replay_s *replay; /* replay mode state (replay_in.c) */
   /* counters (loop thread writes, others read) */
   atomic_uint_fast64_t messages, frames, bytes, malformed, gaps, lost, dropped_busy,

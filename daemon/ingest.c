@@ -143,7 +143,34 @@ static void on_series_end(beamd_t *d, const beam_msg_t *m) {
   end_series(d, (m->hdr.flags & BEAM_FLAG_ABORTED) != 0);
 }
 
-/* Returns 1 when the frame was accepted into the graph. */
+static void release_zmsg(beam_frame_t *f, void *ctx) {
+  (void)ctx;
+  zmq_msg_close((zmq_msg_t *)f->user);
+}
+
+/* Zero copy: a raw single-part payload stays in its ZeroMQ message, which
+ * the slot keeps until its last reference goes. Not for pinned pools
+ * (CUDA copies from page-locked memory faster than the copy costs), and
+ * only for buffers aligned for every dtype's loads. */
+static int borrow_payload(beamd_t *d, const beam_msg_t *m, beam_frame_t *f) {
+  beamd_ingest_t *in = &d->in;
+  if (m->hdr.codec != BEAM_CODEC_RAW || m->npayload != 1 || !in->cur_zparts || !f->user ||
+      beam_graph_input_pinned(d->graph) || ((uintptr_t)m->payload[0].data & 7u))
+    return 0;
+  zmq_msg_t *z = in->cur_zparts;
+  for (size_t k = 0; k < in->cur_nz; k++)
+    if (zmq_msg_data(&z[k]) == m->payload[0].data) {
+      zmq_msg_t *keep = f->user;
+      zmq_msg_init(keep);
+      zmq_msg_move(keep, &z[k]);
+      f->data = zmq_msg_data(keep);
+      f->release = release_zmsg;
+      f->release_ctx = NULL;
+      return 1;
+    }
+  return 0;
+}
+
 static void on_frame(beamd_t *d, const beam_msg_t *m, uint64_t t_recv) {
   beamd_ingest_t *in = &d->in;
   const beam_hdr_t *h = &m->hdr;
@@ -175,6 +202,8 @@ static void on_frame(beamd_t *d, const beam_msg_t *m, uint64_t t_recv) {
   if (corrupt) {
     f->nbytes = 0;
     atomic_fetch_add(&in->corrupt, 1);
+  } else if (borrow_payload(d, m, f)) {
+    f->nbytes = h->raw_size;
   } else if (beam_msg_payload(m, f->data, in->scratch, &why) < 0) {
     atomic_fetch_add(&in->malformed, 1);
     bad(d, "undecodable payload", h, why ? why : "?");
@@ -232,7 +261,11 @@ static void handle(beamd_t *d, zmq_msg_t *zparts, int n) {
     parts[i].data = zmq_msg_data(&zparts[i]);
     parts[i].size = zmq_msg_size(&zparts[i]);
   }
+  d->in.cur_zparts = zparts;
+  d->in.cur_nz = (size_t)n;
   beamd_ingest_handle(d, parts, (size_t)n);
+  d->in.cur_zparts = NULL;
+  d->in.cur_nz = 0;
 }
 
 void beamd_ingest_handle(beamd_t *d, const beam_part_t *parts, size_t n) {

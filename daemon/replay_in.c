@@ -239,7 +239,11 @@ static void on_reply(beamd_t *d, size_t n) {
     int is_frame = beam_hdr_decode(bp[0].data, bp[0].size, &lim, &h, &why) == 0 && h.type == BEAM_MSG_FRAME;
     if (is_frame)
       d->in.fed_next = idx;
+    d->in.cur_zparts = &r->parts[i];
+    d->in.cur_nz = k;
     beamd_ingest_handle(d, bp, k);
+    d->in.cur_zparts = NULL;
+    d->in.cur_nz = 0;
     if (is_frame)
       d->in.fed_next = ++idx; /* a frame dropped at ingest counts as handled */
     i += k;

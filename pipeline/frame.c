@@ -28,6 +28,7 @@ struct beam_pool_s {
   void *release_ctx;
   char topic[BEAM_TOPIC_MAX + 1];
   char *desc_json;
+  void *user_mem;
 };
 
 static void pool_free(beam_pool_t *p) {
@@ -37,6 +38,7 @@ static void pool_free(beam_pool_t *p) {
   free(p->frames);
   free(p->free_list);
   free(p->desc_json);
+  free(p->user_mem);
   free(p);
 }
 
@@ -77,13 +79,29 @@ beam_pool_t *beam_pool_new(unsigned nslots, size_t slot_bytes, int pinned, beam_
   p->pinned = pinned;
   for (unsigned i = 0; i < nslots; i++) {
     beam_frame_t *f = &p->frames[i];
-    f->data = (char *)p->mem + (size_t)i * stride;
+    f->data = f->own_data = (char *)p->mem + (size_t)i * stride;
+    f->index = i;
     f->cap = slot_bytes;
     f->pool = p;
     atomic_init(&f->refs, 0);
     p->free_list[i] = f;
   }
   return p;
+}
+
+int beam_pool_set_user(beam_pool_t *p, size_t bytes) {
+  size_t stride = (bytes + 15) & ~(size_t)15;
+  if (!stride)
+    return 0;
+  void *m = NULL;
+  if (posix_memalign(&m, 16, stride * p->nslots) != 0)
+    return BEAM_ENOMEM;
+  memset(m, 0, stride * p->nslots);
+  free(p->user_mem);
+  p->user_mem = m;
+  for (unsigned i = 0; i < p->nslots; i++)
+    p->frames[i].user = (char *)m + (size_t)i * stride;
+  return 0;
 }
 
 void beam_pool_close(beam_pool_t **pp) {
@@ -186,6 +204,11 @@ void beam_frame_unref(beam_frame_t *f) {
   BEAM_ASSERT(prev > 0);
   if (prev != 1)
     return;
+  if (f->release) {
+    f->release(f, f->release_ctx);
+    f->release = NULL;
+    f->data = f->own_data;
+  }
   beam_pool_t *p = f->pool;
   pthread_mutex_lock(&p->mu);
   p->free_list[p->nfree++] = f;

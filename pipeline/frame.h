@@ -33,7 +33,8 @@ extern "C" {
 
 typedef struct beam_pool_s beam_pool_t;
 
-typedef struct beam_frame_s {
+typedef struct beam_frame_s beam_frame_t;
+struct beam_frame_s {
   uint64_t series_id, frame_id, seq;
   /* Position in the input's own order, monotonic for this daemon: the
    * replay index for replay input, a counter otherwise. Results inherit it,
@@ -47,11 +48,19 @@ typedef struct beam_frame_s {
   uint32_t shape[BEAM_MAX_NDIM];
   double pos[3];
   size_t nbytes; /* valid bytes in data */
-  void *data;    /* slot storage, 64-byte aligned */
+  void *data;    /* slot storage (64-byte aligned), or a borrowed buffer (see release) */
   size_t cap;    /* slot capacity in bytes */
   beam_pool_t *pool;
   atomic_int refs;
-} beam_frame_t;
+  unsigned index; /* slot number within its pool */
+  /* Zero-copy ingest: data may point at a buffer owned elsewhere (a ZeroMQ
+   * message, at least 8-byte aligned). The last unref calls release (from
+   * whichever thread drops it) and points data back at the slot. */
+  void (*release)(beam_frame_t *f, void *ctx);
+  void *release_ctx;
+  void *own_data;
+  void *user; /* per-slot scratch for the pool's user (beam_pool_set_user) */
+};
 
 /* Metadata of a series, immutable once created and shared by reference. */
 typedef struct beam_series_s {
@@ -81,6 +90,9 @@ size_t beam_frame_elems(const beam_frame_t *f);
 /* Pool of nslots frames of slot_bytes each. pinned asks for page-locked
  * memory through gpu/ (falls back to ordinary memory without CUDA). */
 beam_pool_t *beam_pool_new(unsigned nslots, size_t slot_bytes, int pinned, beam_diag_t *d);
+/* Gives every slot `bytes` of zeroed, 16-byte aligned user storage (the
+ * ingest keeps a ZeroMQ message there). Call before the first get. */
+int beam_pool_set_user(beam_pool_t *p, size_t bytes);
 /* Owner's release: no more gets; freed when the last frame comes back. */
 void beam_pool_close(beam_pool_t **p);
 /* A free slot with refs = 1, or NULL when none is free. */

@@ -100,6 +100,7 @@ struct beam_graph_s {
   atomic_int running;   /* workers alive */
   atomic_int want_room;
   int shutting_down;
+  int pinned;
 };
 
 /* ---- queues ------------------------------------------------------------ */
@@ -576,12 +577,17 @@ int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
     }
     glog(g, LOG_INFO, "stage \"%s\": backend %s", nd->stage.name, nd->backend);
   }
+  g->pinned = gp->pinned;
   g->input = beam_pool_new(gp->pool_frames, gp->frame_bytes, gp->pinned, d);
   if (!g->input) {
     rc = BEAM_ENOMEM;
     goto fail;
   }
   beam_pool_on_release(g->input, input_released, g);
+  if (gp->slot_user_bytes && beam_pool_set_user(g->input, gp->slot_user_bytes) < 0) {
+    rc = BEAM_DIAG(d, BEAM_ENOMEM, "graph: out of memory");
+    goto fail;
+  }
   for (size_t i = 0; i < n; i++) {
     node_t *nd = &g->nodes[i];
     atomic_fetch_add(&g->running, 1);
@@ -600,6 +606,8 @@ fail:
 }
 
 /* ---- ingest --------------------------------------------------------------- */
+
+int beam_graph_input_pinned(const beam_graph_t *g) { return g->pinned; }
 
 int beam_graph_room(beam_graph_t *g) {
   if (g->shutting_down)

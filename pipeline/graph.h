@@ -57,6 +57,7 @@ typedef struct beam_graph_params_s {
   unsigned pool_frames;  /* input slots */
   size_t frame_bytes;    /* input slot size */
   int pinned;
+  size_t slot_user_bytes; /* per input slot scratch for the ingest (0 = none) */
 } beam_graph_params_t;
 
 /* Builds the graph: resolves backends (auto -> cuda when a GPU is present),
@@ -84,6 +85,9 @@ void beam_graph_destroy(beam_graph_t **g);
  * every stage fed by "frames" has queue space, so frame() will not block. */
 int beam_graph_room(beam_graph_t *g);
 beam_frame_t *beam_graph_input_slot(beam_graph_t *g); /* NULL when none free */
+/* 1 when input slots are page-locked for DMA (then ingest copies into them
+ * rather than borrowing the ZeroMQ buffer). */
+int beam_graph_input_pinned(const beam_graph_t *g);
 void beam_graph_series_start(beam_graph_t *g, beam_series_t *s); /* takes a ref */
 void beam_graph_frame(beam_graph_t *g, beam_frame_t *f);         /* takes the ref */
 void beam_graph_series_end(beam_graph_t *g, uint64_t series_id, int aborted);

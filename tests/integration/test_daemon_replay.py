@@ -1,0 +1,354 @@
+"""End to end: HDF5 file -> beamd-replay (REP) -> beamd (input.mode replay)
+-> record stage / output.push -> beamd-record, on loopback.
+
+What is checked (proto/PROTOCOL.md section 13, docs/replay.md,
+docs/recording.md):
+- round trip: the frames the daemon's `record` stage writes equal the file
+  replayed, frame by frame (plain, gzip, bitshuffle-LZ4, an Eiger-style
+  master with data files), with the series metadata as attributes; the
+  roi_sum results beamd-record stores from the PUSH output hold every frame
+  id once, equal to numpy;
+- resumption: kill -9 of the daemon mid-series and a restart with the same
+  config resume from the state file, and beamd-record (running across the
+  restart, dropping duplicates) holds every frame exactly once; kill -9 of
+  beamd-replay makes the daemon's request time out and be sent again to the
+  restarted server, and every frame arrives once;
+- damaged input: a corrupt chunk is counted (input.corrupt) and its sums are
+  NaN while every other frame is exact; a missing file stops beamd-replay
+  with a message naming it;
+- a viewer that subscribes and never reads does not slow a replay down;
+- input.exit_on_eof: the daemon exits 0 when the file is done, and its state
+  file says so.
+
+The roi_sum comparison is exact: sums of at most 3072 uint16 values in
+float64 are exact in any order. Every wait has a deadline; each test takes a
+few seconds (the kill tests about 10).
+"""
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from conftest import REPO, make_config, roi_masks
+
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import make_test_h5 as mk  # noqa: E402  (sets HDF5_PLUGIN_PATH before h5py loads)
+import h5py  # noqa: E402
+
+H, W = 48, 64
+ROIS = [
+    {"name": "bf", "shape": "disk", "center": [30.0, 20.0], "radius": 9.5},
+    {"name": "adf", "shape": "annulus", "radii": [6, 18]},
+    {"name": "box", "shape": "rect", "rect": [3, 5, 41, 27]},
+]
+SERIES = 1  # beamd-replay's default --series-id
+
+
+# ---- helpers ---------------------------------------------------------------------
+
+def vd_stage(**kw):
+    st = {"name": "vd", "kind": "roi_sum", "input": "frames", "backend": "cpu", "rois": ROIS}
+    st.update(kw)
+    return st
+
+
+def replay_config(ports, stages, **inp):
+    """A replay-mode config: beamd connects its REQ to the test's
+    beamd-replay (which binds ports.ep_input) and PUSHes results."""
+    cfg = make_config(ports, stages, mode="replay", push=True, pool_frames=32,
+                      frame_bytes="1Mi")
+    cfg["input"].update({"credit": 16, "timeout": "2s"})
+    cfg["input"].update(inp)
+    return cfg
+
+
+def start_replay(run_tool, ports, path, *args):
+    return run_tool("beamd-replay", [str(path), "--bind", ports.ep_input, "--quiet"] +
+                    list(args))
+
+
+def start_recorder(run_tool, ports, out_dir, *args):
+    """beamd-record on the daemon's PUSH (lossless, dedup by frame id)."""
+    out_dir.mkdir(exist_ok=True)
+    return run_tool("beamd-record", ["--pull", "--connect", ports.ep_push, "--dir", str(out_dir),
+                                     "--no-swmr", "--stats-json", "--series", "1",
+                                     "--timeout", "35"] + list(args))
+
+
+def recorder_stats(p):
+    lines = [ln for ln in p.stdout().splitlines() if ln.startswith("{")]
+    assert lines, "beamd-record printed no --stats-json line; stderr:\n" + p.stderr()
+    return json.loads(lines[-1])
+
+
+def wait_file(path, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            return
+        time.sleep(0.05)
+    pytest.fail("%s did not appear within %.1f s (dir has %s)" %
+                (path, timeout, sorted(os.listdir(os.path.dirname(path)))))
+
+
+def ref_sums(frames):
+    masks = roi_masks(ROIS, frames.shape[1], frames.shape[2])
+    f = frames.astype(np.float64)
+    return np.array([[fr[m].sum() for m in masks] for fr in f])
+
+
+def check_sums(path, frames, nan_ids=()):
+    """beamd-record's file holds vd.sums for every frame id exactly once,
+    equal to numpy (NaN for the frames in nan_ids)."""
+    with h5py.File(str(path), "r") as f:
+        assert bool(f["/entry"].attrs["complete"]) is True
+        g = f["/results/vd.sums"]
+        ids = g["frame_id"][...]
+        data = g["data"][...]
+    n = frames.shape[0]
+    assert len(ids) == len(set(ids.tolist())), "duplicate frame ids recorded"
+    assert sorted(ids.tolist()) == list(range(n)), \
+        "frame ids recorded: %d of %d, missing %s" % (len(ids), n,
+                                                      sorted(set(range(n)) - set(ids.tolist()))[:20])
+    ref = ref_sums(frames)
+    for row, fid in zip(data, ids):
+        if fid in nan_ids:
+            assert np.all(np.isnan(row)), "frame %d: expected NaN sums, got %r" % (fid, row)
+        else:
+            assert np.array_equal(row, ref[fid]), \
+                "frame %d: vd.sums %r != numpy %r" % (fid, row.tolist(), ref[fid].tolist())
+    return ids
+
+
+def attr(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+# ---- 1. round trip ---------------------------------------------------------------
+
+def _write_input(tmp_path, kind, n):
+    """(path to replay, frames, is_master)."""
+    if kind == "master":
+        path, data, _ = mk.make_master(str(tmp_path / "eiger"), name="scan", nfiles=3,
+                                       per_file=n // 3, shape=(H, W), kind="bslz4")
+        return path, data, True
+    path = tmp_path / ("%s.h5" % kind)
+    return str(path), mk.make_dataset_file(str(path), kind, n=n, shape=(H, W)), False
+
+
+@pytest.mark.parametrize("kind,compress", [("raw", "none"), ("gzip", "bslz4"),
+                                           ("bslz4", "bslz4"), ("master", "none")])
+def test_round_trip_bit_exact(tmp_path, ports, start_beamd, run_tool, kind, compress):
+    n = 30
+    path, data, master = _write_input(tmp_path, kind, n)
+    rec_dir = tmp_path / "frames"
+    stages = [{"name": "rec", "kind": "record", "input": "frames", "dir": str(rec_dir),
+               "compress": compress, "queue": 64},
+              vd_stage()]
+    b = start_beamd(replay_config(ports, stages))
+    rec = start_recorder(run_tool, ports, tmp_path / "results")
+    srv = start_replay(run_tool, ports, path)
+    out = rec_dir / ("series_%d.h5" % SERIES)
+    wait_file(str(out))
+    assert rec.wait(20) == 0, rec.stderr()
+
+    with h5py.File(str(out), "r") as f:
+        d = f["/entry/data/data"]
+        assert d.shape == data.shape and d.dtype == data.dtype
+        for i in range(n):
+            assert np.array_equal(d[i], data[i]), "recorded frame %d differs from the file" % i
+        assert f["/entry/data/frame_id"][...].tolist() == list(range(n))
+        assert bool(f["/entry"].attrs["complete"]) is True
+        assert int(f["/entry"].attrs["series_id"]) == SERIES
+        s = f["/series"].attrs
+        assert int(s["nframes"]) == n
+        assert attr(s["frame_dtype"]) == "uint16"
+        assert [int(x) for x in s["frame_shape"]] == [H, W]
+        assert bool(s["metadata_missing"]) is False
+        meta = json.loads(attr(s["metadata_json"]))
+        assert meta["source"]["file"] == os.path.abspath(path)
+        assert meta["replay"]["first"] == 0 and meta["replay"]["last"] == n - 1
+        if master:
+            m = mk.MASTER_META
+            assert attr(s["detector"]) == m["detector"]
+            assert s["energy"] == pytest.approx(12398.42, rel=1e-5)
+            assert s["distance"] == pytest.approx(m["distance_mm"] * 1e-3)
+            assert s["frame_time"] == pytest.approx(m["frame_time_s"])
+            assert np.allclose(np.atleast_1d(s["pixel_size"]), m["pixel_um"] * 1e-6)
+            assert np.allclose(s["beam_center"], m["beam_center"])
+            assert len(meta["source"]["data_files"]) == 3
+
+    check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data)
+    rs = recorder_stats(rec)
+    assert rs["duplicates"] == 0
+    st = b.stats()
+    inp = st["input"]
+    assert inp["mode"] == "replay" and inp["frames"] == n and inp["corrupt"] == 0
+    assert inp["replay"]["eof"] is True and inp["replay"]["next"] == n
+    assert inp["replay"]["total"] == n and inp["replay"]["resends"] == 0
+    assert b.alive() and srv.alive()
+
+
+# ---- 2. kill -9 and resume -------------------------------------------------------
+
+def test_daemon_kill9_resumes_exactly_once(tmp_path, ports, start_beamd, run_tool):
+    n, rate = 240, 80  # about 3 s of replay; the kill lands after about 1 s
+    path = tmp_path / "slow.h5"
+    data = mk.make_dataset_file(str(path), "bslz4", n=n, shape=(H, W))
+    state = tmp_path / "replay.state"
+    cfg = replay_config(ports, [vd_stage()], state_file=str(state), commit_delay="0.3s",
+                        timeout="1s")
+    rec = start_recorder(run_tool, ports, tmp_path / "results")
+    srv = start_replay(run_tool, ports, path, "--rate", str(rate))
+    b1 = start_beamd(cfg)
+    st = b1.wait_stats(lambda s: (s["input"]["replay"]["committed"] or 0) >= 40, timeout=15,
+                       what="40 frames committed to the state file")
+    assert st["input"]["frames"] < n, "the replay finished before the kill: slow it down"
+    b1.p.send_signal(signal.SIGKILL)
+    b1.p.wait(timeout=5)
+    saved = json.loads(state.read_text())
+    assert 0 < saved["next"] < n, saved
+
+    b2 = start_beamd(cfg, name="beamd2")
+    m = b2.wait_log(r"resuming .* at frame index (\d+) of (\d+)", timeout=5)
+    k, total = int(m.group(1)), int(m.group(2))
+    assert total == n and k >= saved["next"] and 0 < k < n, (k, saved)
+    assert rec.wait(25) == 0, rec.stderr()
+    check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data)
+    st2 = b2.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")
+    # The second daemon started at k: it was given only the rest of the file.
+    assert st2["input"]["frames"] == n - k, (st2["input"]["frames"], n, k)
+    assert st2["input"]["replay"]["next"] == n
+    rs = recorder_stats(rec)
+    assert rs["results"] == rs["written"] + rs["duplicates"], rs
+    assert srv.alive()
+
+
+def test_server_kill9_request_resent(tmp_path, ports, start_beamd, run_tool):
+    n, rate = 200, 80
+    path = tmp_path / "slow.h5"
+    data = mk.make_dataset_file(str(path), "raw", n=n, shape=(H, W))
+    cfg = replay_config(ports, [vd_stage()], timeout="1s")
+    b = start_beamd(cfg)
+    rec = start_recorder(run_tool, ports, tmp_path / "results")
+    srv = start_replay(run_tool, ports, path, "--rate", str(rate))
+    b.wait_stats(lambda s: s["input"]["frames"] >= 40, timeout=15, what="40 frames in")
+    srv.p.send_signal(signal.SIGKILL)
+    srv.p.wait(timeout=5)
+    got = b.stats()["input"]["frames"]
+    assert got < n, "the replay finished before the kill: slow it down"
+    time.sleep(1.5)  # longer than input.timeout: the daemon asks again into the void
+    srv2 = start_replay(run_tool, ports, path, "--rate", str(rate))
+    assert rec.wait(25) == 0, rec.stderr()
+    check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data)
+    st = b.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")
+    # The daemon never restarted, so nothing was delivered twice.
+    assert st["input"]["frames"] == n
+    assert st["input"]["replay"]["resends"] >= 1
+    assert re.search(r"replay: no answer from .* asking again", b.stderr())
+    assert recorder_stats(rec)["duplicates"] == 0
+    assert srv2.alive()
+
+
+# ---- 3. damaged input ------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["bslz4", "gzip"])
+def test_corrupt_chunk_counted_and_nan(tmp_path, ports, start_beamd, run_tool, kind):
+    n, bad = 12, (3, 7)
+    path = tmp_path / ("corrupt_%s.h5" % kind)
+    data = mk.make_corrupt(str(path), kind, n=n, bad=bad, shape=(H, W))
+    b = start_beamd(replay_config(ports, [vd_stage()]))
+    rec = start_recorder(run_tool, ports, tmp_path / "results")
+    start_replay(run_tool, ports, path)
+    assert rec.wait(20) == 0, rec.stderr()
+    check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data, nan_ids=bad)
+    st = b.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")
+    assert st["input"]["corrupt"] == len(bad)
+    assert st["input"]["frames"] == n
+
+
+def test_missing_file_named(tmp_path, ports, run_tool):
+    p = start_replay(run_tool, ports, tmp_path / "no_such_scan.h5")
+    assert p.wait(10) != 0
+    assert "no_such_scan.h5" in p.stderr()
+
+
+# ---- 4. a stuck viewer ---------------------------------------------------------------
+
+def _timed_replay(tmp_path, ports, start_beamd, run_tool, zctx, path, n, stuck, tag):
+    """Seconds from starting beamd-replay to beamd-record holding the whole
+    series, and the daemon's stats."""
+    stages = [vd_stage(), {"name": "img", "kind": "bin", "input": "frames", "backend": "cpu",
+                           "factor": 1}]
+    cfg = replay_config(ports, stages, credit=32)
+    cfg["output"]["hwm"] = 8
+    b = start_beamd(cfg, name="beamd-" + tag)
+    viewer = None
+    if stuck:
+        viewer = zctx.socket(zmq.SUB)
+        viewer.setsockopt(zmq.LINGER, 0)
+        viewer.setsockopt(zmq.RCVHWM, 2)
+        viewer.setsockopt(zmq.RCVBUF, 64 * 1024)
+        viewer.setsockopt(zmq.SUBSCRIBE, b"")
+        viewer.connect(ports.ep_publish)
+        time.sleep(0.5)  # the join; the viewer then never calls recv
+    out = tmp_path / ("results-" + tag)
+    rec = start_recorder(run_tool, ports, out)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    start_replay(run_tool, ports, path)
+    assert rec.wait(35) == 0, rec.stderr()
+    dt = time.monotonic() - t0
+    st = b.stats()
+    b.kill()
+    if viewer is not None:
+        viewer.close()
+    return dt, st, out
+
+
+def test_stuck_viewer_does_not_slow_replay(tmp_path, ports, start_beamd, run_tool, zctx):
+    n, shape = 300, (256, 256)
+    path = tmp_path / "big.h5"
+    with h5py.File(str(path), "w") as f:
+        rng = np.random.default_rng(5)
+        f.create_dataset("/entry/data/data", data=rng.poisson(3.0, (n,) + shape).astype(np.uint16),
+                         chunks=(1,) + shape)
+    free_dt, free_st, _ = _timed_replay(tmp_path, ports, start_beamd, run_tool, zctx, path, n,
+                                        False, "free")
+    stuck_dt, stuck_st, out = _timed_replay(tmp_path, ports, start_beamd, run_tool, zctx, path, n,
+                                            True, "stuck")
+    with h5py.File(str(out / ("series_%d.h5" % SERIES)), "r") as f:
+        assert sorted(f["/results/vd.sums/frame_id"][...].tolist()) == list(range(n))
+    assert free_st["input"]["frames"] == n and stuck_st["input"]["frames"] == n
+    # The viewer really was stuck: the PUB dropped for it.
+    assert stuck_st["outputs"]["publish"]["dropped"] > 0, stuck_st["outputs"]
+    assert stuck_dt < 1.5 * free_dt + 1.0, \
+        "replay took %.2f s with a stuck viewer, %.2f s without" % (stuck_dt, free_dt)
+
+
+# ---- 5. exit_on_eof ------------------------------------------------------------------
+
+def test_exit_on_eof_and_state(tmp_path, ports, start_beamd, run_tool):
+    n = 40
+    path = tmp_path / "batch.h5"
+    data = mk.make_dataset_file(str(path), "lz4", n=n, shape=(H, W))
+    state = tmp_path / "batch.state"
+    cfg = replay_config(ports, [vd_stage()], state_file=str(state), commit_delay="0.3s",
+                        exit_on_eof=True)
+    b = start_beamd(cfg)
+    rec = start_recorder(run_tool, ports, tmp_path / "results")
+    start_replay(run_tool, ports, path)
+    assert b.wait(20) == 0, b.stderr()
+    assert "exit_on_eof" in b.stderr()
+    saved = json.loads(state.read_text())
+    assert saved["next"] == n, saved
+    assert saved["file"] == os.path.abspath(str(path))
+    assert rec.wait(10) == 0, rec.stderr()
+    check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data)
