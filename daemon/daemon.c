@@ -459,7 +459,9 @@ int beamd_init(beamd_t *d, beam_config_t *cfg, const char *cfg_path, char *err, 
   char gpu[256];
   beam_gpu_describe(gpu, sizeof gpu);
   BEAM_LOG(LOG_NOTICE, "beamd %s ready: config %s, input %s %s (%s), publish %s%s%s, control %s, metrics %s, gpu %s",
-           BEAMD_VERSION, cfg->path, cfg->input.mode == BEAM_IN_LIVE ? "live" : "pull",
+           BEAMD_VERSION, cfg->path, cfg->input.mode == BEAM_IN_LIVE   ? "live"
+           : cfg->input.mode == BEAM_IN_PULL ? "pull"
+                                             : "replay",
            cfg->input.endpoint, cfg->input.bind ? "bind" : "connect",
            cfg->output.publish[0] ? cfg->output.publish : "off", cfg->output.push[0] ? ", push " : "",
            cfg->output.push, cfg->control.endpoint[0] ? cfg->control.endpoint : "off",

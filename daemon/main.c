@@ -3,6 +3,7 @@
  * and runs its loop until a drain completes. Never daemonises itself: under
  * systemd it is Type=notify. */
 #include <getopt.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -59,6 +60,12 @@ int main(int argc, char **argv) {
   const char *cfg_path = NULL, *level = NULL;
   int c;
   beam_log_init("beamd");
+  /* ZeroMQ allocates every received frame; above glibc's default mmap
+   * threshold each one is a fresh mmap whose pages fault in while the
+   * kernel copies into them, then a munmap. Keeping frame-sized blocks on
+   * the heap lets them be reused (measured: half the page faults). */
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   beam_h5array_register();
   beam_record_stage_register();
   while ((c = getopt_long(argc, argv, "c:l:Vh", opts, NULL)) != -1) {
