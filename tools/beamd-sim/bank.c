@@ -7,9 +7,11 @@
  * the same trick: a ramp 0..65535 repeated, so the window at offset
  * (frame_id mod 65536) is exactly (frame_id + i) mod 65536. Not for
  * statistics work: windows of the same bank overlap, so frames are not
- * independent samples.
+ * independent samples (the xpcs pattern, in xpcs.c, is the one made for
+ * statistics: it renders every frame).
  */
 #include "tools/beamd-sim/sim.h"
+#include "tools/beamd-sim/rng.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -26,45 +28,9 @@ const char *sim_pattern_name(sim_pattern_t p) {
   case SIM_PAT_FLAT: return "flat";
   case SIM_PAT_COUNTER: return "counter";
   case SIM_PAT_STEM: return "stem";
+  case SIM_PAT_XPCS: return "xpcs";
   }
   return "unknown";
-}
-
-/* splitmix64: seeds xoshiro and hashes frame numbers into offsets. */
-static uint64_t splitmix64(uint64_t *x) {
-  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-typedef struct rng_s {
-  uint64_t s[4];
-} rng_t;
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-/* xoshiro256**: fast and good enough for shot noise. */
-static uint64_t rng_next(rng_t *r) {
-  uint64_t *s = r->s;
-  uint64_t result = rotl(s[1] * 5, 7) * 9;
-  uint64_t t = s[1] << 17;
-  s[2] ^= s[0];
-  s[3] ^= s[1];
-  s[1] ^= s[2];
-  s[0] ^= s[3];
-  s[2] ^= t;
-  s[3] = rotl(s[3], 45);
-  return result;
-}
-
-static double rng_uniform(rng_t *r) { /* [0, 1) with 53 bits */
-  return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static void rng_seed(rng_t *r, uint64_t seed) {
-  for (int i = 0; i < 4; i++)
-    r->s[i] = splitmix64(&seed);
 }
 
 /* Poisson sampler: inversion over a precomputed CDF for small means (the
@@ -96,18 +62,18 @@ static void pois_init(pois_t *p, double mean) {
   p->cdf[p->n - 1] = 1.0; /* absorb the rounding tail */
 }
 
-static double pois_draw(const pois_t *p, rng_t *r) {
+static double pois_draw(const pois_t *p, sim_rng_t *r) {
   if (p->mean <= 0.0)
     return 0.0;
   if (p->n > 0) {
-    double u = rng_uniform(r);
+    double u = sim_rng_uniform(r);
     int k = 0;
     while (k < p->n - 1 && u >= p->cdf[k])
       k++;
     return (double)k;
   }
   /* Box-Muller; one of the pair is discarded, which is fine at start-up. */
-  double u1 = rng_uniform(r), u2 = rng_uniform(r);
+  double u1 = sim_rng_uniform(r), u2 = sim_rng_uniform(r);
   double z = sqrt(-2.0 * log(1.0 - u1)) * cos(2.0 * M_PI * u2);
   double v = floor(p->mean + sqrt(p->mean) * z + 0.5);
   return v < 0.0 ? 0.0 : v;
@@ -195,6 +161,10 @@ int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d) {
     self->nelems = self->npix + 65535u;
     self->nwin = 65536u;
     break;
+  case SIM_PAT_XPCS: /* rendered per frame; one zero frame for malformed messages */
+    self->nelems = self->npix;
+    self->nwin = 1;
+    break;
   case SIM_PAT_POISSON:
   case SIM_PAT_STEM:
     b = bank_frames(frame_bytes);
@@ -206,6 +176,10 @@ int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d) {
   if (!self->data)
     return BEAM_DIAG(d, BEAM_ENOMEM, "frame bank of %zu bytes",
                      self->nelems * self->esize);
+  if (o->pattern == SIM_PAT_XPCS) {
+    memset(self->data, 0, self->nelems * self->esize);
+    return sim_xpcs_new(&self->xpcs, o, d);
+  }
 
   if (o->pattern == SIM_PAT_FLAT) {
     double v = o->dtype == BEAM_DT_F32 ? o->mean : floor(o->mean + 0.5);
@@ -217,9 +191,9 @@ int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d) {
     for (size_t i = 0; i < self->nelems; i++)
       store(self->data, o->dtype, i, (double)(i & mask));
   } else {
-    rng_t r;
+    sim_rng_t r;
     pois_t p;
-    rng_seed(&r, o->seed);
+    sim_rng_seed(&r, o->seed);
     pois_init(&p, o->mean);
     for (size_t i = 0; i < self->nelems; i++)
       store(self->data, o->dtype, i, pois_draw(&p, &r));
@@ -230,7 +204,7 @@ int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d) {
 }
 
 int sim_bank_is_static(const sim_bank_t *self) {
-  return self->pattern != SIM_PAT_STEM;
+  return self->pattern != SIM_PAT_STEM && self->pattern != SIM_PAT_XPCS;
 }
 
 static size_t window_offset(const sim_bank_t *self, uint64_t frame_id) {
@@ -239,7 +213,7 @@ static size_t window_offset(const sim_bank_t *self, uint64_t frame_id) {
   case SIM_PAT_COUNTER: return (size_t)(frame_id & 0xffffu);
   default: {
     uint64_t x = self->seed ^ (frame_id * 0x2545f4914f6cdd1dull);
-    return (size_t)(splitmix64(&x) % self->nwin);
+    return (size_t)(sim_splitmix64(&x) % self->nwin);
   }
   }
 }
@@ -285,6 +259,10 @@ const void *sim_bank_frame(sim_bank_t *self, uint64_t frame_id, void *dst,
     *has_pos = 1;
     return dst;
   }
+  if (self->pattern == SIM_PAT_XPCS) {
+    sim_xpcs_render(self->xpcs, frame_id, dst);
+    return dst;
+  }
   return self->data + window_offset(self, frame_id) * self->esize;
 }
 
@@ -294,5 +272,6 @@ void sim_bank_destroy(sim_bank_t *self) {
   free(self->data);
   free(self->disk_dy);
   free(self->disk_dx);
+  sim_xpcs_destroy(&self->xpcs);
   memset(self, 0, sizeof *self);
 }

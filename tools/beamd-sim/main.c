@@ -3,7 +3,8 @@
  * Parses the command line, opens one PUB or PUSH socket and runs the send
  * loop: SERIES_START, FRAMEs paced on absolute deadlines, SERIES_END, for
  * each series, with optional malformed messages spread over the run. The
- * pixel patterns live in bank.c and the wire encoding in tx.c. Usage is in
+ * pixel patterns live in bank.c (xpcs speckle in xpcs.c) and the wire
+ * encoding in tx.c. Usage is in
  * docs/tools.md and --help. Exit codes: 0 done, 1 runtime error (bind,
  * send), 2 bad command line.
  */
@@ -45,13 +46,19 @@ static void usage(FILE *f) {
 "  --series K             number of series (default 1)\n"
 "  --series-id ID         first series id (default 1)\n"
 "  --codec C              raw|lz4|bslz4 (default raw)\n"
-"  --pattern P            poisson|flat|counter|stem (default poisson)\n"
-"  --mean M               poisson/stem background mean, flat value (default 2.0)\n"
+"  --pattern P            poisson|flat|counter|stem|xpcs (default poisson)\n"
+"  --mean M               poisson/stem background mean, flat value, xpcs mean\n"
+"                         counts per pixel and frame (default 2.0)\n"
 "  --seed S               random seed (default 1)\n"
 "  --wait-subscribers S   PUB: seconds to wait after bind/connect (default 0.5)\n"
 "  --hwm N                ZMQ_SNDHWM (default: ZeroMQ's 1000)\n"
 "  --malformed N          inject N malformed messages spread over the run\n"
 "  --frame-time S         metadata frame_time (default 1/rate, or 0.001)\n"
+"  --xpcs-rings N         xpcs: equal-width q rings (default 8)\n"
+"  --xpcs-rate-min G      xpcs: rate of the innermost ring, 1/s (default 1)\n"
+"  --xpcs-rate-max G      xpcs: rate of the outermost ring, 1/s (default 100)\n"
+"  --xpcs-modes M         xpcs: coherent modes per pixel, beta = 1/M (default 1)\n"
+"  --label-file PATH      xpcs: write the ring labels (uint16 .npy) at start-up\n"
 "  --meta KEY=VALUE       extra series metadata (repeatable; numbers and JSON\n"
 "                         arrays/objects are parsed, anything else is a string)\n"
 "  --quiet                no progress messages on stderr\n"
@@ -142,7 +149,8 @@ enum {
   OPT_BIND = 256, OPT_CONNECT, OPT_SOCKET, OPT_SHAPE, OPT_DTYPE, OPT_RATE,
   OPT_FRAMES, OPT_SERIES, OPT_SERIES_ID, OPT_CODEC, OPT_PATTERN, OPT_MEAN,
   OPT_SEED, OPT_WAIT, OPT_HWM, OPT_MALFORMED, OPT_FRAME_TIME, OPT_META,
-  OPT_QUIET, OPT_STATS, OPT_HELP,
+  OPT_QUIET, OPT_STATS, OPT_HELP, OPT_XRINGS, OPT_XRMIN, OPT_XRMAX, OPT_XMODES,
+  OPT_LABEL_FILE,
 };
 
 static const struct option long_opts[] = {
@@ -167,12 +175,18 @@ static const struct option long_opts[] = {
   {"quiet", no_argument, 0, OPT_QUIET},
   {"stats-json", no_argument, 0, OPT_STATS},
   {"help", no_argument, 0, OPT_HELP},
+  {"xpcs-rings", required_argument, 0, OPT_XRINGS},
+  {"xpcs-rate-min", required_argument, 0, OPT_XRMIN},
+  {"xpcs-rate-max", required_argument, 0, OPT_XRMAX},
+  {"xpcs-modes", required_argument, 0, OPT_XMODES},
+  {"label-file", required_argument, 0, OPT_LABEL_FILE},
   {0, 0, 0, 0},
 };
 
 /* Returns 0, 1 for --help, or -1 after printing why. */
 static int parse_args(int argc, char **argv, sim_opts_t *o) {
   int have_bind = 0, have_connect = 0, c;
+  const char *xpcs_opt = NULL; /* an xpcs-only option seen, for the error */
   uint64_t u;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
@@ -208,7 +222,8 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
       else if (!strcmp(optarg, "flat")) o->pattern = SIM_PAT_FLAT;
       else if (!strcmp(optarg, "counter")) o->pattern = SIM_PAT_COUNTER;
       else if (!strcmp(optarg, "stem")) o->pattern = SIM_PAT_STEM;
-      else return bad("pattern", optarg, "poisson, flat, counter or stem");
+      else if (!strcmp(optarg, "xpcs")) o->pattern = SIM_PAT_XPCS;
+      else return bad("pattern", optarg, "poisson, flat, counter, stem or xpcs");
       break;
     case OPT_MEAN: if (parse_double("mean", optarg, 0, 1e9, &o->mean)) return -1; break;
     case OPT_SEED: if (parse_u64("seed", optarg, 0, UINT64_MAX, &o->seed)) return -1; break;
@@ -223,6 +238,29 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
     case OPT_QUIET: o->quiet = 1; break;
     case OPT_STATS: o->stats_json = 1; break;
     case OPT_HELP: return 1;
+    case OPT_XRINGS:
+      if (parse_u64("xpcs-rings", optarg, 1, 1024, &u)) return -1;
+      o->xpcs_rings = (uint32_t)u;
+      xpcs_opt = "--xpcs-rings";
+      break;
+    case OPT_XMODES:
+      if (parse_u64("xpcs-modes", optarg, 1, 64, &u)) return -1;
+      o->xpcs_modes = (uint32_t)u;
+      xpcs_opt = "--xpcs-modes";
+      break;
+    case OPT_XRMIN:
+      if (parse_double("xpcs-rate-min", optarg, 1e-9, 1e9, &o->xpcs_rate_min)) return -1;
+      xpcs_opt = "--xpcs-rate-min";
+      break;
+    case OPT_XRMAX:
+      if (parse_double("xpcs-rate-max", optarg, 1e-9, 1e9, &o->xpcs_rate_max)) return -1;
+      xpcs_opt = "--xpcs-rate-max";
+      break;
+    case OPT_LABEL_FILE:
+      if (!*optarg) return bad("label-file", optarg, "expected a path");
+      o->label_file = optarg;
+      xpcs_opt = "--label-file";
+      break;
     default:
       if (optopt)
         fprintf(stderr, "beamd-sim: option needs a value or is unknown: %s\n", argv[optind - 1]);
@@ -240,6 +278,30 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
     return -1;
   }
   o->bind = !have_connect;
+  if (xpcs_opt && o->pattern != SIM_PAT_XPCS) {
+    fprintf(stderr, "beamd-sim: %s applies to --pattern xpcs only\n", xpcs_opt);
+    return -1;
+  }
+  if (o->pattern == SIM_PAT_XPCS) {
+    /* xpcs.c checks these again; here they get the command-line exit code. */
+    double rmax = (o->h < o->w ? o->h : o->w) / 2.0;
+    if (!(o->xpcs_rate_min <= o->xpcs_rate_max)) {
+      fprintf(stderr, "beamd-sim: --xpcs-rate-min %g is above --xpcs-rate-max %g\n",
+              o->xpcs_rate_min, o->xpcs_rate_max);
+      return -1;
+    }
+    if (!(rmax / o->xpcs_rings >= 1.0)) {
+      fprintf(stderr, "beamd-sim: --xpcs-rings %u: rings would be thinner than one pixel "
+              "(a %ux%u frame allows at most %u)\n", o->xpcs_rings, o->h, o->w,
+              (unsigned)floor(rmax));
+      return -1;
+    }
+    if (!(o->xpcs_rate_min * sim_frame_time(o) >= 1e-6)) {
+      fprintf(stderr, "beamd-sim: --xpcs-rate-min %g x frame time %g s is below 1e-6, "
+              "which float32 fields cannot resolve\n", o->xpcs_rate_min, sim_frame_time(o));
+      return -1;
+    }
+  }
   if (o->frames == 0 && o->nseries != 1) {
     fprintf(stderr, "beamd-sim: --frames 0 runs one series forever; --series must be 1\n");
     return -1;
@@ -321,7 +383,8 @@ int main(int argc, char **argv) {
       .endpoint = DEFAULT_ENDPOINT, .bind = 1, .sock_type = ZMQ_PUB, .h = 512, .w = 512,
       .dtype = BEAM_DT_U16, .rate = 0, .frames = 1000, .nseries = 1, .series_id0 = 1,
       .codec = BEAM_CODEC_RAW, .pattern = SIM_PAT_POISSON, .mean = 2.0, .seed = 1,
-      .wait_subs = 0.5, .hwm = -1, .frame_time = -1,
+      .wait_subs = 0.5, .hwm = -1, .frame_time = -1, .xpcs_rings = 8, .xpcs_modes = 1,
+      .xpcs_rate_min = 1.0, .xpcs_rate_max = 100.0,
   };
   int pr = parse_args(argc, argv, &o);
   if (pr == 1) {
@@ -371,6 +434,10 @@ int main(int argc, char **argv) {
   /* The bank is made after the bind, so a taken port fails fast. */
   if (sim_bank_init(&bank, &o, &d) < 0 || sim_tx_init(&tx, sock, &o, &bank, &d) < 0) {
     fprintf(stderr, "beamd-sim: %s\n", d.msg);
+    goto out;
+  }
+  if (o.label_file && sim_xpcs_write_labels(bank.xpcs, o.label_file, &d) < 0) {
+    fprintf(stderr, "beamd-sim: label file: %s\n", d.msg);
     goto out;
   }
   if (!o.quiet) {

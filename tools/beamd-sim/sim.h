@@ -20,6 +20,7 @@ typedef enum sim_pattern_e {
   SIM_PAT_FLAT,
   SIM_PAT_COUNTER,
   SIM_PAT_STEM,
+  SIM_PAT_XPCS,
 } sim_pattern_t;
 
 const char *sim_pattern_name(sim_pattern_t p);
@@ -43,14 +44,41 @@ typedef struct sim_opts_s {
   uint64_t malformed;
   double frame_time; /* < 0: derive from rate */
   json_t *meta;      /* extra series metadata (owned) */
+  /* xpcs only (see xpcs.c and docs/tools.md) */
+  uint32_t xpcs_rings;
+  uint32_t xpcs_modes;   /* coherence factor beta = 1 / modes */
+  double xpcs_rate_min, xpcs_rate_max; /* 1/s */
+  const char *label_file; /* ring label image written at start-up */
   int quiet;
   int stats_json;
 } sim_opts_t;
 
+/* Frame time in seconds: --frame-time, else 1/rate, else 0.001. It is both
+ * the metadata frame_time and the XPCS model's time step. */
+double sim_frame_time(const sim_opts_t *o);
+
+/* XPCS speckle generator (xpcs.c): per-pixel AR(1) complex fields in q
+ * rings with known relaxation rates, Poisson-sampled. */
+typedef struct sim_xpcs_s sim_xpcs_t;
+/* Builds the ring geometry and allocates all state. Returns 0, BEAM_EINVAL
+ * (rings thinner than a pixel) or BEAM_ENOMEM. */
+int sim_xpcs_new(sim_xpcs_t **out, const sim_opts_t *o, beam_diag_t *d);
+/* Renders frame `frame_id` into dst (npix elements of the dtype). Frames
+ * must come in order: each call advances the field one frame time, and
+ * frame 0 restarts the process from its stationary distribution with the
+ * next series' random stream. Never allocates. */
+void sim_xpcs_render(sim_xpcs_t *self, uint64_t frame_id, void *dst);
+/* The ground truth for the series metadata ("xpcs" object); new reference. */
+json_t *sim_xpcs_meta(const sim_xpcs_t *self);
+/* Writes the ring label image (uint16 HxW, 0 = no ring, ring r = r+1). */
+int sim_xpcs_write_labels(const sim_xpcs_t *self, const char *path, beam_diag_t *d);
+/* Frees everything and NULLs *self; NULL-safe. */
+void sim_xpcs_destroy(sim_xpcs_t **self);
+
 /* Pre-generated pixels. Static patterns (poisson, flat, counter) hand out
  * windows into one buffer, so a frame costs no generation and can be sent
  * zero-copy; stem renders a disk on top of a poisson window into a buffer
- * the caller provides. */
+ * the caller provides, and xpcs renders each frame from its fields. */
 typedef struct sim_bank_s {
   sim_pattern_t pattern;
   beam_dtype_t dtype;
@@ -66,14 +94,16 @@ typedef struct sim_bank_s {
   size_t ndisk;
   uint32_t scan_nx, scan_ny;
   double disk_peak;
+  sim_xpcs_t *xpcs; /* xpcs only */
 } sim_bank_t;
 
 /* Allocates and fills the bank. Returns 0 or BEAM_ENOMEM / BEAM_EINVAL. */
 int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d);
-/* 1 when sim_bank_frame returns a pointer into the bank (zero-copy safe). */
+/* 1 when sim_bank_frame returns a pointer into the bank (zero-copy safe).
+ * For xpcs the bank is one zero frame, used only by malformed messages. */
 int sim_bank_is_static(const sim_bank_t *self);
 /* Pixels of frame `frame_id` of a series. Static patterns return a window
- * of the bank (valid until destroy) and ignore dst; stem renders into dst
+ * of the bank (valid until destroy) and ignore dst; stem and xpcs render into dst
  * (npix * esize bytes) and returns it. Sets pos[0..1] (metres) and returns
  * *has_pos = 1 for stem. Never allocates. */
 const void *sim_bank_frame(sim_bank_t *self, uint64_t frame_id, void *dst,

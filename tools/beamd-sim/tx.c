@@ -154,14 +154,17 @@ static int send_control(sim_tx_t *self, beam_hdr_t *h, const char *meta,
   return 0;
 }
 
+double sim_frame_time(const sim_opts_t *o) {
+  if (o->frame_time >= 0)
+    return o->frame_time;
+  return o->rate > 0 ? 1.0 / o->rate : 0.001;
+}
+
 static json_t *series_meta(const sim_tx_t *self) {
   const sim_opts_t *o = self->o;
   const sim_bank_t *b = self->bank;
   json_t *m = json_object();
-  double ft = o->frame_time;
-  if (ft < 0)
-    ft = o->rate > 0 ? 1.0 / o->rate : 0.001;
-  json_object_set_new(m, "frame_time", json_real(ft));
+  json_object_set_new(m, "frame_time", json_real(sim_frame_time(o)));
   json_object_set_new(m, "nframes", json_integer((json_int_t)o->frames));
   json_object_set_new(m, "detector", json_string("beamd-sim"));
   json_object_set_new(m, "pattern", json_string(sim_pattern_name(o->pattern)));
@@ -171,6 +174,14 @@ static json_t *series_meta(const sim_tx_t *self) {
   if (o->pattern == SIM_PAT_STEM) {
     json_object_set_new(m, "scan_shape", json_pack("[ii]", (int)b->scan_ny, (int)b->scan_nx));
     json_object_set_new(m, "scan_step", json_real(1e-9));
+  }
+  if (o->pattern == SIM_PAT_XPCS) {
+    json_t *x = sim_xpcs_meta(b->xpcs);
+    if (!x) {
+      json_decref(m);
+      return NULL;
+    }
+    json_object_set_new(m, "xpcs", x);
   }
   if (o->meta)
     json_object_update(m, o->meta); /* --meta applied last: it overrides */

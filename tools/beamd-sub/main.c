@@ -4,12 +4,13 @@
  * tracked per sender), polled together. Every message is parsed with
  * beam_msg_parse and its payload decoded with beam_msg_payload; messages
  * that fail are counted and reported, never fatal. Output formats are in
- * report.c, file output in npy.c and h5out.c, usage in docs/tools.md.
+ * report.c, file output in daemon/npy_write.c and h5out.c, usage in docs/tools.md.
  * Exit codes: 0 done (--count/--ends reached, or the timeout or a signal
  * ended a run without them), 1 runtime error, 2 bad command line, 3 the
  * timeout or a signal came before --count/--ends was reached.
  */
 #include "tools/beamd-sub/sub.h"
+#include "daemon/npy_write.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -264,7 +265,8 @@ static void save(sub_state_t *st, const beam_msg_t *m, const void *data) {
       snprintf(path, sizeof path, "%s/%s/%llu_%llu.npy", st->o->save_dir, name,
                (unsigned long long)m->hdr.series_id, (unsigned long long)m->hdr.frame_id);
       beam_diag_clear(&d);
-      if (sub_npy_write(path, &m->hdr, data, &d) < 0)
+      if (beam_npy_write(path, (beam_dtype_t)m->hdr.dtype, m->hdr.ndim, m->hdr.shape, data,
+                         (size_t)m->hdr.raw_size, &d) < 0)
         file_error(st, &d);
     }
   }

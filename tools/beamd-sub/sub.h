@@ -1,4 +1,5 @@
-/* beamd-sub internals: options, per-message reporting, .npy and HDF5 output.
+/* beamd-sub internals: options, per-message reporting and HDF5 output
+ * (.npy files are written by daemon/npy_write.c).
  *
  * beamd-sub subscribes to beamd result streams (or any stream in the wire
  * format of proto/proto.h), decodes every message and prints, saves or
@@ -63,10 +64,6 @@ void sub_report_malformed(const char *why, size_t nparts, int json);
  * the topic, else the lower-case type name; a leading '.' becomes "_." so
  * "." and ".." can never name a path. */
 void sub_out_name(const beam_msg_t *m, char *buf, size_t cap);
-
-/* Writes a numpy .npy (format 1.0) file of the message's array. */
-int sub_npy_write(const char *path, const beam_hdr_t *h, const void *data,
-                  beam_diag_t *d);
 
 /* HDF5 appender: one dataset per name, (rows, *shape), unlimited along rows,
  * chunked by row, with the first descriptor JSON as attribute "descriptor";

@@ -1,11 +1,10 @@
-/* beamd-sub .npy writer: numpy format 1.0, little-endian, C order.
+/* .npy writer: numpy format 1.0, little-endian, C order (see npy_write.h).
  *
  * Layout (numpy NEP 1): "\x93NUMPY", major 1, minor 0, u16 LE header length,
  * then a Python dict literal padded with spaces and ended by '\n' so the
- * data starts on a 64-byte boundary, then the raw array bytes. Only what
- * beamd sends is covered (the wire dtypes, up to 4 dimensions).
+ * data starts on a 64-byte boundary, then the raw array bytes.
  */
-#include "tools/beamd-sub/sub.h"
+#include "daemon/npy_write.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -29,28 +28,37 @@ static const char *npy_descr(beam_dtype_t dt) {
   }
 }
 
-int sub_npy_write(const char *path, const beam_hdr_t *h, const void *data,
-                  beam_diag_t *d) {
-  const char *descr = npy_descr((beam_dtype_t)h->dtype);
+int beam_npy_write(const char *path, beam_dtype_t dt, unsigned ndim,
+                   const uint32_t *shape, const void *data, size_t nbytes,
+                   beam_diag_t *d) {
+  const char *descr = npy_descr(dt);
   if (!descr)
-    return BEAM_DIAG(d, BEAM_EINVAL, "%s: dtype %u has no .npy form", path, h->dtype);
-  char shape[128];
+    return BEAM_DIAG(d, BEAM_EINVAL, "%s: dtype %u has no .npy form", path, (unsigned)dt);
+  if (ndim > BEAM_NPY_MAX_NDIM)
+    return BEAM_DIAG(d, BEAM_EINVAL, "%s: %u dimensions (at most %d)", path, ndim,
+                     BEAM_NPY_MAX_NDIM);
+  unsigned __int128 want = beam_dtype_size(dt);
+  char shp[8 + 12 * BEAM_NPY_MAX_NDIM];
   size_t n = 0;
-  n += (size_t)snprintf(shape + n, sizeof shape - n, "(");
-  for (unsigned i = 0; i < h->ndim; i++)
-    n += (size_t)snprintf(shape + n, sizeof shape - n, "%u,%s", h->shape[i],
-                          i + 1 < h->ndim ? " " : "");
-  if (h->ndim > 1)
+  n += (size_t)snprintf(shp + n, sizeof shp - n, "(");
+  for (unsigned i = 0; i < ndim; i++) {
+    want *= shape[i];
+    n += (size_t)snprintf(shp + n, sizeof shp - n, "%u,%s", shape[i], i + 1 < ndim ? " " : "");
+  }
+  if (ndim > 1)
     n--; /* "(3, 4,)" is legal, but numpy itself writes "(3, 4)" */
-  snprintf(shape + n, sizeof shape - n, ")");
+  snprintf(shp + n, sizeof shp - n, ")");
+  if (want != nbytes)
+    return BEAM_DIAG(d, BEAM_EINVAL, "%s: %zu data bytes do not match shape %s of %s", path,
+                     nbytes, shp, beam_dtype_name(dt));
 
   char hdr[256];
   int hl = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
-                    descr, shape);
+                    descr, shp);
   /* Pad so that 10 + header length (with the final '\n') is a multiple of 64. */
   size_t total = 10 + (size_t)hl + 1;
   size_t pad = (64 - total % 64) % 64;
-  if ((size_t)hl + pad + 1 >= sizeof hdr)
+  if (hl < 0 || (size_t)hl + pad + 1 >= sizeof hdr)
     return BEAM_DIAG(d, BEAM_EINVAL, "%s: .npy header too long", path);
   memset(hdr + hl, ' ', pad);
   hdr[(size_t)hl + pad] = '\n';
@@ -63,7 +71,7 @@ int sub_npy_write(const char *path, const beam_hdr_t *h, const void *data,
                      (uint8_t)(hlen >> 8)};
   int ok = fwrite(pre, 1, sizeof pre, f) == sizeof pre &&
            fwrite(hdr, 1, hlen, f) == hlen &&
-           (h->raw_size == 0 || fwrite(data, 1, (size_t)h->raw_size, f) == h->raw_size);
+           (nbytes == 0 || fwrite(data, 1, nbytes, f) == nbytes);
   int e = errno;
   if (fclose(f) != 0 && ok) {
     ok = 0;
