@@ -357,8 +357,17 @@ static void on_start(node_t *nd, item_t *it) {
       close_out_pools(nd);
       return;
     }
-    char topic[BEAM_TOPIC_MAX + 1];
-    snprintf(topic, sizeof topic, "%s.%s", st->name, od->name);
+    char topic[BEAM_TOPIC_MAX + 2];
+    int tn = snprintf(topic, sizeof topic, "%s.%s", st->name, od->name);
+    if (tn < 0 || tn > BEAM_TOPIC_MAX || !beam_topic_valid(topic, (size_t)tn)) {
+      /* A stage bug, but say so instead of publishing unreadable topics. */
+      char msg[256];
+      snprintf(msg, sizeof msg, "series rejected: output \"%s\" makes topic \"%s\", which is not "
+               "1-%d characters of a-z, 0-9, _, . and -", od->name, topic, BEAM_TOPIC_MAX);
+      report(nd, it->series->series_id, 0, msg);
+      close_out_pools(nd);
+      return;
+    }
     char *desc = describe_out(nd, od, it->series->series_id);
     beam_pool_set_label(nd->outs[o].pool, topic, desc);
     free(desc);

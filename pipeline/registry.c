@@ -17,11 +17,14 @@ static const beam_stage_kind_t k_bin = {
 static const beam_stage_kind_t k_preview = {
     "preview", "decimated frames at a bounded rate for viewers", beam_preview_params,
     &beam_preview_cpu_ops, &beam_preview_cuda_ops};
+static const beam_stage_kind_t k_xpcs_multitau = {
+    "xpcs_multitau", "XPCS multi-tau g2 per ROI, streaming (scikit-beam semantics)",
+    beam_xpcs_multitau_params, &beam_xpcs_multitau_cpu_ops, &beam_xpcs_multitau_cuda_ops};
 
 /* Built-in kinds first; kinds that need libraries pipeline/ must not use
  * (HDF5 for `record`) are registered by the daemon at start-up. */
 #define MAX_KINDS 32
-static const beam_stage_kind_t *kinds[MAX_KINDS + 1] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, NULL};
+static const beam_stage_kind_t *kinds[MAX_KINDS + 1] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, &k_xpcs_multitau, NULL};
 
 const beam_stage_kind_t *const *beam_stage_kinds(void) { return kinds; }
 

@@ -13,5 +13,7 @@ extern const beam_param_t beam_bin_params[];
 extern const beam_stage_ops_t beam_bin_cpu_ops;
 extern const beam_param_t beam_preview_params[];
 extern const beam_stage_ops_t beam_preview_cpu_ops;
+extern const beam_param_t beam_xpcs_multitau_params[];
+extern const beam_stage_ops_t beam_xpcs_multitau_cpu_ops;
 
 #endif

@@ -1,0 +1,179 @@
+"""End to end: sender -> beamd (xpcs_multitau, pull mode) -> subscriber,
+with g2, G, IP, IF, the lag list and the output length checked against an
+independent numpy implementation of scikit-beam's closed form
+(docs/xpcs.md): level-L frames are means of 2^L input frames, bad frames
+are NaN (and spoil the level frames containing them), and for each lag
+channel the pairs without NaN give
+
+    G  = mean_k mean_p x_k[p] x_{k+i}[p],  IP = mean_k mean_p x_k[p],
+    IF = mean_k mean_p x_{k+i}[p],         g2 = G / (IP IF),
+
+output rows stopping at the first row where any ROI has IP == 0.
+
+Tolerance: rtol 1e-12. beamd sums integers exactly and divides once;
+numpy's means round at every step, so the two differ by a few ulps.
+"""
+
+import h5py
+import numpy as np
+
+from conftest import Receiver, Sender, make_config, proto
+
+H, W = 24, 20
+LABELS = (3, 7, 12, 30)  # gapped on purpose
+LEVELS, NB = 4, 6
+FRAME_TIME = 0.01
+
+
+def labels_image(rng):
+    lab = rng.choice(np.array((0,) + LABELS, np.int32), size=(H, W))
+    for k, v in enumerate(LABELS):  # every label present
+        lab[0, k] = v
+    return lab
+
+
+def lag_steps(levels, nb):
+    """skbeam.core.utils.multi_tau_lags"""
+    lags = list(range(nb))
+    for lev in range(1, levels):
+        lags += [(nb // 2 + j) * 2 ** lev for j in range(nb // 2)]
+    return np.array(lags, np.int64)
+
+
+def multitau_numpy(frames, bad, lab, levels, nb):
+    """The closed form, written from the note, not from beamd's code."""
+    n = len(frames)
+    x = frames.reshape(n, -1).astype(np.float64)
+    x[np.asarray(bad, bool)] = np.nan
+    flat = lab.reshape(-1)
+    masks = [flat == v for v in sorted(set(flat[flat > 0].tolist()))]
+    nlags = (levels + 1) * nb // 2
+    G, IP, IF = (np.zeros((nlags, len(masks))) for _ in range(3))
+    for lev in range(levels):
+        nl = n >> lev
+        xl = x[:nl << lev].reshape(nl, 2 ** lev, -1).mean(axis=1)
+        for i in range(nb // 2 if lev else 0, nb):
+            t = lev * nb // 2 + i
+            if nl <= i:
+                continue
+            a, b = xl[:nl - i], xl[i:]
+            good = ~(np.isnan(a).any(axis=1) | np.isnan(b).any(axis=1))
+            if not good.any():
+                continue
+            a, b = a[good], b[good]
+            for r, m in enumerate(masks):
+                G[t, r] = np.mean(np.mean(a[:, m] * b[:, m], axis=1))
+                IP[t, r] = np.mean(np.mean(a[:, m], axis=1))
+                IF[t, r] = np.mean(np.mean(b[:, m], axis=1))
+    zero = (IP == 0).any(axis=1)
+    rows = int(np.argmax(zero)) if zero.any() else nlags
+    dark = -1
+    if rows < nlags and (IP[rows] != 0).any():
+        dark = [v for v, z in zip(sorted(set(flat[flat > 0].tolist())), IP[rows] == 0) if z][0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g2 = G / (IP * IF)
+    return {"rows": rows, "g2": g2[:rows], "G": G[:rows], "IP": IP[:rows], "IF": IF[:rows],
+            "lags": lag_steps(levels, nb)[:rows], "dark": dark, "nlags": nlags}
+
+
+def _start(tmp_path, ports, zctx, start_beamd, receivers, rois):
+    st = {"name": "mt", "kind": "xpcs_multitau", "backend": "cpu", "rois": rois,
+          "levels": LEVELS, "buffers": NB, "publish_every": 20, "intensities": True}
+    start_beamd(make_config(ports, [st], mode="pull", pool_frames=64))
+    rx = Receiver(zctx, ports.ep_publish)
+    receivers.append(rx)
+    rx.wait_live()
+    return rx, Sender(zctx, ports.ep_input, __import__("zmq").PUSH)
+
+
+def _results(rx, sid):
+    """{(frames so far, final): {output: (header, array, meta)}}"""
+    out = {}
+    for topic, hdr, arr, meta in rx.snapshot():
+        if not topic.startswith("mt.") or hdr.series_id != sid:
+            continue
+        final = bool(hdr.flags & proto.FLAG_FINAL)
+        assert final or hdr.flags & proto.FLAG_PARTIAL, topic
+        key = "final" if final else hdr.frame_id + 1
+        out.setdefault(key, {})[topic[3:]] = (hdr, arr, meta)
+    return out
+
+
+def _compare(res, ref, nframes, nbad):
+    info = res["info"][1]
+    assert info.dtype == np.int64 and info.shape == (6,)
+    assert info.tolist() == [nframes, nbad, ref["rows"], ref["nlags"], ref["dark"],
+                             ref["rows"] if ref["rows"] < ref["nlags"] else -1]
+    if ref["rows"] == 0:
+        assert "g2" not in res and "lags" not in res
+        return
+    lags = res["lags"][1]
+    assert lags.shape == (ref["rows"],)
+    np.testing.assert_allclose(lags, ref["lags"] * FRAME_TIME, rtol=1e-15, atol=0)
+    for name, out in (("g2", "g2"), ("G", "g_num"), ("IP", "ip"), ("IF", "if")):
+        got = res[out][1]
+        assert got.dtype == np.float64 and got.shape == (ref["rows"], len(LABELS)), name
+        np.testing.assert_allclose(got, ref[name], rtol=1e-12, atol=0, err_msg=name)
+
+
+def test_multitau_matches_numpy(tmp_path, ports, zctx, start_beamd, receivers):
+    rng = np.random.default_rng(2024)
+    lab = labels_image(rng)
+    np.save(tmp_path / "labels.npy", lab)
+    rx, tx = _start(tmp_path, ports, zctx, start_beamd, receivers,
+                    {"file": str(tmp_path / "labels.npy")})
+    sid, n = 4, 45
+    lam = rng.uniform(0.5, 6.0, size=(H, W))
+    frames = rng.poisson(lam, size=(n, H, W)).astype(np.uint16)
+    bad = np.zeros(n, bool)
+    bad[[9, 33]] = True  # spoil level-3 frames 1 and 4: lag row 13 has no pair
+    tx.start(sid, (H, W), np.uint16, meta={"frame_time": FRAME_TIME})
+    for k in range(n):
+        tx.frame(sid, k, frames[k], flags=proto.FLAG_BAD if bad[k] else 0)
+    tx.end(sid)
+    rx.wait_series_end(sid, timeout=15)
+    rx.wait_for(lambda ms: any(m[0] == "mt.if" and m[1].flags & proto.FLAG_FINAL for m in ms),
+                timeout=5, what="final mt.if")
+    assert not rx.decode_errors()
+    got = _results(rx, sid)
+    assert sorted(k for k in got if k != "final") == [20, 40]
+    for k in (20, 40, "final"):
+        m = n if k == "final" else k
+        ref = multitau_numpy(frames[:m], bad[:m], lab, LEVELS, NB)
+        _compare(got[k], ref, m, int(bad[:m].sum()))
+    ref = multitau_numpy(frames, bad, lab, LEVELS, NB)
+    assert ref["rows"] == 13 and ref["dark"] == -1  # the case the comment promises
+    # descriptors: ROI columns are the label values; lags in seconds
+    metas = {t: mm for t, h, a, mm in rx.snapshot() if t.startswith("mt.") and mm}
+    assert metas["mt.g2"]["labels"] == list(LABELS)
+    assert metas["mt.g2"]["axes"] == ["lag", "roi"]
+    assert metas["mt.lags"]["units"] == "s"
+
+
+def test_dark_roi_empties_output(tmp_path, ports, zctx, start_beamd, receivers):
+    """scikit-beam truncates at the first zero past intensity of ANY ROI: a
+    dark ROI leaves no rows; info names the dark label. The label image is
+    HDF5 here."""
+    rng = np.random.default_rng(5)
+    lab = labels_image(rng)
+    with h5py.File(tmp_path / "labels.h5", "w") as f:
+        f["/qmap/labels"] = lab
+    rx, tx = _start(tmp_path, ports, zctx, start_beamd, receivers,
+                    {"file": str(tmp_path / "labels.h5"), "dataset": "/qmap/labels"})
+    sid, n = 9, 24
+    frames = rng.poisson(3.0, size=(n, H, W)).astype(np.uint16)
+    frames[:, lab == 12] = 0
+    tx.start(sid, (H, W), np.uint16)
+    for k in range(n):
+        tx.frame(sid, k, frames[k])
+    tx.end(sid)
+    rx.wait_series_end(sid, timeout=15)
+    rx.wait_for(lambda ms: any(m[0] == "mt.info" and m[1].flags & proto.FLAG_FINAL for m in ms),
+                timeout=5, what="final mt.info")
+    got = _results(rx, sid)
+    ref = multitau_numpy(frames, np.zeros(n, bool), lab, LEVELS, NB)
+    assert ref["rows"] == 0 and ref["dark"] == 12
+    assert sorted(k for k in got if k != "final") == [20]
+    for k in (20, "final"):
+        m = n if k == "final" else k
+        _compare(got[k], multitau_numpy(frames[:m], np.zeros(m, bool), lab, LEVELS, NB), m, 0)

@@ -1,0 +1,483 @@
+/* Stage kind `xpcs_multitau`, CPU backend: a hand-computed 2x2 case, the
+ * lag list, a plain C implementation of scikit-beam's closed form (level
+ * means as doubles, NaN for bad frames) on random integer and float data
+ * with bad and CORRUPT frames, truncation and the dark-ROI report, partial
+ * results, ring and q geometry, and the configuration and shape errors. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/kern/kinds.h"
+#include "pipeline/kern/xpcs_multitau.h"
+#include "tests/common/stage_harness.h"
+
+static char *tmp_path(const char *name) {
+  static char buf[4][256];
+  static int k;
+  char *p = buf[k++ % 4];
+  snprintf(p, 256, "%s/%s", bh_tmpdir(), name);
+  return p;
+}
+
+static beam_cnode_t *cfg_labels(const char *file, int levels, int nb) {
+  beam_cnode_t *cfg = bh_stage_cfg("xpcs_multitau"), *rois = bh_map();
+  bh_set(rois, "file", file);
+  bh_put(cfg, "rois", rois);
+  char s[32];
+  snprintf(s, sizeof s, "%d", levels);
+  bh_set(cfg, "levels", s);
+  snprintf(s, sizeof s, "%d", nb);
+  bh_set(cfg, "buffers", s);
+  return cfg;
+}
+
+static bh_t *make(beam_cnode_t *cfg) {
+  char msg[512];
+  if (bh_validate(cfg, beam_xpcs_multitau_params, msg, sizeof msg) != 0)
+    fail_msg("validate: %s", msg);
+  bh_t *h;
+  beam_diag_t d = {0};
+  int rc = bh_new(&h, &beam_xpcs_multitau_cpu_ops, cfg, &d);
+  if (rc != 0)
+    fail_msg("init rc %d (%s)", rc, d.msg);
+  return h;
+}
+
+/* The last result of output `out`, or NULL. */
+static beam_frame_t *last(bh_t *h, unsigned out) {
+  for (size_t i = h->nres; i-- > 0;)
+    if (h->res_out[i] == out)
+      return h->res[i];
+  return NULL;
+}
+
+static size_t count(bh_t *h, unsigned out, uint32_t flag) {
+  size_t n = 0;
+  for (size_t i = 0; i < h->nres; i++)
+    n += h->res_out[i] == out && (h->res[i]->flags & flag);
+  return n;
+}
+
+static void close_to(double got, double want, double rtol, const char *what, size_t i) {
+  double diff = fabs(got - want);
+  if (!(diff <= rtol * fabs(want)))
+    fail_msg("%s[%zu]: got %.17g, want %.17g", what, i, got, want);
+}
+
+/* 2x2 frames, labels [[0, 5], [5, 9]]: ROI 5 = pixels 1, 2; ROI 9 = pixel
+ * 3. levels 1, buffers 2: lags 0 and 1. Frames (flat): [0,1,2,3],
+ * [0,2,1,1], [0,1,1,2].
+ * ROI 5 pixel values (1,2), (2,1), (1,1); ROI 9: 3, 1, 2.
+ * lag 0, 3 pairs: ROI 5 G = (2.5 + 2.5 + 1)/3 = 2, IP = IF = (1.5+1.5+1)/3
+ *   = 4/3, g2 = 2 / (16/9) = 9/8. ROI 9: G = (9+1+4)/3 = 14/3, IP = IF = 2,
+ *   g2 = 7/6.
+ * lag 1, 2 pairs: ROI 5 G = (2 + 1.5)/2 = 1.75, IP = 1.5, IF = 1.25,
+ *   g2 = 14/15. ROI 9: G = (3 + 2)/2 = 2.5, IP = 2, IF = 1.5, g2 = 5/6. */
+static void test_hand_computed(void **state) {
+  uint16_t lab[4] = {0, 5, 5, 9};
+  uint32_t sh[2] = {2, 2};
+  assert_int_equal(bh_write_npy(tmp_path("lab.npy"), "<u2", 2, sh, lab, sizeof lab), 0);
+  beam_cnode_t *cfg = cfg_labels(tmp_path("lab.npy"), 1, 2);
+  bh_set(cfg, "intensities", "true");
+  bh_set(cfg, "publish_every", "0");
+  bh_t *h = make(cfg);
+  beam_diag_t d = {0};
+  h->series.frame_time_s = 0.5;
+  assert_int_equal(bh_start(h, BEAM_DT_U16, 2, sh, &d), 0);
+  uint16_t v[3][4] = {{0, 1, 2, 3}, {0, 2, 1, 1}, {0, 1, 1, 2}};
+  for (int k = 0; k < 3; k++) {
+    beam_frame_t *f = bh_frame_new(BEAM_DT_U16, 2, sh, (uint64_t)k);
+    memcpy(f->data, v[k], sizeof v[k]);
+    assert_int_equal(bh_process(h, f), 0);
+    bh_frame_free(f);
+  }
+  assert_int_equal(h->nres, 0); /* publish_every 0: nothing before the end */
+  assert_int_equal(bh_end(h), 0);
+  beam_frame_t *g2 = last(h, BEAM_XMT_OUT_G2), *lags = last(h, BEAM_XMT_OUT_LAGS),
+               *info = last(h, BEAM_XMT_OUT_INFO);
+  assert_non_null(g2);
+  assert_true(g2->flags & BEAM_FLAG_FINAL);
+  assert_int_equal(g2->shape[0], 2);
+  assert_int_equal(g2->shape[1], 2);
+  double want[4] = {9.0 / 8, 7.0 / 6, 14.0 / 15, 5.0 / 6};
+  for (size_t i = 0; i < 4; i++)
+    close_to(((double *)g2->data)[i], want[i], 1e-15, "g2", i);
+  double wG[4] = {2, 14.0 / 3, 1.75, 2.5}, wIP[4] = {4.0 / 3, 2, 1.5, 2}, wIF[4] = {4.0 / 3, 2, 1.25, 1.5};
+  for (size_t i = 0; i < 4; i++) {
+    close_to(((double *)last(h, BEAM_XMT_OUT_G)->data)[i], wG[i], 1e-15, "G", i);
+    close_to(((double *)last(h, BEAM_XMT_OUT_IP)->data)[i], wIP[i], 1e-15, "IP", i);
+    close_to(((double *)last(h, BEAM_XMT_OUT_IF)->data)[i], wIF[i], 1e-15, "IF", i);
+  }
+  assert_int_equal(lags->shape[0], 2);
+  assert_true(((double *)lags->data)[0] == 0.0 && ((double *)lags->data)[1] == 0.5);
+  int64_t *in = info->data;
+  assert_int_equal(in[BEAM_XMT_INFO_FRAMES], 3);
+  assert_int_equal(in[BEAM_XMT_INFO_ROWS], 2);
+  assert_int_equal(in[BEAM_XMT_INFO_NLAGS], 2);
+  assert_int_equal(in[BEAM_XMT_INFO_DARK_LABEL], -1);
+  assert_int_equal(in[BEAM_XMT_INFO_DARK_ROW], -1);
+  assert_string_equal(h->st.outs[0].labels_json, "[5,9]");
+  bh_free(&h);
+}
+
+/* ---- reference: scikit-beam's closed form, plainly ---------------------- */
+
+typedef struct ref_s {
+  size_t nlags, rows;
+  double *g2, *G, *IP, *IF;
+  int64_t *lag;
+} ref_t;
+
+/* frames[N][npix] as doubles, bad[N]; lab[npix] ROI index or -1. */
+static void reference(const double *frames, const int *bad, size_t N, size_t npix, const int *lab,
+                      size_t R, unsigned levels, unsigned nb, ref_t *o) {
+  o->nlags = (size_t)(levels + 1) * nb / 2;
+  o->g2 = calloc(o->nlags * R, sizeof(double));
+  o->G = calloc(o->nlags * R, sizeof(double));
+  o->IP = calloc(o->nlags * R, sizeof(double));
+  o->IF = calloc(o->nlags * R, sizeof(double));
+  o->lag = calloc(o->nlags, sizeof(int64_t));
+  size_t *np = calloc(R, sizeof *np);
+  for (size_t p = 0; p < npix; p++)
+    if (lab[p] >= 0)
+      np[lab[p]]++;
+  o->rows = o->nlags;
+  for (unsigned L = 0; L < levels; L++) {
+    size_t nL = N >> L, blk = (size_t)1 << L;
+    double *x = calloc(nL * npix + 1, sizeof *x);
+    for (size_t k = 0; k < nL; k++)
+      for (size_t p = 0; p < npix; p++) {
+        double s = 0;
+        for (size_t j = 0; j < blk; j++)
+          s += bad[k * blk + j] ? NAN : frames[(k * blk + j) * npix + p];
+        x[k * npix + p] = s / (double)blk;
+      }
+    for (unsigned i = L ? nb / 2 : 0; i < nb; i++) {
+      size_t t = (size_t)L * nb / 2 + i;
+      o->lag[t] = (int64_t)i << L;
+      double npairs = 0;
+      double *G = o->G + t * R, *IP = o->IP + t * R, *IF = o->IF + t * R;
+      for (size_t k = 0; k + i < nL; k++) {
+        if (isnan(x[k * npix]) || isnan(x[(k + i) * npix]))
+          continue; /* every pixel of a bad frame is NaN */
+        npairs++;
+        double *g = calloc(R, sizeof *g), *a = calloc(R, sizeof *a), *b = calloc(R, sizeof *b);
+        for (size_t p = 0; p < npix; p++)
+          if (lab[p] >= 0) {
+            g[lab[p]] += x[k * npix + p] * x[(k + i) * npix + p];
+            a[lab[p]] += x[k * npix + p];
+            b[lab[p]] += x[(k + i) * npix + p];
+          }
+        for (size_t r = 0; r < R; r++) {
+          G[r] += g[r] / (double)np[r];
+          IP[r] += a[r] / (double)np[r];
+          IF[r] += b[r] / (double)np[r];
+        }
+        free(g), free(a), free(b);
+      }
+      for (size_t r = 0; r < R; r++) {
+        if (npairs > 0)
+          G[r] /= npairs, IP[r] /= npairs, IF[r] /= npairs;
+        o->g2[t * R + r] = G[r] / (IP[r] * IF[r]);
+        if (IP[r] == 0 && t < o->rows)
+          o->rows = t;
+      }
+    }
+    free(x);
+  }
+  free(np);
+}
+
+static void ref_free(ref_t *o) { free(o->g2), free(o->G), free(o->IP), free(o->IF), free(o->lag); }
+
+/* 12x10 frames, labels with gaps (2, 7, 8, 40), N frames, some BAD and one
+ * CORRUPT; dtype u16 (exact path) or f32 (double path). */
+static void run_random(beam_dtype_t dt, unsigned levels, unsigned nb, size_t N, double rtol) {
+  enum { H = 12, W = 10 };
+  uint32_t sh[2] = {H, W};
+  int32_t lab[H * W];
+  int idx[H * W];
+  const int32_t vals[5] = {0, 2, 7, 8, 40};
+  uint64_t seed = 12345;
+  for (int p = 0; p < H * W; p++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    int k = (int)((seed >> 33) % 5);
+    if (p < 4)
+      k = p + 1; /* every label present */
+    lab[p] = vals[k];
+    idx[p] = k - 1;
+  }
+  assert_int_equal(bh_write_npy(tmp_path("rlab.npy"), "<i4", 2, sh, lab, sizeof lab), 0);
+  beam_cnode_t *cfg = cfg_labels(tmp_path("rlab.npy"), (int)levels, (int)nb);
+  bh_set(cfg, "intensities", "true");
+  bh_set(cfg, "publish_every", "7");
+  bh_t *h = make(cfg);
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(h, dt, 2, sh, &d), 0);
+  double *frames = calloc(N * H * W, sizeof *frames);
+  int *bad = calloc(N, sizeof *bad);
+  size_t npartial = 0;
+  for (size_t k = 0; k < N; k++) {
+    beam_frame_t *f = bh_frame_new(dt, 2, sh, k);
+    bh_frame_fill(f, 1000 + k, dt == BEAM_DT_U16 ? 9 : 7.5);
+    for (int p = 0; p < H * W; p++)
+      frames[k * H * W + p] = dt == BEAM_DT_U16 ? ((uint16_t *)f->data)[p] : ((float *)f->data)[p];
+    if (k % 11 == 5) {
+      f->flags |= BEAM_FLAG_BAD;
+      bad[k] = 1;
+    }
+    if (k == 17) {
+      f->flags |= BEAM_FLAG_CORRUPT;
+      f->nbytes = 0; /* no payload: must not be read */
+      bad[k] = 1;
+    }
+    assert_int_equal(bh_process(h, f), 0);
+    bh_frame_free(f);
+    if ((k + 1) % 7 == 0) {
+      npartial++;
+      /* the partial result equals the closed form over the frames so far */
+      ref_t o;
+      reference(frames, bad, k + 1, H * W, idx, 4, levels, nb, &o);
+      beam_frame_t *info = last(h, BEAM_XMT_OUT_INFO);
+      assert_non_null(info);
+      assert_true(info->flags & BEAM_FLAG_PARTIAL);
+      assert_int_equal(((int64_t *)info->data)[BEAM_XMT_INFO_ROWS], (int64_t)o.rows);
+      assert_int_equal(((int64_t *)info->data)[BEAM_XMT_INFO_FRAMES], (int64_t)(k + 1));
+      if (o.rows) {
+        beam_frame_t *g2 = last(h, BEAM_XMT_OUT_G2);
+        assert_int_equal(g2->shape[0], o.rows);
+        for (size_t i = 0; i < o.rows * 4; i++)
+          close_to(((double *)g2->data)[i], o.g2[i], rtol, "partial g2", i);
+      }
+      ref_free(&o);
+      bh_clear(h);
+    }
+  }
+  assert_int_equal(bh_end(h), 0);
+  assert_int_equal(npartial, N / 7);
+  ref_t o;
+  reference(frames, bad, N, H * W, idx, 4, levels, nb, &o);
+  beam_frame_t *g2 = last(h, BEAM_XMT_OUT_G2), *lags = last(h, BEAM_XMT_OUT_LAGS),
+               *info = last(h, BEAM_XMT_OUT_INFO);
+  assert_true(g2->flags & BEAM_FLAG_FINAL);
+  assert_true(o.rows > nb); /* enough frames to reach level 1 at least */
+  assert_int_equal(g2->shape[0], o.rows);
+  assert_int_equal(lags->shape[0], o.rows);
+  for (size_t t = 0; t < o.rows; t++)
+    assert_true(((double *)lags->data)[t] == (double)o.lag[t]);
+  for (size_t i = 0; i < o.rows * 4; i++) {
+    close_to(((double *)g2->data)[i], o.g2[i], rtol, "g2", i);
+    close_to(((double *)last(h, BEAM_XMT_OUT_G)->data)[i], o.G[i], rtol, "G", i);
+    close_to(((double *)last(h, BEAM_XMT_OUT_IP)->data)[i], o.IP[i], rtol, "IP", i);
+    close_to(((double *)last(h, BEAM_XMT_OUT_IF)->data)[i], o.IF[i], rtol, "IF", i);
+  }
+  int nb_bad = 0;
+  for (size_t k = 0; k < N; k++)
+    nb_bad += bad[k];
+  assert_int_equal(((int64_t *)info->data)[BEAM_XMT_INFO_BAD], nb_bad);
+  assert_int_equal(count(h, BEAM_XMT_OUT_G2, BEAM_FLAG_FINAL), 1);
+  assert_string_equal(h->st.outs[0].labels_json, "[2,7,8,40]");
+  ref_free(&o);
+  free(frames), free(bad);
+  bh_free(&h);
+}
+
+static void test_reference_u16(void **state) { run_random(BEAM_DT_U16, 4, 4, 61, 1e-13); }
+static void test_reference_f32(void **state) { run_random(BEAM_DT_F32, 3, 6, 50, 1e-12); }
+
+/* levels 4, buffers 8: scikit-beam's example list. */
+static void test_lag_list(void **state) {
+  uint8_t lab[4] = {1, 1, 1, 1};
+  uint32_t sh[2] = {2, 2};
+  assert_int_equal(bh_write_npy(tmp_path("one.npy"), "|u1", 2, sh, lab, sizeof lab), 0);
+  bh_t *h = make(cfg_labels(tmp_path("one.npy"), 4, 8));
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(h, BEAM_DT_U8, 2, sh, &d), 0);
+  for (uint64_t k = 0; k < 64; k++) {
+    beam_frame_t *f = bh_frame_new(BEAM_DT_U8, 2, sh, k);
+    bh_frame_fill(f, k, 5);
+    ((uint8_t *)f->data)[0] = 1; /* never a dark frame */
+    assert_int_equal(bh_process(h, f), 0);
+    bh_frame_free(f);
+  }
+  assert_int_equal(bh_end(h), 0);
+  const double want[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56};
+  beam_frame_t *lags = last(h, BEAM_XMT_OUT_LAGS);
+  assert_int_equal(lags->shape[0], 20);
+  for (size_t t = 0; t < 20; t++)
+    assert_true(((double *)lags->data)[t] == want[t]);
+  assert_string_equal(h->st.outs[BEAM_XMT_OUT_LAGS].units, "frames");
+  bh_free(&h);
+  /* 63 frames: level 3 has 7 frames, so lag 56 (i = 7) has no pair yet */
+  h = make(cfg_labels(tmp_path("one.npy"), 4, 8));
+  assert_int_equal(bh_start(h, BEAM_DT_U8, 2, sh, &d), 0);
+  for (uint64_t k = 0; k < 63; k++) {
+    beam_frame_t *f = bh_frame_new(BEAM_DT_U8, 2, sh, k);
+    ((uint8_t *)f->data)[0] = 1;
+    assert_int_equal(bh_process(h, f), 0);
+    bh_frame_free(f);
+  }
+  assert_int_equal(bh_end(h), 0);
+  int64_t *info = last(h, BEAM_XMT_OUT_INFO)->data;
+  assert_int_equal(info[BEAM_XMT_INFO_ROWS], 19);
+  assert_int_equal(info[BEAM_XMT_INFO_DARK_LABEL], -1); /* no pair, not a dark ROI */
+  assert_int_equal(info[BEAM_XMT_INFO_DARK_ROW], 19);
+  bh_free(&h);
+}
+
+/* A dark ROI (label 4, zero photons) empties the output for every ROI and
+ * info names it; g2 is then not emitted (no zero-length arrays). */
+static void test_dark_roi(void **state) {
+  uint8_t lab[6] = {1, 1, 4, 4, 2, 2};
+  uint32_t sh[2] = {2, 3};
+  assert_int_equal(bh_write_npy(tmp_path("dark.npy"), "|u1", 2, sh, lab, sizeof lab), 0);
+  bh_t *h = make(cfg_labels(tmp_path("dark.npy"), 2, 2));
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(h, BEAM_DT_U16, 2, sh, &d), 0);
+  for (uint64_t k = 0; k < 8; k++) {
+    beam_frame_t *f = bh_frame_new(BEAM_DT_U16, 2, sh, k);
+    uint16_t *v = f->data;
+    v[0] = v[1] = v[4] = v[5] = (uint16_t)(k + 1);
+    assert_int_equal(bh_process(h, f), 0);
+    bh_frame_free(f);
+  }
+  assert_int_equal(bh_end(h), 0);
+  int64_t *info = last(h, BEAM_XMT_OUT_INFO)->data;
+  assert_int_equal(info[BEAM_XMT_INFO_ROWS], 0);
+  assert_int_equal(info[BEAM_XMT_INFO_DARK_LABEL], 4);
+  assert_int_equal(info[BEAM_XMT_INFO_DARK_ROW], 0);
+  assert_null(last(h, BEAM_XMT_OUT_G2));
+  bh_free(&h);
+}
+
+/* Rings in pixels and in q give the expected pixel counts. */
+static void test_rings(void **state) {
+  uint32_t sh[2] = {20, 30};
+  beam_cnode_t *cfg = bh_stage_cfg("xpcs_multitau"), *rois = bh_map();
+  bh_set(rois, "center", "[14.5, 9.0]");
+  bh_set(rois, "radii", "[0, 3, 6.5]");
+  bh_put(cfg, "rois", rois);
+  bh_t *h = make(cfg);
+  beam_xmt_t *x = h->st.priv;
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(h, BEAM_DT_U16, 2, sh, &d), 0);
+  size_t want[2] = {0, 0};
+  for (int y = 0; y < 20; y++)
+    for (int xx = 0; xx < 30; xx++) {
+      double r = hypot(xx - 14.5, y - 9.0);
+      want[0] += r < 3;
+      want[1] += r >= 3 && r < 6.5;
+    }
+  assert_int_equal(x->R, 2);
+  assert_int_equal(x->rois.off[1], want[0]);
+  assert_int_equal(x->rois.off[2] - x->rois.off[1], want[1]);
+  assert_string_equal(h->st.outs[0].labels_json, "[1,2]");
+  bh_free(&h);
+
+  /* q: 8 keV, 2 m, 75 um pixels, from the series metadata */
+  cfg = bh_stage_cfg("xpcs_multitau");
+  rois = bh_map();
+  bh_set(rois, "center", "[0, 0]");
+  bh_set(rois, "q", "[0.0005, 0.003, 0.006]");
+  bh_put(cfg, "rois", rois);
+  h = make(cfg);
+  x = h->st.priv;
+  int rc = bh_start(h, BEAM_DT_U16, 2, sh, &d);
+  assert_int_equal(rc, BEAM_ECONFIG);
+  assert_non_null(strstr(d.msg, "energy"));
+  h->series.energy_ev = 8000, h->series.distance_m = 2, h->series.pixel_size_m = 75e-6;
+  assert_int_equal(bh_start(h, BEAM_DT_U16, 2, sh, &d), 0);
+  double lam = 12398.419843320026 / 8000;
+  size_t wq[2] = {0, 0};
+  for (int y = 0; y < 20; y++)
+    for (int xx = 0; xx < 30; xx++) {
+      double q = 4 * M_PI / lam * sin(atan(hypot(xx, y) * 75e-6 / 2) / 2);
+      wq[0] += q >= 0.0005 && q < 0.003;
+      wq[1] += q >= 0.003 && q < 0.006;
+    }
+  assert_true(wq[0] > 0 && wq[1] > 0);
+  assert_int_equal(x->rois.off[1], wq[0]);
+  assert_int_equal(x->rois.off[2] - x->rois.off[1], wq[1]);
+  bh_free(&h);
+}
+
+static void expect_start_error(beam_cnode_t *cfg, uint32_t h0, uint32_t w0, int rc_want, const char *msg) {
+  bh_t *h = make(cfg);
+  beam_diag_t d = {0};
+  uint32_t sh[2] = {h0, w0};
+  int rc = bh_start(h, BEAM_DT_U16, 2, sh, &d);
+  if (rc != rc_want || !strstr(d.msg, msg))
+    fail_msg("start rc %d \"%s\", want %d with \"%s\"", rc, d.msg, rc_want, msg);
+  bh_free(&h);
+}
+
+static void test_errors(void **state) {
+  char msg[512];
+  /* odd buffers: a config error at load */
+  beam_cnode_t *cfg = cfg_labels("/nonexistent.npy", 2, 5);
+  assert_true(bh_validate(cfg, beam_xpcs_multitau_params, msg, sizeof msg) > 0);
+  assert_non_null(strstr(msg, "even"));
+  beam_cnode_free(cfg);
+  /* shape mismatch */
+  uint8_t lab[4] = {1, 0, 2, 2};
+  uint32_t sh[2] = {2, 2};
+  assert_int_equal(bh_write_npy(tmp_path("e.npy"), "|u1", 2, sh, lab, sizeof lab), 0);
+  expect_start_error(cfg_labels(tmp_path("e.npy"), 2, 2), 3, 2, BEAM_ESHAPE, "label image is [2, 2]");
+  /* an ROI emptied by the bad-pixel mask */
+  uint8_t m[4] = {1, 0, 0, 0};
+  assert_int_equal(bh_write_npy(tmp_path("m.npy"), "|u1", 2, sh, m, sizeof m), 0);
+  cfg = cfg_labels(tmp_path("e.npy"), 2, 2);
+  bh_set((beam_cnode_t *)beam_cfg_get(cfg, "rois"), "mask", tmp_path("m.npy"));
+  expect_start_error(cfg, 2, 2, BEAM_ESHAPE, "label 1 has no pixel");
+  /* a ring outside the detector */
+  cfg = bh_stage_cfg("xpcs_multitau");
+  beam_cnode_t *rois = bh_map();
+  bh_set(rois, "center", "[1, 1]");
+  bh_set(rois, "radii", "[0, 2, 50, 60]");
+  bh_put(cfg, "rois", rois);
+  expect_start_error(cfg, 10, 10, BEAM_ESHAPE, "ring 3 [50, 60) px is outside the 10x10 detector");
+  /* a narrow ring between pixel distances: no pixel */
+  cfg = bh_stage_cfg("xpcs_multitau");
+  rois = bh_map();
+  bh_set(rois, "center", "[0, 0]");
+  bh_set(rois, "radii", "[0, 1.1, 1.2]");
+  bh_put(cfg, "rois", rois);
+  expect_start_error(cfg, 10, 10, BEAM_ESHAPE, "label 2 has no pixel");
+  /* file and rings together; missing file */
+  cfg = cfg_labels(tmp_path("e.npy"), 2, 2);
+  bh_set((beam_cnode_t *)beam_cfg_get(cfg, "rois"), "center", "[1, 1]");
+  assert_int_equal(bh_validate(cfg, beam_xpcs_multitau_params, msg, sizeof msg), 0);
+  bh_t *h;
+  beam_diag_t d = {0};
+  assert_int_equal(bh_new(&h, &beam_xpcs_multitau_cpu_ops, cfg, &d), BEAM_ECONFIG);
+  assert_non_null(strstr(d.msg, "not both"));
+  bh_free(&h);
+  cfg = cfg_labels("/nonexistent/lab.npy", 2, 2);
+  assert_int_equal(bh_validate(cfg, beam_xpcs_multitau_params, msg, sizeof msg), 0);
+  memset(&d, 0, sizeof d);
+  assert_true(bh_new(&h, &beam_xpcs_multitau_cpu_ops, cfg, &d) < 0);
+  if (!strstr(d.msg, "rois.file"))
+    fail_msg("message \"%s\" lacks rois.file", d.msg);
+  bh_free(&h);
+  /* complex frames are refused at start */
+  h = make(cfg_labels(tmp_path("e.npy"), 2, 2));
+  assert_int_equal(bh_start(h, BEAM_DT_C64, 2, sh, &d), BEAM_ESHAPE);
+  bh_free(&h);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_hand_computed), cmocka_unit_test(test_reference_u16),
+      cmocka_unit_test(test_reference_f32), cmocka_unit_test(test_lag_list),
+      cmocka_unit_test(test_dark_roi),      cmocka_unit_test(test_rings),
+      cmocka_unit_test(test_errors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
