@@ -14,6 +14,7 @@
 #include <uv.h>
 
 #include "daemon/config.h"
+#include "daemon/fifo.h"
 #include "daemon/log.h"
 #include "pipeline/graph.h"
 #include "pipeline/hist.h"
@@ -103,7 +104,7 @@ typedef struct beamd_out_s {
   int lossless;
   uint64_t seq;
   /* PUSH: messages waiting for a peer, in order (each holds a frame ref). */
-  struct beamd_msgq_s *pending;
+  beam_fifo_t pending;
   atomic_uint_fast64_t messages, bytes, dropped, results;
   uint64_t blocked_ns, blocked_since;
   int discard; /* drain timed out: the PUSH no longer holds results */
@@ -140,8 +141,7 @@ typedef struct beamd_rq_item_s {
 
 typedef struct beamd_rq_s {
   pthread_mutex_t mu;
-  beamd_rq_item_t *buf;
-  size_t cap, head, count;
+  beam_fifo_t q; /* of beamd_rq_item_t: bounded by the output slots in flight */
 } beamd_rq_t;
 
 /* ---- control and metrics -------------------------------------------------- */

@@ -27,38 +27,27 @@ static draining_t g_draining[BEAMD_MAX_DRAINING];
 /* ---- result queue: workers -> loop ---------------------------------------- */
 
 static void rq_push(beamd_t *d, const beamd_rq_item_t *it) {
-  beamd_rq_t *q = &d->rq;
-  pthread_mutex_lock(&q->mu);
-  if (q->count == q->cap) {
-    /* Grows to the largest backlog ever seen, then stays: bounded by the
-     * total number of output slots, since every item holds one. */
-    size_t ncap = q->cap ? q->cap * 2 : 256;
-    beamd_rq_item_t *nb = malloc(ncap * sizeof *nb);
-    BEAM_ASSERT(nb);
-    for (size_t i = 0; i < q->count; i++)
-      nb[i] = q->buf[(q->head + i) % q->cap];
-    free(q->buf);
-    q->buf = nb;
-    q->cap = ncap;
-    q->head = 0;
-  }
-  q->buf[(q->head + q->count) % q->cap] = *it;
-  q->count++;
-  pthread_mutex_unlock(&q->mu);
+  pthread_mutex_lock(&d->rq.mu);
+  int rc = beam_fifo_push(&d->rq.q, it);
+  pthread_mutex_unlock(&d->rq.mu);
+  /* A few dozen bytes per item at most twice the largest backlog; failing
+   * here would lose a result silently, so stop loudly instead. */
+  BEAM_ASSERT(rc == 0);
   uv_async_send(&d->wake);
 }
 
 static int rq_pop(beamd_t *d, beamd_rq_item_t *it) {
-  beamd_rq_t *q = &d->rq;
-  pthread_mutex_lock(&q->mu);
-  int ok = q->count > 0;
-  if (ok) {
-    *it = q->buf[q->head];
-    q->head = (q->head + 1) % q->cap;
-    q->count--;
-  }
-  pthread_mutex_unlock(&q->mu);
+  pthread_mutex_lock(&d->rq.mu);
+  int ok = beam_fifo_pop(&d->rq.q, it);
+  pthread_mutex_unlock(&d->rq.mu);
   return ok;
+}
+
+static size_t rq_count(beamd_t *d) {
+  pthread_mutex_lock(&d->rq.mu);
+  size_t n = d->rq.q.count;
+  pthread_mutex_unlock(&d->rq.mu);
+  return n;
 }
 
 /* ---- graph hooks (worker threads) -------------------------------------------- */
@@ -252,7 +241,7 @@ int beamd_reload(beamd_t *d, beam_cfg_errs_t *errs, char *err, size_t errlen) {
 static void close_all(beamd_t *d);
 
 static int drain_complete(beamd_t *d) {
-  return !d->graph && d->ndraining == 0 && d->rq.count == 0 && beamd_publish_backlog(d) == 0;
+  return !d->graph && d->ndraining == 0 && rq_count(d) == 0 && beamd_publish_backlog(d) == 0;
 }
 
 static void maybe_finish(beamd_t *d) {
@@ -413,6 +402,7 @@ int beamd_init(beamd_t *d, beam_config_t *cfg, const char *cfg_path, char *err, 
   d->started_ns = beam_now_ns();
   beam_hist_reset(&d->e2e);
   pthread_mutex_init(&d->rq.mu, NULL);
+  beam_fifo_init(&d->rq.q, sizeof(beamd_rq_item_t));
   uv_loop_init(&d->loop);
   d->zctx = zmq_ctx_new();
   if (!d->zctx) {
@@ -533,7 +523,7 @@ void beamd_fini(beamd_t *d) {
   free(d->replay_garbage);
   if (d->zctx)
     zmq_ctx_term(d->zctx);
-  free(d->rq.buf);
+  beam_fifo_free(&d->rq.q);
   pthread_mutex_destroy(&d->rq.mu);
   if (d->cfg != NULL)
     beam_config_free(&d->cfg);

@@ -22,10 +22,7 @@ typedef struct omsg_s {
   size_t meta_len;
 } omsg_t;
 
-typedef struct beamd_msgq_s {
-  omsg_t *buf;
-  size_t cap, head, count;
-} msgq_t;
+
 
 static void frame_free(void *data, void *hint) {
   (void)data;
@@ -60,24 +57,6 @@ static int omsg_send(void *sock, omsg_t *m) {
   return 0;
 }
 
-static int msgq_push(msgq_t *q, const omsg_t *m) {
-  if (q->count == q->cap) {
-    size_t ncap = q->cap ? q->cap * 2 : 64;
-    omsg_t *nb = malloc(ncap * sizeof *nb);
-    if (!nb)
-      return BEAM_ENOMEM;
-    for (size_t i = 0; i < q->count; i++)
-      nb[i] = q->buf[(q->head + i) % q->cap];
-    free(q->buf);
-    q->buf = nb;
-    q->cap = ncap;
-    q->head = 0;
-  }
-  q->buf[(q->head + q->count) % q->cap] = *m;
-  q->count++;
-  return 0;
-}
-
 static void on_push_event(beamd_zsock_t *zs) { beamd_publish_flush(zs->d); }
 static void on_pub_event(beamd_zsock_t *zs) { (void)zs; }
 
@@ -87,6 +66,7 @@ int beamd_publish_open(beamd_t *d, char *err, size_t errlen) {
   d->pub.name = "publish";
   d->push.name = "push";
   d->push.lossless = 1;
+  beam_fifo_init(&d->push.pending, sizeof(omsg_t));
   if (c->output.publish[0]) {
     beamd_zopts_t o = {.sndhwm = c->output.hwm};
     if (beamd_zsock_open(d, &d->pub.zs, ZMQ_PUB, c->output.publish, 1, &o, on_pub_event, zerr,
@@ -101,11 +81,6 @@ int beamd_publish_open(beamd_t *d, char *err, size_t errlen) {
                          sizeof zerr) < 0) {
       snprintf(err, errlen, "output.push: %s", zerr);
       return BEAM_EIO;
-    }
-    d->push.pending = calloc(1, sizeof(msgq_t));
-    if (!d->push.pending) {
-      snprintf(err, errlen, "output.push: out of memory");
-      return BEAM_ENOMEM;
     }
   }
   return 0;
@@ -126,7 +101,7 @@ static void out_send(beamd_t *d, beamd_out_t *o, omsg_t *m) {
     }
     return;
   }
-  msgq_t *q = o->pending;
+  beam_fifo_t *q = &o->pending;
   if (o->discard) {
     /* Draining past output.drain_timeout with no consumer: count, drop. */
     if (omsg_send(o->zs.sock, m) != 0)
@@ -155,7 +130,7 @@ static void out_send(beamd_t *d, beamd_out_t *o, omsg_t *m) {
     if (keep.meta)
       memcpy(keep.meta, m->meta, m->meta_len);
   }
-  if ((m->meta && !keep.meta) || msgq_push(q, &keep) < 0) {
+  if ((m->meta && !keep.meta) || beam_fifo_push(q, &keep) < 0) {
     omsg_release(&keep);
     atomic_fetch_add(&o->dropped, 1);
     BEAM_LOG(LOG_ERR, "output.push: out of memory, a message was dropped");
@@ -164,18 +139,16 @@ static void out_send(beamd_t *d, beamd_out_t *o, omsg_t *m) {
 
 void beamd_publish_flush(beamd_t *d) {
   beamd_out_t *o = &d->push;
-  msgq_t *q = o->pending;
-  if (!o->zs.open || !q)
+  if (!o->zs.open)
     return;
-  while (q->count) {
-    omsg_t *m = &q->buf[q->head];
+  omsg_t *m;
+  while ((m = beam_fifo_front(&o->pending))) {
     if (omsg_send(o->zs.sock, m) != 0)
       return;
     atomic_fetch_add(&o->messages, 1);
     atomic_fetch_add(&o->bytes, sizeof m->hdr + (m->frame ? m->frame->nbytes : 0) + m->meta_len);
     omsg_release(m);
-    q->head = (q->head + 1) % q->cap;
-    q->count--;
+    beam_fifo_pop(&o->pending, NULL);
   }
   if (o->blocked_since) {
     o->blocked_ns += beam_now_ns() - o->blocked_since;
@@ -185,20 +158,15 @@ void beamd_publish_flush(beamd_t *d) {
 
 void beamd_publish_discard(beamd_t *d) {
   beamd_out_t *o = &d->push;
-  msgq_t *q = o->pending;
   o->discard = 1;
-  while (q && q->count) {
-    omsg_release(&q->buf[q->head]);
-    q->head = (q->head + 1) % q->cap;
-    q->count--;
+  omsg_t m;
+  while (beam_fifo_pop(&o->pending, &m)) {
+    omsg_release(&m);
     atomic_fetch_add(&o->dropped, 1);
   }
 }
 
-int beamd_publish_backlog(beamd_t *d) {
-  msgq_t *q = d->push.pending;
-  return q ? (int)q->count : 0;
-}
+int beamd_publish_backlog(beamd_t *d) { return (int)d->push.pending.count; }
 
 static void send_all(beamd_t *d, omsg_t *m) {
   if (d->pub.zs.open)
@@ -331,17 +299,10 @@ void beamd_publish_unwatch(beamd_t *d) {
 }
 
 void beamd_publish_close(beamd_t *d, int linger_ms) {
-  msgq_t *q = d->push.pending;
-  if (q) {
-    while (q->count) {
-      omsg_release(&q->buf[q->head]);
-      q->head = (q->head + 1) % q->cap;
-      q->count--;
-    }
-    free(q->buf);
-    free(q);
-    d->push.pending = NULL;
-  }
+  omsg_t m;
+  while (beam_fifo_pop(&d->push.pending, &m))
+    omsg_release(&m);
+  beam_fifo_free(&d->push.pending);
   beamd_zsock_close(&d->pub.zs, linger_ms);
   beamd_zsock_close(&d->push.zs, linger_ms);
 }
