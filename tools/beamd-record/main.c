@@ -87,6 +87,10 @@ static void usage(FILE *f) {
 "  --timeout S          exit after S seconds (rc 3 if --count/--series not reached)\n"
 "  --hwm N              ZMQ_RCVHWM (default ZeroMQ's 1000; 0 = unlimited)\n"
 "  --stats-json         print a JSON summary line at exit\n"
+"  --xpcs-layout aps|none  also write XPCS results in the APS-8IDI layout read by\n"
+"                       pyXpcsViewer and XPCS-Toolkit (/xpcs, /entry/instrument; default aps)\n"
+"  --xpcs-qmap FILE[:/DATASET]  HDF5 label image of the XPCS stage (dataset default\n"
+"                       /labels): gives /xpcs/qmap/dynamic_roi_map and mask\n"
 "  --help               this text\n");
 }
 
@@ -118,6 +122,7 @@ static int parse_secs(const char *opt, const char *s, double lo, double *out) {
 enum {
   O_CONNECT = 256, O_PULL, O_DIR, O_PREFIX, O_MODE, O_LATEST, O_COMPRESS, O_SWMR_AFTER,
   O_SWMR_DELAY, O_NO_SWMR, O_STATS, O_COUNT, O_SERIES, O_TIMEOUT, O_HWM, O_STATS_JSON, O_HELP,
+  O_XPCS_LAYOUT, O_XPCS_QMAP,
 };
 
 static int parse_args(int argc, char **argv, rec_opts_t *o) {
@@ -131,7 +136,9 @@ static int parse_args(int argc, char **argv, rec_opts_t *o) {
       {"stats", no_argument, 0, O_STATS},           {"count", required_argument, 0, O_COUNT},
       {"series", required_argument, 0, O_SERIES},   {"timeout", required_argument, 0, O_TIMEOUT},
       {"hwm", required_argument, 0, O_HWM},         {"stats-json", no_argument, 0, O_STATS_JSON},
-      {"help", no_argument, 0, O_HELP},             {0, 0, 0, 0}};
+      {"help", no_argument, 0, O_HELP},
+      {"xpcs-layout", required_argument, 0, O_XPCS_LAYOUT},
+      {"xpcs-qmap", required_argument, 0, O_XPCS_QMAP},       {0, 0, 0, 0}};
   int c;
   uint64_t u;
   opterr = 0;
@@ -184,6 +191,15 @@ static int parse_args(int argc, char **argv, rec_opts_t *o) {
     case O_HWM: if (parse_u64("hwm", optarg, INT32_MAX, &u)) return -1; o->hwm = (int)u; break;
     case O_STATS_JSON: o->stats_json = 1; break;
     case O_HELP: return 1;
+    case O_XPCS_LAYOUT:
+      if (!strcmp(optarg, "aps")) o->xpcs_layout = REC_XPCS_APS;
+      else if (!strcmp(optarg, "none")) o->xpcs_layout = REC_XPCS_NONE;
+      else return bad("xpcs-layout", optarg, "aps or none");
+      break;
+    case O_XPCS_QMAP:
+      if (!*optarg || strlen(optarg) > 4000) return bad("xpcs-qmap", optarg, "FILE or FILE:/DATASET");
+      o->xpcs_qmap = optarg;
+      break;
     default:
       fprintf(stderr, "beamd-record: unknown option or missing value: %s\n", argv[optind - 1]);
       return -1;
@@ -481,6 +497,17 @@ int main(int argc, char **argv) {
   }
   if (check_dir(o.dir) < 0)
     return 1;
+  if (o.xpcs_qmap) {
+    /* Fail now, not at the end of the first series. */
+    char file[4096];
+    const char *colon = strrchr(o.xpcs_qmap, ':');
+    int n = colon && colon[1] == '/' ? (int)(colon - o.xpcs_qmap) : (int)strlen(o.xpcs_qmap);
+    snprintf(file, sizeof file, "%.*s", n, o.xpcs_qmap);
+    if (access(file, R_OK) != 0) {
+      rec_log("error: --xpcs-qmap %s: %s", file, strerror(errno));
+      return 1;
+    }
+  }
 
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);

@@ -3,7 +3,8 @@
  * beamd-record subscribes to (SUB) or pulls (PULL) a beamd result stream and
  * writes one HDF5 file per series (layout: docs/recording.md). main.c owns
  * the sockets and the loop, rfile.c the files, idset.c the per-topic sets of
- * frame ids that make replayed (at-least-once) results land exactly once.
+ * frame ids that make replayed (at-least-once) results land exactly once,
+ * xpcs.c the APS-8IDI layout of XPCS results (pyXpcsViewer, XPCS-Toolkit).
  * Shared by the tool's own files only. */
 #ifndef BEAMD_RECORD_H
 #define BEAMD_RECORD_H
@@ -21,6 +22,7 @@
 #define REC_MAX_OPEN 16    /* series files open at once */
 
 enum { REC_COMP_NONE, REC_COMP_GZIP, REC_COMP_BSLZ4 };
+enum { REC_XPCS_APS, REC_XPCS_NONE };
 
 typedef struct rec_opts_s {
   const char *connect[REC_MAX_CONNECT];
@@ -40,6 +42,8 @@ typedef struct rec_opts_s {
   double timeout;      /* seconds (0: none) */
   int hwm;
   int stats_json;
+  int xpcs_layout;       /* REC_XPCS_APS (default) or REC_XPCS_NONE */
+  const char *xpcs_qmap; /* FILE[:/DATASET] label image for /xpcs/qmap, or NULL */
 } rec_opts_t;
 
 /* Counters, reported by --stats-json. */
@@ -58,6 +62,21 @@ typedef struct idset_s {
 /* 1 when v was added, 0 when already present, -1 out of memory. */
 int idset_add(idset_t *s, uint64_t v);
 void idset_free(idset_t *s);
+
+/* ---- xpcs.c: the APS-8IDI XPCS layout (docs/recording.md) ---- */
+typedef struct rxpcs_s rxpcs_t;
+rxpcs_t *xpcs_new(void); /* NULL when out of memory */
+void xpcs_free(rxpcs_t **x);
+/* The SERIES_START of the file (frame shape, metadata JSON). -1 no memory. */
+int xpcs_series(rxpcs_t *x, const beam_hdr_t *start, const char *meta, size_t len);
+/* Keeps what a RESULT adds to an xpcs_multitau/xpcs_twotime analysis
+ * (descriptor kind, labels, the latest g2, g2_err, lags, info, c2). -1 no memory. */
+int xpcs_note(rxpcs_t *x, const beam_msg_t *m, const void *data);
+/* Writes /xpcs and /entry/instrument into file (open for writing, not in
+ * SWMR mode) when an analysis was seen and the layout is on. 0, or -1 with
+ * ctx->err set. */
+struct rec_ctx_s;
+int xpcs_write(struct rec_ctx_s *ctx, rxpcs_t *x, hid_t file, const char *path);
 
 /* ---- rfile.c: one series file ---- */
 typedef struct rtopic_s {
@@ -86,6 +105,7 @@ typedef struct rfile_s {
   uint64_t written;
   rtopic_t *topics[REC_MAX_TOPICS];
   int ntopics;
+  rxpcs_t *xpcs; /* XPCS results kept for the APS layout */
 } rfile_t;
 
 typedef struct rec_ctx_s {

@@ -80,6 +80,12 @@ rfile_t *rfile_open(rec_ctx_t *ctx, uint64_t series_id, const beam_hdr_t *start,
     return NULL;
   }
   f->series_id = series_id;
+  if (!(f->xpcs = xpcs_new()) || xpcs_series(f->xpcs, start, meta, meta_len) < 0) {
+    snprintf(ctx->err, sizeof ctx->err, "out of memory");
+    xpcs_free(&f->xpcs);
+    free(f);
+    return NULL;
+  }
   rec_final_name(o, series_id, f->final_path, sizeof f->final_path);
   snprintf(f->path, sizeof f->path, "%.4300s.partial", f->final_path);
   if (access(f->path, F_OK) == 0) {
@@ -98,6 +104,7 @@ rfile_t *rfile_open(rec_ctx_t *ctx, uint64_t series_id, const beam_hdr_t *start,
   H5Pclose(fapl);
   if (f->file < 0) {
     fail(ctx, f->path, "cannot create the file");
+    xpcs_free(&f->xpcs);
     free(f);
     return NULL;
   }
@@ -118,6 +125,7 @@ rfile_t *rfile_open(rec_ctx_t *ctx, uint64_t series_id, const beam_hdr_t *start,
   if (rc < 0) {
     fail(ctx, f->path, "cannot write the file header");
     H5Fclose(f->file);
+    xpcs_free(&f->xpcs);
     free(f);
     return NULL;
   }
@@ -135,6 +143,11 @@ int rfile_set_meta(rec_ctx_t *ctx, rfile_t *f, const beam_hdr_t *start, const ch
                    size_t meta_len) {
   if (f->have_meta)
     return 0;
+  /* The APS layout is written at close, without SWMR: it can use it. */
+  if (xpcs_series(f->xpcs, start, meta, meta_len) < 0) {
+    snprintf(ctx->err, sizeof ctx->err, "out of memory");
+    return -1;
+  }
   if (f->swmr) {
     rec_log("series %llu: SERIES_START arrived after SWMR mode began; metadata not stored",
             (unsigned long long)f->series_id);
@@ -336,6 +349,10 @@ int rfile_result(rec_ctx_t *ctx, rfile_t *f, const beam_msg_t *m, const void *da
   const beam_hdr_t *h = &m->hdr;
   char name[BEAM_TOPIC_MAX + 1];
   snprintf(name, sizeof name, "%.*s", (int)m->topic_len, m->topic);
+  if (ctx->o->xpcs_layout == REC_XPCS_APS && xpcs_note(f->xpcs, m, data) < 0) {
+    snprintf(ctx->err, sizeof ctx->err, "out of memory for XPCS results");
+    return -1;
+  }
   rtopic_t *t = topic_find(f, name);
   if (!t && !(t = topic_new(ctx, f, name, m)))
     return -1;
@@ -428,8 +445,9 @@ int rfile_tick(rec_ctx_t *ctx, rfile_t *f, uint64_t now, int force_flush) {
   return 0;
 }
 
-/* The end-of-series attributes, written with SWMR over. */
-static int final_attrs(rfile_t *f, int complete, const char *why) {
+/* The end-of-series attributes and the APS XPCS layout, written with SWMR
+ * over. -2: the XPCS layout failed (ctx->err says why). */
+static int final_attrs(rec_ctx_t *ctx, rfile_t *f, int complete, const char *why) {
   hid_t fapl = fapl_latest();
   /* A SWMR reader may still hold the file (and its lock): the series is
    * over and no dataset changes any more, only /entry's attributes do. */
@@ -479,7 +497,9 @@ static int final_attrs(rfile_t *f, int complete, const char *why) {
     rc |= beam_h5_attr_strs(e, "topics_refused_after_swmr", refused, (size_t)nref);
     H5Gclose(e);
   }
-  if (H5Fclose(file) < 0)
+  if (rc == 0 && xpcs_write(ctx, f->xpcs, file, f->path) < 0)
+    rc = -2;
+  if (H5Fclose(file) < 0 && rc == 0)
     rc = -1;
   return rc;
 }
@@ -496,7 +516,10 @@ int rfile_close(rec_ctx_t *ctx, rfile_t **pf, int complete, const char *why) {
     rc = fail(ctx, f->path, "closing the file failed");
   /* After a write error the file keeps complete=false from its creation:
    * reopening it for writing on a full disk could leave it unreadable. */
-  if (rc == 0 && !f->failed && final_attrs(f, complete, why) < 0)
+  int fa = rc == 0 && !f->failed ? final_attrs(ctx, f, complete, why) : 0;
+  if (fa == -2)
+    rc = -1;
+  else if (fa < 0)
     rc = fail(ctx, f->path, "cannot write the final attributes");
   if (rc == 0 && complete && !f->failed) {
     if (rename(f->path, f->final_path) < 0) {
@@ -512,6 +535,7 @@ int rfile_close(rec_ctx_t *ctx, rfile_t **pf, int complete, const char *why) {
     idset_free(&f->topics[i]->seen_final);
     free(f->topics[i]);
   }
+  xpcs_free(&f->xpcs);
   free(f);
   return rc;
 }
