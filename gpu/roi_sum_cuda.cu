@@ -9,9 +9,12 @@
  *     partial[r][b]. nblk is fixed per series from the longest list (about
  *     4096 pixels per block, 1..256 blocks).
  *   roi_final: one thread per ROI adds its nblk partials in order.
- * The order differs from the CPU's four-accumulator loop. Integer pixels
- * with unit weights sum exactly on both (all partials are integers below
- * 2^53), so the results are equal; otherwise they agree within
+ * It always takes the index lists (start with use_runs = 0); the CPU sums
+ * unit-weight ROIs as runs instead, in another order. Integer pixels with
+ * unit weights sum exactly on both while every partial sum is an integer
+ * below 2^53 (the CPU's run sums are integers for <= 32-bit pixels), so
+ * the results are equal; otherwise both chains of roundings are short (GPU
+ * ~30 deep, CPU ~len/8 + runs per ROI) and they agree well within
  * 1e-12 x sum |pixel x weight| (the cross-check's bound). */
 #include "gpu/cuda_int.h"
 
@@ -106,7 +109,7 @@ static int cu_init(beam_stage_t *self, beam_diag_t *d) {
 static int cu_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in,
                     beam_diag_t *d) {
   cuda_t *s = (cuda_t *)self->priv;
-  int rc = beam_roi_host_start(self, &s->h, in, d);
+  int rc = beam_roi_host_start(self, &s->h, in, 0, d);
   if (rc < 0)
     return rc;
   const beam_roi_lists_t *l = &s->h.lists;

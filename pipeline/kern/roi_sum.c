@@ -1,6 +1,7 @@
 /* Stage kind `roi_sum`: schema, and the host-side setup both backends share
- * (ROI parsing, mask files, per-ROI pixel lists, scan image, outputs). The
- * summation loops live in roi_sum_cpu.c and gpu/roi_sum_cuda.cu. */
+ * (ROI parsing, mask files, pixel runs or per-ROI pixel lists, scan image,
+ * outputs). The summation loops live in roi_sum_cpu.c and
+ * gpu/roi_sum_cuda.cu. */
 #include "pipeline/kern/roi_sum.h"
 
 #include <math.h>
@@ -287,6 +288,12 @@ static void lists_free(beam_roi_lists_t *l) {
   memset(l, 0, sizeof *l);
 }
 
+static void runs_free(beam_roi_runs_t *r) {
+  free(r->run);
+  free(r->acc);
+  memset(r, 0, sizeof *r);
+}
+
 void beam_roi_host_free(beam_roi_host_t *h) {
   beam_roi_sum_conf_t *c = &h->conf;
   free(c->geom);
@@ -294,6 +301,7 @@ void beam_roi_host_free(beam_roi_host_t *h) {
   free(c->labels_json);
   beam_array_free(&c->masks);
   lists_free(&h->lists);
+  runs_free(&h->runs);
   free(h->img);
   memset(h, 0, sizeof *h);
 }
@@ -332,6 +340,109 @@ double beam_roi_weight(const beam_roi_sum_conf_t *c, size_t r, uint32_t h, uint3
 
 /* ---- start ------------------------------------------------------------------ */
 
+static int empty_roi(const beam_roi_sum_conf_t *c, size_t r, uint32_t h, uint32_t w, beam_diag_t *d) {
+  char name[BEAM_NAME_MAX + 32];
+  if (c->geom)
+    snprintf(name, sizeof name, "\"%s\"", c->geom[r].name);
+  else if (c->labels)
+    snprintf(name, sizeof name, "label %lld", (long long)c->labels[r]);
+  else
+    snprintf(name, sizeof name, "mask %zu", r);
+  return BEAM_DIAG(d, BEAM_ESHAPE, "roi_sum: ROI %s has no pixel inside the %ux%u frame", name, h, w);
+}
+
+/* Adds pixel i of ROI r to the runs. Pixels arrive in raster order per
+ * ROI (geometry: one ROI after another; labels: one sweep, one ROI per
+ * pixel), so a pixel continues a run only if that run is the last one. */
+static int run_add(beam_roi_runs_t *rs, size_t *cap, uint32_t i, uint32_t r) {
+  if (rs->n > 0) {
+    beam_roi_run_t *t = &rs->run[rs->n - 1];
+    if (t->roi == r && (uint64_t)t->start + t->len == i) {
+      t->len++;
+      return 0;
+    }
+  }
+  if (rs->n == *cap) {
+    size_t nc = *cap ? 2 * *cap : 1024;
+    beam_roi_run_t *v = realloc(rs->run, nc * sizeof *v);
+    if (!v)
+      return -1;
+    rs->run = v;
+    *cap = nc;
+  }
+  rs->run[rs->n++] = (beam_roi_run_t){i, 1, r};
+  return 0;
+}
+
+static int cmp_run(const void *a, const void *b) {
+  const beam_roi_run_t *x = a, *y = b;
+  if (x->start != y->start)
+    return x->start < y->start ? -1 : 1;
+  return (x->roi > y->roi) - (x->roi < y->roi);
+}
+
+/* Unit-weight ROIs as runs. Returns 0 when built, 1 when the runs are too
+ * short to pay (nothing kept: the caller builds lists), or < 0. */
+static int build_runs(beam_roi_host_t *hs, uint32_t h, uint32_t w, beam_diag_t *d) {
+  beam_roi_sum_conf_t *c = &hs->conf;
+  beam_roi_runs_t *rs = &hs->runs;
+  size_t npix = (size_t)h * w, nroi = c->nroi, cap = 0;
+  uint64_t total = 0;
+  int rc = 0;
+  runs_free(rs);
+  rs->nroi = nroi;
+  uint64_t *cnt = calloc(nroi, sizeof *cnt);
+  if (!cnt)
+    goto nomem;
+  if (c->labels) {
+    /* Labels come in long stretches: look each new one up only once. */
+    int64_t prev = 0;
+    size_t pr = SIZE_MAX;
+    for (size_t i = 0; i < npix; i++) {
+      int64_t lab = label_at(&c->masks, i);
+      if (lab != prev) {
+        prev = lab;
+        pr = lab > 0 ? label_index(c, lab) : SIZE_MAX;
+      }
+      if (pr == SIZE_MAX)
+        continue;
+      cnt[pr]++;
+      if (run_add(rs, &cap, (uint32_t)i, (uint32_t)pr) < 0)
+        goto nomem;
+    }
+  } else {
+    for (size_t r = 0; r < nroi; r++)
+      for (uint32_t y = 0; y < h; y++)
+        for (uint32_t x = 0; x < w; x++) {
+          if (beam_roi_weight(c, r, h, w, y, x) == 0.0)
+            continue;
+          cnt[r]++;
+          if (run_add(rs, &cap, y * w + x, (uint32_t)r) < 0)
+            goto nomem;
+        }
+    if (rs->n > 1) /* none at all when every ROI misses the frame */
+      qsort(rs->run, rs->n, sizeof *rs->run, cmp_run);
+  }
+  for (size_t r = 0; r < nroi && rc == 0; r++) {
+    if (cnt[r] == 0)
+      rc = empty_roi(c, r, h, w, d);
+    total += cnt[r];
+  }
+  free(cnt);
+  cnt = NULL;
+  if (rc == 0 && (uint64_t)rs->n * BEAM_ROI_RUN_MIN_MEAN > total)
+    rc = 1;
+  if (rc == 0 && !(rs->acc = malloc(nroi * sizeof(uint64_t))))
+    goto nomem;
+  if (rc != 0)
+    runs_free(rs);
+  return rc;
+nomem:
+  free(cnt);
+  runs_free(rs);
+  return BEAM_DIAG(d, BEAM_ENOMEM, "roi_sum: out of memory building pixel runs");
+}
+
 static int build_lists(beam_roi_host_t *hs, uint32_t h, uint32_t w, beam_diag_t *d) {
   beam_roi_sum_conf_t *c = &hs->conf;
   beam_roi_lists_t *l = &hs->lists;
@@ -357,16 +468,8 @@ static int build_lists(beam_roi_host_t *hs, uint32_t h, uint32_t w, beam_diag_t 
           l->off[r + 1] += beam_roi_weight(c, r, h, w, y, x) != 0.0;
   }
   for (size_t r = 0; r < nroi; r++) {
-    if (l->off[r + 1] == 0) {
-      char name[BEAM_NAME_MAX + 32];
-      if (c->geom)
-        snprintf(name, sizeof name, "\"%s\"", c->geom[r].name);
-      else if (c->labels)
-        snprintf(name, sizeof name, "label %lld", (long long)c->labels[r]);
-      else
-        snprintf(name, sizeof name, "mask %zu", r);
-      return BEAM_DIAG(d, BEAM_ESHAPE, "roi_sum: ROI %s has no pixel inside the %ux%u frame", name, h, w);
-    }
+    if (l->off[r + 1] == 0)
+      return empty_roi(c, r, h, w, d);
     l->off[r + 1] += l->off[r];
   }
   l->total = l->off[nroi];
@@ -407,7 +510,7 @@ static int build_lists(beam_roi_host_t *hs, uint32_t h, uint32_t w, beam_diag_t 
 }
 
 int beam_roi_host_start(beam_stage_t *self, beam_roi_host_t *hs, const beam_indesc_t *in,
-                        beam_diag_t *d) {
+                        int use_runs, beam_diag_t *d) {
   beam_roi_sum_conf_t *c = &hs->conf;
   char fs[64], ms[64];
   if (!beam__dtype_real(in->dtype))
@@ -427,9 +530,18 @@ int beam_roi_host_start(beam_stage_t *self, beam_roi_host_t *hs, const beam_inde
                        beam_shape_str(a->ndim, a->shape, ms, sizeof ms),
                        beam_shape_str(in->ndim, in->shape, fs, sizeof fs));
   }
-  int rc = build_lists(hs, h, w, d);
-  if (rc < 0)
+  /* Neither layout survives a failed start, so nothing half-built is
+   * ever summed. */
+  lists_free(&hs->lists);
+  runs_free(&hs->runs);
+  int rc = use_runs && (c->geom || c->labels) ? build_runs(hs, h, w, d) : 1;
+  if (rc == 1)
+    rc = build_lists(hs, h, w, d);
+  if (rc < 0) {
+    lists_free(&hs->lists);
+    runs_free(&hs->runs);
     return rc;
+  }
   uint32_t nshape[1] = {(uint32_t)c->nroi};
   self->nouts = 1;
   beam__declare(&self->outs[0], "sums", BEAM_DT_F64, 1, nshape, "counts", 1);

@@ -7,8 +7,14 @@
  * (cx, cy) defaulting to ((w-1)/2, (h-1)/2), d2 = (x-cx)^2 + (y-cy)^2 in
  * double: disk d2 < r^2; annulus r_in^2 <= d2 < r_out^2; rect x0 <= x < x1,
  * y0 <= y < y1; label image: pixel label == the ROI's label; weight stack:
- * the ROI's plane value (0 = outside). At start each ROI becomes a sorted
- * list of flat pixel indices (and weights for a stack), the fast path. */
+ * the ROI's plane value (0 = outside).
+ *
+ * At start the ROIs become what the backend sums fastest: for the CPU,
+ * unit-weight ROIs (geometry, label images) become runs of contiguous
+ * pixels, all ROIs merged in raster order so one pass streams the frame;
+ * weight stacks (and ROIs too fragmented for runs to pay) become per-ROI
+ * sorted index lists, with weights for a stack. The CUDA backend always takes
+ * the index lists. */
 #ifndef BEAM_KERN_ROI_SUM_H
 #define BEAM_KERN_ROI_SUM_H
 
@@ -56,10 +62,33 @@ typedef struct beam_roi_lists_s {
   double *w;
 } beam_roi_lists_t;
 
-/* Host-side state common to both backends. */
+/* `len` consecutive flat pixels from `start` (a run may continue onto the
+ * next row), all inside ROI `roi`, weight 1. */
+typedef struct beam_roi_run_s {
+  uint32_t start, len, roi;
+} beam_roi_run_t;
+
+/* Runs of every ROI sorted by (start, roi), so summing them in order reads
+ * the frame front to back; where ROIs overlap, their runs re-read pixels
+ * that are still in cache. acc is per-frame scratch: nroi 8-byte
+ * accumulators (uint64, int64 or double, by dtype). */
+typedef struct beam_roi_runs_s {
+  size_t nroi, n;
+  beam_roi_run_t *run;
+  void *acc;
+} beam_roi_runs_t;
+
+/* ROIs whose runs average fewer pixels than this (fragmented label
+ * images, rings one pixel wide) are summed through index lists instead:
+ * around this length the two cost the same (measured: roi_sum_cpu.c). */
+#define BEAM_ROI_RUN_MIN_MEAN 6
+
+/* Host-side state common to both backends. After start exactly one of
+ * lists (lists.off != NULL) and runs (runs.run != NULL) is built. */
 typedef struct beam_roi_host_s {
   beam_roi_sum_conf_t conf;
   beam_roi_lists_t lists;
+  beam_roi_runs_t runs;
   beam_indesc_t in;
   float *img;       /* scan image [nroi, ny, nx], NaN where not yet scanned */
   size_t img_cap;   /* floats */
@@ -72,10 +101,12 @@ int beam_roi_host_init(beam_roi_host_t *h, const beam_cnode_t *cfg, beam_diag_t 
 void beam_roi_host_free(beam_roi_host_t *h);
 
 /* start: 2-D real frames, mask shape = frame shape, every ROI non-empty;
- * builds the lists, resets the scan image, declares "sums" (float64 [N])
- * and, with scan_shape, "image" (float32 [N, ny, nx]). */
+ * builds runs (use_runs != 0, unit weights, and runs that average at
+ * least BEAM_ROI_RUN_MIN_MEAN pixels) or else index lists, resets the
+ * scan image, declares "sums" (float64 [N]) and, with scan_shape,
+ * "image" (float32 [N, ny, nx]). */
 int beam_roi_host_start(beam_stage_t *self, beam_roi_host_t *h, const beam_indesc_t *in,
-                        beam_diag_t *d);
+                        int use_runs, beam_diag_t *d);
 
 /* After a frame's sums are in `sums` (the emitted frame, not yet put):
  * records them in the scan image. Then, after putting the sums, call
@@ -90,11 +121,26 @@ int beam_roi_host_corrupt(beam_roi_host_t *h, beam_emit_t *emit);
 double beam_roi_weight(const beam_roi_sum_conf_t *c, size_t r, uint32_t h, uint32_t w,
                        uint32_t y, uint32_t x);
 
-/* Fast CPU sums (index lists, four double accumulators per ROI) and the
- * plain reference (every pixel, beam_roi_weight, one accumulator in raster
- * order). Equal exactly for integer pixels with unit weights; otherwise
- * within 1e-12 of sum |pixel * weight|. */
-void beam_roi_sum_cpu(const beam_roi_lists_t *l, beam_dtype_t dt, const void *frame, double *sums);
+/* Fast CPU sums, and the plain reference (every pixel, beam_roi_weight,
+ * one double accumulator in raster order) they are tested against.
+ *
+ * beam_roi_sum_runs: per run, a contiguous loop the compiler vectorises.
+ * beam_roi_sum_lists: gathers through the index lists (weights or not).
+ * beam_roi_sum_cpu: whichever of the two start built for h.
+ *
+ * Agreement with the reference, n = pixels in the ROI, S = sum over it of
+ * |pixel x weight|:
+ *   8/16/32-bit integers, unit weights: summed in 64-bit integers (cannot
+ *     overflow), then rounded once to double. Equal to the reference
+ *     whenever S < 2^53 (then both are exact); above that the fast sum is
+ *     the correctly rounded exact sum and the reference is not.
+ *   64-bit integers, unit weights: double, exact and equal while S < 2^53.
+ *   floats or weights: double in another order; both are within
+ *     (n - 1) 2^-53 S of the exact sum (recursive-summation bound), so
+ *     |fast - ref| <= 2 n 2^-53 S; in practice far less. */
+void beam_roi_sum_runs(beam_roi_runs_t *r, beam_dtype_t dt, const void *frame, double *sums);
+void beam_roi_sum_lists(const beam_roi_lists_t *l, beam_dtype_t dt, const void *frame, double *sums);
+void beam_roi_sum_cpu(beam_roi_host_t *h, beam_dtype_t dt, const void *frame, double *sums);
 void beam_roi_sum_ref(const beam_roi_sum_conf_t *c, beam_dtype_t dt, uint32_t h, uint32_t w,
                       const void *frame, double *sums);
 

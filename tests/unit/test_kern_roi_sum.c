@@ -1,7 +1,10 @@
-/* Stage kind `roi_sum`, CPU backend: hand-computed disk/annulus/rect sums,
- * the index-list loop against the reference loop and against an
- * independent double sum on random data, label images, weight stacks, the
- * scan image, CORRUPT frames, and every configuration or shape error. */
+/* Stage kind `roi_sum`, CPU backend: hand-computed disk/annulus/rect sums;
+ * the run and index-list sums against the plain reference loop on random
+ * data of every dtype (overlapping and disjoint ROIs, rects at and past
+ * the frame edge, empty rows, single-pixel runs, label images dense and
+ * fragmented, weight stacks), exact integer sums where a 32-bit lane or a
+ * double would overflow or round; the scan image, CORRUPT frames, and
+ * every configuration or shape error. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -145,6 +148,342 @@ static void run_random(beam_dtype_t dt) {
 
 static void test_random_u16(void **state) { run_random(BEAM_DT_U16); }
 static void test_random_f32(void **state) { run_random(BEAM_DT_F32); }
+
+/* ---- fast sums against the reference, every dtype ------------------------ */
+
+static const beam_dtype_t all_dtypes[] = {BEAM_DT_U8,  BEAM_DT_U16, BEAM_DT_U32, BEAM_DT_U64,
+                                          BEAM_DT_I8,  BEAM_DT_I16, BEAM_DT_I32, BEAM_DT_I64,
+                                          BEAM_DT_F32, BEAM_DT_F64};
+#define NDT (sizeof all_dtypes / sizeof all_dtypes[0])
+
+static uint64_t mix(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Random pixels over each integer type's whole range (64-bit ones within
+ * +-2^40, so sums of a few thousand stay exact in double), signed ones
+ * negative too; floats of either sign over 2^-10 .. 2^10 x 1000. */
+static void fill_any(beam_frame_t *f, uint64_t seed) {
+  size_t n = beam_frame_elems(f);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t z = mix(&seed);
+    double fv = ((double)(z >> 11) / 9007199254740992.0 - 0.3) * 1000.0 * ldexp(1.0, (int)(z % 21) - 10);
+    switch (f->dtype) {
+    case BEAM_DT_U8: ((uint8_t *)f->data)[i] = (uint8_t)z; break;
+    case BEAM_DT_U16: ((uint16_t *)f->data)[i] = (uint16_t)z; break;
+    case BEAM_DT_U32: ((uint32_t *)f->data)[i] = (uint32_t)z; break;
+    case BEAM_DT_U64: ((uint64_t *)f->data)[i] = z >> 24; break;
+    case BEAM_DT_I8: ((int8_t *)f->data)[i] = (int8_t)((int)(z % 256) - 128); break;
+    case BEAM_DT_I16: ((int16_t *)f->data)[i] = (int16_t)((int)(z % 65536) - 32768); break;
+    case BEAM_DT_I32: ((int32_t *)f->data)[i] = (int32_t)((int64_t)(z % 4294967296ull) - 2147483648ll); break;
+    case BEAM_DT_I64: ((int64_t *)f->data)[i] = (int64_t)(z >> 23) - ((int64_t)1 << 40); break;
+    case BEAM_DT_F32: ((float *)f->data)[i] = (float)fv; break;
+    case BEAM_DT_F64: ((double *)f->data)[i] = fv; break;
+    default: fail_msg("dtype %d", (int)f->dtype);
+    }
+  }
+}
+
+static double px_val(const beam_frame_t *f, size_t i) {
+  switch (f->dtype) {
+  case BEAM_DT_U8: return ((const uint8_t *)f->data)[i];
+  case BEAM_DT_U16: return ((const uint16_t *)f->data)[i];
+  case BEAM_DT_U32: return ((const uint32_t *)f->data)[i];
+  case BEAM_DT_U64: return (double)((const uint64_t *)f->data)[i];
+  case BEAM_DT_I8: return ((const int8_t *)f->data)[i];
+  case BEAM_DT_I16: return ((const int16_t *)f->data)[i];
+  case BEAM_DT_I32: return ((const int32_t *)f->data)[i];
+  case BEAM_DT_I64: return (double)((const int64_t *)f->data)[i];
+  case BEAM_DT_F32: return ((const float *)f->data)[i];
+  case BEAM_DT_F64: return ((const double *)f->data)[i];
+  default: fail_msg("dtype %d", (int)f->dtype); return 0;
+  }
+}
+
+enum { LAYOUT_ANY, LAYOUT_RUNS, LAYOUT_LISTS };
+
+/* The runs' documented shape: sorted by (start, roi), inside the frame,
+ * never touching another run of the same ROI (it would have been merged),
+ * and covering exactly the ROI's pixels. */
+static void check_runs(const beam_roi_host_t *host, uint32_t hh, uint32_t ww) {
+  const beam_roi_runs_t *rs = &host->runs;
+  size_t nroi = host->conf.nroi;
+  uint64_t *cover = calloc(nroi, sizeof *cover), *end = calloc(nroi, sizeof *end);
+  for (size_t k = 0; k < rs->n; k++) {
+    const beam_roi_run_t *u = &rs->run[k];
+    assert_true(u->roi < nroi && u->len > 0);
+    assert_true((uint64_t)u->start + u->len <= (uint64_t)hh * ww);
+    if (k > 0) {
+      const beam_roi_run_t *p = &rs->run[k - 1];
+      assert_true(p->start < u->start || (p->start == u->start && p->roi < u->roi));
+    }
+    if (cover[u->roi])
+      assert_true(u->start > end[u->roi]);
+    end[u->roi] = (uint64_t)u->start + u->len;
+    cover[u->roi] += u->len;
+  }
+  for (size_t r = 0; r < nroi; r++) {
+    uint64_t want = 0;
+    for (uint32_t y = 0; y < hh; y++)
+      for (uint32_t x = 0; x < ww; x++)
+        want += beam_roi_weight(&host->conf, r, hh, ww, y, x) != 0.0;
+    assert_int_equal(cover[r], want);
+  }
+  free(cover);
+  free(end);
+}
+
+/* Starts `cfg` on h x w frames of every dtype and checks, frame by frame,
+ * the stage's sums (whichever layout start chose; `want` pins it) and the
+ * index-list sums against the reference: integer dtypes exactly (every
+ * sum here is below 2^53, so the reference is exact too), floats and
+ * weights within 2 n 2^-53 sum |pixel x weight| (roi_sum.h). */
+static void check_vs_ref(beam_cnode_t *(*mkcfg)(void), uint32_t hh, uint32_t ww, int want) {
+  uint32_t shp[2] = {hh, ww};
+  size_t npix = (size_t)hh * ww;
+  for (size_t t = 0; t < NDT; t++) {
+    beam_dtype_t dt = all_dtypes[t];
+    bh_t *h = make(mkcfg(), 0, NULL);
+    beam_diag_t d = {0};
+    if (bh_start(h, dt, 2, shp, &d) != 0)
+      fail_msg("start %s: %s", beam_dtype_name(dt), d.msg);
+    beam_roi_host_t *host = h->st.priv;
+    if (want == LAYOUT_RUNS) {
+      assert_non_null(host->runs.run);
+      check_runs(host, hh, ww);
+    }
+    if (want == LAYOUT_LISTS)
+      assert_non_null(host->lists.off);
+    size_t nroi = host->conf.nroi;
+    double *ref = malloc(nroi * sizeof *ref), *mag = malloc(nroi * sizeof *mag);
+    double *lst = malloc(nroi * sizeof *lst);
+    for (uint64_t fr = 0; fr < 3; fr++) {
+      beam_frame_t *in = bh_frame_new(dt, 2, shp, fr);
+      fill_any(in, 1000 * t + fr);
+      assert_int_equal(bh_process(h, in), 0);
+      const double *got = h->res[h->nres - 1]->data;
+      beam_roi_sum_ref(&host->conf, dt, hh, ww, in->data, ref);
+      for (size_t r = 0; r < nroi; r++) {
+        mag[r] = 0;
+        for (uint32_t y = 0; y < hh; y++)
+          for (uint32_t x = 0; x < ww; x++)
+            mag[r] += fabs(px_val(in, (size_t)y * ww + x) * beam_roi_weight(&host->conf, r, hh, ww, y, x));
+      }
+      /* The same frame through index lists (start again without runs). */
+      beam_indesc_t ind = {dt, 2, {hh, ww}};
+      assert_int_equal(beam_roi_host_start(&h->st, host, &ind, 0, &d), 0);
+      assert_null(host->runs.run);
+      beam_roi_sum_cpu(host, dt, in->data, lst);
+      assert_int_equal(beam_roi_host_start(&h->st, host, &ind, 1, &d), 0);
+      int exact = dt != BEAM_DT_F32 && dt != BEAM_DT_F64 && !host->lists.w;
+      for (size_t r = 0; r < nroi; r++) {
+        double tol = exact ? 0.0 : 2.0 * (double)npix * 0x1p-53 * mag[r] * 1.001;
+        if (!(fabs(got[r] - ref[r]) <= tol) || !(fabs(lst[r] - ref[r]) <= tol))
+          fail_msg("%s frame %llu roi %zu: stage %.17g lists %.17g ref %.17g (tol %.3g)",
+                   beam_dtype_name(dt), (unsigned long long)fr, r, got[r], lst[r], ref[r], tol);
+        if (!exact && !(mag[r] > 0))
+          fail_msg("roi %zu has no mass: the tolerance would be vacuous", r);
+      }
+      bh_frame_free(in);
+    }
+    free(ref);
+    free(mag);
+    free(lst);
+    bh_free(&h);
+  }
+}
+
+static void add_rect(beam_cnode_t *rois, const char *name, const char *rect) {
+  beam_cnode_t *m = roi(name, "rect");
+  bh_set(m, "rect", rect);
+  bh_push(rois, m);
+}
+
+static void add_round(beam_cnode_t *rois, const char *name, const char *shape, const char *key,
+                      const char *val, const char *center) {
+  beam_cnode_t *m = roi(name, shape);
+  bh_set(m, key, val);
+  if (center)
+    bh_set(m, "center", center);
+  bh_push(rois, m);
+}
+
+/* On 67 x 80, none overlapping: a one-pixel disk, a disk and an annulus
+ * round the centre (rows 2-12 hold no ROI pixel), the two top rows whole
+ * (one run across the row end), a rect running past the bottom-right
+ * edge, and a one-pixel-wide column (single-pixel runs). */
+static beam_cnode_t *disjoint_cfg(void) {
+  beam_cnode_t *cfg = bh_stage_cfg("roi_sum"), *rois = bh_seq();
+  add_round(rois, "dot", "disk", "radius", "0.5", "[3, 60]");
+  add_round(rois, "bf", "disk", "radius", "9.3", NULL);
+  add_round(rois, "ring", "annulus", "radii", "[12, 20]", NULL);
+  add_rect(rois, "top", "[0, 0, 80, 2]");
+  add_rect(rois, "edge", "[75, 40, 200, 300]");
+  add_rect(rois, "col", "[0, 30, 1, 35]");
+  bh_put(cfg, "rois", rois);
+  return cfg;
+}
+
+/* Overlapping: disk inside an annulus's hole and across it, a rect over
+ * both, the whole frame (one run), two identical disks, and the last
+ * pixel of the frame alone. */
+static beam_cnode_t *overlap_cfg(void) {
+  beam_cnode_t *cfg = bh_stage_cfg("roi_sum"), *rois = bh_seq();
+  add_round(rois, "bf", "disk", "radius", "15", NULL);
+  add_round(rois, "adf", "annulus", "radii", "[5, 25]", "[41.25, 30.5]");
+  add_rect(rois, "box", "[30, 20, 50, 40]");
+  add_rect(rois, "all", "[0, 0, 80, 67]");
+  add_round(rois, "bf2", "disk", "radius", "15", NULL);
+  add_rect(rois, "last", "[79, 66, 90, 90]");
+  bh_put(cfg, "rois", rois);
+  return cfg;
+}
+
+/* Nineteen rings one pixel wide: runs of one or two pixels, so start
+ * picks the index lists. */
+static beam_cnode_t *thin_rings_cfg(void) {
+  beam_cnode_t *cfg = bh_stage_cfg("roi_sum"), *rois = bh_seq();
+  for (int r = 2; r <= 20; r++) {
+    char name[16], radii[32];
+    snprintf(name, sizeof name, "r%d", r);
+    snprintf(radii, sizeof radii, "[%d, %d]", r, r + 1);
+    add_round(rois, name, "annulus", "radii", radii, NULL);
+  }
+  bh_put(cfg, "rois", rois);
+  return cfg;
+}
+
+static void test_fast_disjoint(void **state) { check_vs_ref(disjoint_cfg, 67, 80, LAYOUT_RUNS); }
+static void test_fast_overlap(void **state) { check_vs_ref(overlap_cfg, 67, 80, LAYOUT_RUNS); }
+static void test_fast_thin_rings(void **state) { check_vs_ref(thin_rings_cfg, 67, 80, LAYOUT_LISTS); }
+
+static char label_file[256];
+static beam_cnode_t *file_cfg(void) {
+  beam_cnode_t *cfg = bh_stage_cfg("roi_sum"), *mk = bh_map();
+  bh_set(mk, "file", label_file);
+  bh_put(cfg, "masks", mk);
+  return cfg;
+}
+
+/* Label images on 45 x 70: blocks of 10 x 10 with holes (0 and negative
+ * labels) and stray single pixels (runs), then a checkerboard of three
+ * labels (single-pixel runs everywhere: index lists). */
+static void test_fast_labels(void **state) {
+  enum { LH = 45, LW = 70 };
+  static int32_t lab[LH * LW];
+  uint32_t shp[2] = {LH, LW};
+  uint64_t seed = 5;
+  for (int y = 0; y < LH; y++)
+    for (int x = 0; x < LW; x++) {
+      int32_t v = 1 + x / 10 + 8 * (y / 10);
+      if ((x / 10 + y / 10) % 5 == 3)
+        v = (y / 10) % 2 ? 0 : -4;
+      if (mix(&seed) % 40 == 0)
+        v = 99;
+      lab[y * LW + x] = v;
+    }
+  snprintf(label_file, sizeof label_file, "%s", tmp_path("blocks.npy"));
+  assert_int_equal(bh_write_npy(label_file, "<i4", 2, shp, lab, sizeof lab), 0);
+  check_vs_ref(file_cfg, LH, LW, LAYOUT_RUNS);
+  for (int y = 0; y < LH; y++)
+    for (int x = 0; x < LW; x++)
+      lab[y * LW + x] = 1 + (x + y) % 3;
+  snprintf(label_file, sizeof label_file, "%s", tmp_path("checker.npy"));
+  assert_int_equal(bh_write_npy(label_file, "<i4", 2, shp, lab, sizeof lab), 0);
+  check_vs_ref(file_cfg, LH, LW, LAYOUT_LISTS);
+}
+
+/* A weight stack of four masks on 33 x 41 with zeros, negatives and
+ * fractions: the weighted gather, every dtype. */
+static void test_fast_weights(void **state) {
+  enum { WH = 33, WW = 41 };
+  static float w[4 * WH * WW];
+  uint64_t seed = 9;
+  for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+    uint64_t z = mix(&seed);
+    w[i] = z % 3 == 0 ? 0.0f : (float)((int)(z % 2001) - 1000) / 256.0f;
+  }
+  uint32_t shp3[3] = {4, WH, WW};
+  snprintf(label_file, sizeof label_file, "%s", tmp_path("wstack.npy"));
+  assert_int_equal(bh_write_npy(label_file, "<f4", 3, shp3, w, sizeof w), 0);
+  check_vs_ref(file_cfg, WH, WW, LAYOUT_LISTS);
+}
+
+/* Sums that overflow a 32-bit lane (uint16 runs longer than 65536 pixels,
+ * 16-bit lanes of a negative int16 run) or whose uint32 pixels are near
+ * 2^32: every run and list sum is exact, checked against closed forms. */
+static beam_cnode_t *whole_cfg(void) {
+  beam_cnode_t *cfg = bh_stage_cfg("roi_sum"), *rois = bh_seq();
+  add_rect(rois, "all", "[0, 0, 300, 300]");
+  add_rect(rois, "rows", "[0, 100, 300, 103]");
+  bh_put(cfg, "rois", rois);
+  return cfg;
+}
+
+static void test_exact_large(void **state) {
+  uint32_t shp[2] = {300, 300};
+  const struct {
+    beam_dtype_t dt;
+    double v;
+  } cases[] = {{BEAM_DT_U8, 255},         {BEAM_DT_U16, 65535},         {BEAM_DT_I16, -32768},
+               {BEAM_DT_I8, -128},        {BEAM_DT_U32, 4294967295.0}, {BEAM_DT_I32, -2147483648.0}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    bh_t *h = make(whole_cfg(), 0, NULL);
+    beam_diag_t d = {0};
+    assert_int_equal(bh_start(h, cases[c].dt, 2, shp, &d), 0);
+    beam_roi_host_t *host = h->st.priv;
+    assert_non_null(host->runs.run);
+    assert_int_equal(host->runs.n, 2); /* whole frame and 3 whole rows: one run each */
+    beam_frame_t *in = bh_frame_new(cases[c].dt, 2, shp, 0);
+    for (size_t i = 0; i < 90000; i++)
+      switch (cases[c].dt) {
+      case BEAM_DT_U8: ((uint8_t *)in->data)[i] = 255; break;
+      case BEAM_DT_U16: ((uint16_t *)in->data)[i] = 65535; break;
+      case BEAM_DT_I16: ((int16_t *)in->data)[i] = INT16_MIN; break;
+      case BEAM_DT_I8: ((int8_t *)in->data)[i] = INT8_MIN; break;
+      case BEAM_DT_U32: ((uint32_t *)in->data)[i] = UINT32_MAX; break;
+      case BEAM_DT_I32: ((int32_t *)in->data)[i] = INT32_MIN; break;
+      default: break;
+      }
+    assert_int_equal(bh_process(h, in), 0);
+    const double *s = h->res[0]->data;
+    double lst[2];
+    beam_indesc_t ind = {cases[c].dt, 2, {300, 300}};
+    assert_int_equal(beam_roi_host_start(&h->st, host, &ind, 0, &d), 0);
+    beam_roi_sum_cpu(host, cases[c].dt, in->data, lst);
+    if (!(s[0] == 90000 * cases[c].v && s[1] == 900 * cases[c].v && lst[0] == s[0] && lst[1] == s[1]))
+      fail_msg("%s: runs %.17g %.17g lists %.17g %.17g, want %.17g %.17g", beam_dtype_name(cases[c].dt),
+               s[0], s[1], lst[0], lst[1], 90000 * cases[c].v, 900 * cases[c].v);
+    bh_frame_free(in);
+    bh_free(&h);
+  }
+  /* uint32 near 2^32 at random against an independent 64-bit integer sum. */
+  bh_t *h = make(disjoint_cfg(), 0, NULL);
+  uint32_t shp2[2] = {67, 80};
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(h, BEAM_DT_U32, 2, shp2, &d), 0);
+  beam_roi_host_t *host = h->st.priv;
+  beam_frame_t *in = bh_frame_new(BEAM_DT_U32, 2, shp2, 0);
+  uint64_t seed = 3;
+  for (size_t i = 0; i < 67 * 80; i++)
+    ((uint32_t *)in->data)[i] = UINT32_MAX - (uint32_t)(mix(&seed) % 1000);
+  assert_int_equal(bh_process(h, in), 0);
+  const double *s = h->res[0]->data;
+  for (size_t r = 0; r < host->conf.nroi; r++) {
+    uint64_t want = 0;
+    for (uint32_t y = 0; y < 67; y++)
+      for (uint32_t x = 0; x < 80; x++)
+        if (beam_roi_weight(&host->conf, r, 67, 80, y, x) != 0.0)
+          want += ((uint32_t *)in->data)[y * 80 + x];
+    if (!(s[r] == (double)want))
+      fail_msg("roi %zu: %.17g, want %llu", r, s[r], (unsigned long long)want);
+  }
+  bh_frame_free(in);
+  bh_free(&h);
+}
 
 static void test_labels(void **state) {
   uint32_t shp[2] = {3, 4};
@@ -315,6 +654,9 @@ int main(void) {
       cmocka_unit_test(test_random_f32),    cmocka_unit_test(test_labels),
       cmocka_unit_test(test_weights),       cmocka_unit_test(test_scan_image),
       cmocka_unit_test(test_config_errors), cmocka_unit_test(test_start_errors),
+      cmocka_unit_test(test_fast_disjoint), cmocka_unit_test(test_fast_overlap),
+      cmocka_unit_test(test_fast_thin_rings), cmocka_unit_test(test_fast_labels),
+      cmocka_unit_test(test_fast_weights),  cmocka_unit_test(test_exact_large),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
