@@ -34,6 +34,8 @@ extern const beam_stage_ops_t beam_roi_sum_cuda_ops;
 extern const beam_stage_ops_t beam_bin_cuda_ops;
 extern const beam_stage_ops_t beam_preview_cuda_ops;
 extern const beam_stage_ops_t beam_xpcs_multitau_cuda_ops;
+extern const beam_stage_ops_t beam_xpcs_twotime_cuda_ops;
+extern const beam_stage_ops_t beam_pca_cuda_ops;
 
 #ifdef __cplusplus
 }

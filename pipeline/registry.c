@@ -20,11 +20,17 @@ static const beam_stage_kind_t k_preview = {
 static const beam_stage_kind_t k_xpcs_multitau = {
     "xpcs_multitau", "XPCS multi-tau g2 per ROI, streaming (scikit-beam semantics)",
     beam_xpcs_multitau_params, &beam_xpcs_multitau_cpu_ops, &beam_xpcs_multitau_cuda_ops};
+static const beam_stage_kind_t k_xpcs_twotime = {
+    "xpcs_twotime", "XPCS two-time correlation C(t1, t2) per ROI and g2 from its diagonals (scikit-beam)",
+    beam_xpcs_twotime_params, &beam_xpcs_twotime_cpu_ops, &beam_xpcs_twotime_cuda_ops};
+static const beam_stage_kind_t k_pca = {
+    "pca", "streaming PCA (incremental SVD): scores, anomaly residual, components",
+    beam_pca_params, &beam_pca_cpu_ops, &beam_pca_cuda_ops};
 
 /* Built-in kinds first; kinds that need libraries pipeline/ must not use
  * (HDF5 for `record`) are registered by the daemon at start-up. */
 #define MAX_KINDS 32
-static const beam_stage_kind_t *kinds[MAX_KINDS + 1] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, &k_xpcs_multitau, NULL};
+static const beam_stage_kind_t *kinds[MAX_KINDS + 1] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, &k_xpcs_multitau, &k_xpcs_twotime, &k_pca, NULL};
 
 const beam_stage_kind_t *const *beam_stage_kinds(void) { return kinds; }
 

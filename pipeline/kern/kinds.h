@@ -15,5 +15,9 @@ extern const beam_param_t beam_preview_params[];
 extern const beam_stage_ops_t beam_preview_cpu_ops;
 extern const beam_param_t beam_xpcs_multitau_params[];
 extern const beam_stage_ops_t beam_xpcs_multitau_cpu_ops;
+extern const beam_param_t beam_xpcs_twotime_params[];
+extern const beam_stage_ops_t beam_xpcs_twotime_cpu_ops;
+extern const beam_param_t beam_pca_params[];
+extern const beam_stage_ops_t beam_pca_cpu_ops;
 
 #endif

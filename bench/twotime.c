@@ -1,0 +1,174 @@
+/* twotime: CPU time of the `xpcs_twotime` stage for T frames x one ROI of
+ * about P pixels, beside the BLAS rate of the same shapes measured in the
+ * same run on the same buffer, so the figure says how close the stage is
+ * to the machine's GEMM speed.
+ *
+ * The stage is driven through its ops (init, start, process per frame,
+ * end) with a private emitter, as bench/kernels.c does; the ROI is a disk
+ * in a square uint16 frame. Then, on the stage's own frame buffer:
+ * cblas_?syrk of [T, P] (T^2 P flops: the stage's product in mode full)
+ * and cblas_?gemm [T, P] x [P, T] (2 T^2 P flops).
+ *
+ *   twotime [--frames T] [--pixels P] [--float32]
+ *
+ * Prints one table. Memory: T x P x 8 bytes (plus R T^2 x 8 for c2). */
+#include <cblas.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/config.h"
+#include "pipeline/emit_int.h"
+#include "pipeline/kern/xpcs_twotime.h"
+#include "pipeline/stage.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct emitter_s {
+  beam_frame_t outs[BEAM_STAGE_MAX_OUTS];
+} emitter_t;
+
+static beam_frame_t *em_get(void *ctx, unsigned out) {
+  emitter_t *e = ctx;
+  return out < BEAM_STAGE_MAX_OUTS && e->outs[out].data ? &e->outs[out] : NULL;
+}
+static void em_put(void *ctx, beam_frame_t *f) { (void)ctx, (void)f; }
+static void em_drop(void *ctx, beam_frame_t *f) { (void)ctx, (void)f; }
+
+int main(int argc, char **argv) {
+  size_t T = 2000, P = 50000;
+  int f32 = 0;
+  static const struct option lo[] = {
+      {"frames", 1, 0, 't'}, {"pixels", 1, 0, 'p'}, {"float32", 0, 0, 'f'}, {0, 0, 0, 0}};
+  for (int c; (c = getopt_long(argc, argv, "t:p:f", lo, NULL)) != -1;) {
+    if (c == 't')
+      T = strtoull(optarg, NULL, 10);
+    else if (c == 'p')
+      P = strtoull(optarg, NULL, 10);
+    else if (c == 'f')
+      f32 = 1;
+    else {
+      fprintf(stderr, "usage: twotime [--frames T] [--pixels P] [--float32]\n");
+      return 2;
+    }
+  }
+  if (T < 2 || T > BEAM_X2T_MAX_FRAMES || P < 1 || P > 100000000) {
+    fprintf(stderr, "twotime: frames must be 2..%u, pixels 1..1e8\n", BEAM_X2T_MAX_FRAMES);
+    return 2;
+  }
+  /* a disk of about P pixels, centred in a square frame */
+  double rad = sqrt((double)P / M_PI);
+  uint32_t side = (uint32_t)(2 * rad + 4);
+  char yaml[512];
+  snprintf(yaml, sizeof yaml,
+           "{name: tt, kind: xpcs_twotime, backend: cpu, mode: full, max_frames: %zu, memory_limit: 1024Gi, "
+           "precision: %s, rois: {center: [%.1f, %.1f], radii: [0, %.6f]}}",
+           T, f32 ? "float32" : "float64", side / 2.0, side / 2.0, rad);
+  beam_cfg_errs_t errs = {0};
+  beam_cnode_t *cfg = beam_yaml_parse(yaml, strlen(yaml), "<twotime>", &errs);
+  const beam_stage_kind_t *k = beam_stage_kind_find("xpcs_twotime");
+  if (!cfg || !k || beam_cfg_validate(cfg, k->params, "bench stage", &errs) > 0) {
+    fprintf(stderr, "twotime: config: %s\n", errs.n ? errs.msgs[0] : "no xpcs_twotime kind");
+    return 1;
+  }
+  beam_stage_t st;
+  memset(&st, 0, sizeof st);
+  st.ops = k->cpu;
+  st.cfg = cfg;
+  snprintf(st.name, sizeof st.name, "tt");
+  beam_diag_t d = {0};
+  uint32_t shape[2] = {side, side};
+  beam_series_t *series = beam_series_new(1, BEAM_DT_U16, 2, shape, NULL, 0);
+  beam_indesc_t in = {BEAM_DT_U16, 2, {side, side, 0, 0}};
+  if (st.ops->init(&st, &d) < 0 || !series || st.ops->start(&st, series, &in, &d) < 0) {
+    fprintf(stderr, "twotime: %s\n", d.msg);
+    return 1;
+  }
+  emitter_t em;
+  memset(&em, 0, sizeof em);
+  for (unsigned o = 0; o < st.nouts; o++) {
+    size_t nb = beam_dtype_size(st.outs[o].dtype);
+    for (uint32_t i = 0; i < st.outs[o].ndim; i++)
+      nb *= st.outs[o].shape[i];
+    em.outs[o].data = malloc(nb);
+    em.outs[o].cap = nb;
+    if (!em.outs[o].data) {
+      fprintf(stderr, "twotime: out of memory (%zu bytes)\n", nb);
+      return 1;
+    }
+  }
+  beam_emit_t e = {&em, em_get, em_put, em_drop};
+  beam_x2t_t *x = st.priv;
+  /* frames: a few counts per pixel, varying per frame */
+  size_t npix = (size_t)side * side;
+  uint16_t *img = malloc(npix * sizeof *img);
+  beam_frame_t fr;
+  memset(&fr, 0, sizeof fr);
+  fr.dtype = BEAM_DT_U16, fr.ndim = 2, fr.shape[0] = side, fr.shape[1] = side;
+  fr.data = img, fr.nbytes = npix * sizeof *img;
+  uint64_t seed = 42;
+  double t_frames = 0;
+  for (size_t t = 0; t < T; t++) {
+    for (size_t p = 0; p < npix; p++) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      img[p] = (uint16_t)(seed >> 61);
+    }
+    fr.frame_id = t;
+    double a = now_s();
+    if (st.ops->process(&st, &fr, &e) < 0) {
+      fprintf(stderr, "twotime: process: %s\n", st.diag.msg);
+      return 1;
+    }
+    t_frames += now_s() - a;
+  }
+  double a = now_s();
+  if (st.ops->end(&st, &e) < 0) {
+    fprintf(stderr, "twotime: end: %s\n", st.diag.msg);
+    return 1;
+  }
+  double t_end = now_s() - a;
+  size_t Pr = x->P;
+  double n = (double)T, flops_syrk = n * n * (double)Pr, flops_gemm = 2 * n * n * (double)Pr;
+  /* the same products on the same buffer, straight to BLAS */
+  void *c = malloc(T * T * (f32 ? 4 : 8));
+  a = now_s();
+  if (f32)
+    cblas_ssyrk(CblasRowMajor, CblasLower, CblasNoTrans, (blasint)T, (blasint)Pr, 1, x->buf, (blasint)x->P, 0, c,
+                (blasint)T);
+  else
+    cblas_dsyrk(CblasRowMajor, CblasLower, CblasNoTrans, (blasint)T, (blasint)Pr, 1, x->buf, (blasint)x->P, 0, c,
+                (blasint)T);
+  double t_syrk = now_s() - a;
+  a = now_s();
+  if (f32)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, (blasint)T, (blasint)Pr, 1, x->buf, (blasint)x->P,
+                x->buf, (blasint)x->P, 0, c, (blasint)T);
+  else
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, (blasint)T, (blasint)Pr, 1, x->buf, (blasint)x->P,
+                x->buf, (blasint)x->P, 0, c, (blasint)T);
+  double t_gemm = now_s() - a;
+  printf("xpcs_twotime full, %s, T = %zu frames, one ROI of %zu pixels (%ux%u uint16 frames)\n",
+         f32 ? "float32" : "float64", T, Pr, side, side);
+  printf("  %-34s %9.3f s  (%.1f us/frame)\n", "stage process (gather, all frames)", t_frames, 1e6 * t_frames / n);
+  printf("  %-34s %9.3f s  (%.1f GFLOP/s as syrk)\n", "stage end (products, c2, g2)", t_end, flops_syrk / t_end * 1e-9);
+  printf("  %-34s %9.3f s  (%.1f GFLOP/s)\n", "cblas syrk [T,P] same buffer", t_syrk, flops_syrk / t_syrk * 1e-9);
+  printf("  %-34s %9.3f s  (%.1f GFLOP/s)\n", "cblas gemm [T,P]x[P,T]", t_gemm, flops_gemm / t_gemm * 1e-9);
+  printf("  stage end / syrk = %.2f\n", t_end / t_syrk);
+  free(c);
+  free(img);
+  st.ops->destroy(&st);
+  for (unsigned o = 0; o < BEAM_STAGE_MAX_OUTS; o++)
+    free(em.outs[o].data);
+  beam_series_unref(&series);
+  beam_cnode_free(cfg);
+  beam_cfg_errs_free(&errs);
+  return 0;
+}

@@ -1,0 +1,455 @@
+/* Stage kind `xpcs_twotime`: schema, per-series state shared by the CPU and
+ * CUDA backends, the frame buffer, the memory budget, and turning the
+ * backends' numerator products into c2 (normalised, symmetrised, banded or
+ * windowed), g2 from the diagonals, and published results. See
+ * xpcs_twotime.h for the definitions. */
+#include "pipeline/kern/xpcs_twotime.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "pipeline/kern/kern_int.h"
+#include "pipeline/kern/kinds.h"
+
+const beam_param_t beam_xpcs_twotime_params[] = {
+    BEAM_STAGE_COMMON_PARAMS,
+    {"rois", BEAM_P_MAP, NULL, 1, 0, 0, NULL, beam_xpcs_rois_params,
+     "ROIs: a label image file, or rings around a centre", NULL},
+    {"mode", BEAM_P_ENUM, "full", 0, 0, 0, "full|band|window", NULL,
+     "full: [R, T, T]; band: |t1 - t2| < width as [R, T, width]; window: the last width frames", NULL},
+    {"width", BEAM_P_INT, "100", 0, 1, BEAM_X2T_MAX_FRAMES, NULL, NULL,
+     "band width or window length, in frames (ignored by mode full)", NULL},
+    {"max_frames", BEAM_P_INT, "2000", 0, 1, BEAM_X2T_MAX_FRAMES, NULL, NULL,
+     "full and band: frames kept per series; later frames are dropped (counted)", NULL},
+    {"memory_limit", BEAM_P_SIZE, "2Gi", 0, 1048576.0, 1099511627776.0, NULL, NULL,
+     "host bytes for the frame buffer, the c2 result and scratch; more is an error at init or series start",
+     NULL},
+    {"precision", BEAM_P_ENUM, "float64", 0, 0, 0, "float64|float32", NULL,
+     "frame buffer, products and c2 in float64 or float32 (integer counts exact below 2^24)", NULL},
+    {"errors", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
+     "also publish g2_err, the standard error of each g2 diagonal mean", NULL},
+    {"publish_every", BEAM_P_INT, "0", 0, 0, 1e9, NULL, NULL,
+     "publish partial results over the frames so far every N frames (0 = at series end only)", NULL},
+    BEAM_PARAM_END};
+
+#define WHO "xpcs_twotime"
+
+void beam_x2t_free(beam_x2t_t *x) {
+  if (!x)
+    return;
+  beam_xpcs_rois_free(&x->rois);
+  free(x->buf);
+  free(x->sum);
+  free(x->bad);
+  free(x->scratch);
+  memset(x, 0, sizeof *x);
+}
+
+static double gib(double b) { return b / 1073741824.0; }
+
+/* Elements of one ROI's c2 (declared), of the scratch, and the band block. */
+static size_t band_blk(size_t w) { return w < 64 ? 64 : w > 1024 ? 1024 : w; }
+
+static double c2_cells(const beam_x2t_conf_t *c, size_t tdecl) {
+  switch (c->mode) {
+  case BEAM_X2T_FULL: return (double)tdecl * (double)tdecl;
+  case BEAM_X2T_BAND: return (double)tdecl * (double)c->width;
+  default: return (double)c->width * (double)c->width;
+  }
+}
+
+static double scratch_cells(const beam_x2t_conf_t *c) {
+  size_t b = band_blk(c->width);
+  return c->mode == BEAM_X2T_BAND ? (double)b * (double)(b + c->width - 1)
+         : c->mode == BEAM_X2T_WINDOW ? (double)c->width * (double)c->width
+                                      : 0;
+}
+
+double beam_x2t_bytes(const beam_x2t_t *x, size_t P, size_t R, size_t tdecl) {
+  const beam_x2t_conf_t *c = &x->conf;
+  double es = (double)beam_x2t_esize(x);
+  double cap = c->mode == BEAM_X2T_WINDOW ? (double)c->width : (double)tdecl;
+  double lags = c->mode == BEAM_X2T_FULL ? (double)tdecl : (double)c->width;
+  return cap * (double)P * es + cap * (double)R * 8 + cap + (double)R * c2_cells(c, tdecl) * es +
+         scratch_cells(c) * es + 4 * (c->errors ? 3 : 2) * lags * (double)R * 8;
+}
+
+int beam_x2t_init(beam_x2t_t *x, const beam_cnode_t *cfg, beam_diag_t *d) {
+  memset(x, 0, sizeof *x);
+  beam_x2t_conf_t *c = &x->conf;
+  const char *mode = beam_cfg_str(cfg, "mode"), *prec = beam_cfg_str(cfg, "precision");
+  c->mode = !mode || strcmp(mode, "full") == 0 ? BEAM_X2T_FULL
+            : strcmp(mode, "band") == 0        ? BEAM_X2T_BAND
+            : strcmp(mode, "window") == 0      ? BEAM_X2T_WINDOW
+                                               : (beam_x2t_mode_t)-1;
+  if ((int)c->mode < 0)
+    return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": mode must be full, band or window, got \"%s\"", mode);
+  if (prec && strcmp(prec, "float64") != 0 && strcmp(prec, "float32") != 0)
+    return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": precision must be float64 or float32, got \"%s\"", prec);
+  c->f32 = prec && strcmp(prec, "float32") == 0;
+  int64_t w = beam_cfg_int(cfg, "width", 100), mf = beam_cfg_int(cfg, "max_frames", 2000);
+  int64_t lim = beam_cfg_int(cfg, "memory_limit", (int64_t)2 << 30), pe = beam_cfg_int(cfg, "publish_every", 0);
+  /* The validator has checked these; a tree built by hand may not be. */
+  if (w < 1 || w > BEAM_X2T_MAX_FRAMES || mf < 1 || mf > BEAM_X2T_MAX_FRAMES)
+    return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": width and max_frames must be 1..%u, got %lld and %lld",
+                     BEAM_X2T_MAX_FRAMES, (long long)w, (long long)mf);
+  if (lim <= 0)
+    return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": memory_limit must be positive");
+  c->width = (size_t)w;
+  c->max_frames = (size_t)mf;
+  c->memory_limit = (uint64_t)lim;
+  c->errors = beam_cfg_bool(cfg, "errors", 0);
+  c->publish_every = pe > 0 ? (uint64_t)pe : 0;
+  /* One ROI's result alone must fit: caught here, before any series. */
+  double one = c2_cells(c, c->max_frames) * (double)beam_x2t_esize(x);
+  if (one > (double)c->memory_limit)
+    return BEAM_DIAG(d, BEAM_ECONFIG,
+                     WHO ": one ROI's c2 (%s) needs %.3g GiB, more than memory_limit %.3g GiB; lower %s, "
+                     "use mode band or window, precision float32, or raise memory_limit",
+                     c->mode == BEAM_X2T_FULL   ? "max_frames^2"
+                     : c->mode == BEAM_X2T_BAND ? "max_frames x width"
+                                                : "width^2",
+                     gib(one), gib((double)c->memory_limit), c->mode == BEAM_X2T_WINDOW ? "width" : "max_frames");
+  return beam_xpcs_rois_init(&x->rois, beam_cfg_get(cfg, "rois"), WHO, d);
+}
+
+static void declare(beam_outdesc_t *o, const char *name, beam_dtype_t dt, uint32_t ndim, const uint32_t *shape,
+                    const char *units, unsigned slots) {
+  beam__declare(o, name, dt, ndim, shape, units, 0);
+  o->slots = slots;
+}
+
+int beam_x2t_start(beam_stage_t *self, beam_x2t_t *x, const beam_series_t *s, const beam_indesc_t *in,
+                   beam_diag_t *d) {
+  char fs[64];
+  const beam_x2t_conf_t *c = &x->conf;
+  if (!beam__dtype_real(in->dtype))
+    return BEAM_DIAG(d, BEAM_ESHAPE, WHO ": input dtype %s is not supported (integers, float32, float64)",
+                     beam_dtype_name(in->dtype));
+  if (in->ndim != 2 || in->shape[0] == 0 || in->shape[1] == 0)
+    return BEAM_DIAG(d, BEAM_ESHAPE, WHO ": frames must be 2-D and non-empty, got %s",
+                     beam_shape_str(in->ndim, in->shape, fs, sizeof fs));
+  size_t tdecl = c->mode == BEAM_X2T_WINDOW ? c->width : c->max_frames;
+  if (c->mode != BEAM_X2T_WINDOW && s && s->nframes > 0) {
+    if (s->nframes > c->max_frames)
+      return BEAM_DIAG(d, BEAM_ELIMIT,
+                       WHO ": the series announces %llu frames, max_frames is %zu (mode %s keeps every frame)",
+                       (unsigned long long)s->nframes, c->max_frames, c->mode == BEAM_X2T_FULL ? "full" : "band");
+    tdecl = (size_t)s->nframes; /* a smaller result slot */
+  }
+  int rc = beam_xpcs_rois_start(&x->rois, in->shape[0], in->shape[1], s, WHO, d);
+  if (rc < 0)
+    return rc;
+  size_t P = x->rois.total, R = x->rois.nroi;
+  double need = beam_x2t_bytes(x, P, R, tdecl);
+  if (need > (double)c->memory_limit)
+    return BEAM_DIAG(d, BEAM_ELIMIT,
+                     WHO ": %zu ROIs, %zu pixels, %zu frames need %.3g GiB (frames %.3g GiB, c2 %.3g GiB), more "
+                     "than memory_limit %.3g GiB",
+                     R, P, tdecl, gib(need),
+                     gib((double)(c->mode == BEAM_X2T_WINDOW ? c->width : tdecl) * (double)P *
+                         (double)beam_x2t_esize(x)),
+                     gib((double)R * c2_cells(c, tdecl) * (double)beam_x2t_esize(x)), gib((double)c->memory_limit));
+  x->in = *in;
+  x->P = P;
+  x->R = R;
+  x->tdecl = tdecl;
+  x->cap = c->mode == BEAM_X2T_WINDOW ? c->width : tdecl;
+  x->blk = band_blk(c->width);
+  free(x->buf), free(x->sum), free(x->bad), free(x->scratch);
+  size_t es = beam_x2t_esize(x), sc = (size_t)scratch_cells(c);
+  x->buf = malloc(x->cap * P * es);
+  x->sum = calloc(x->cap * R, sizeof *x->sum);
+  x->bad = calloc(x->cap, 1);
+  x->scratch = sc ? malloc(sc * es) : NULL;
+  if (!x->buf || !x->sum || !x->bad || (sc && !x->scratch))
+    return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": cannot allocate %.3g GiB for %zu frames x %zu pixels", gib(need),
+                     x->cap, P);
+  /* touch every page now: first-touch faults of a buffer this size would
+   * otherwise land on the per-frame path */
+  memset(x->buf, 0, x->cap * P * es);
+  x->rows = x->head = 0;
+  x->nframes = x->nbad = x->ndropped = 0;
+  x->lag_scale = s && s->frame_time_s > 0 ? s->frame_time_s : 1.0;
+
+  beam_dtype_t dt = c->f32 ? BEAM_DT_F32 : BEAM_DT_F64;
+  size_t lags = c->mode == BEAM_X2T_FULL ? tdecl : c->width;
+  uint32_t sc2[3] = {(uint32_t)R, (uint32_t)(c->mode == BEAM_X2T_WINDOW ? c->width : tdecl),
+                     (uint32_t)(c->mode == BEAM_X2T_FULL ? tdecl : c->width)};
+  uint32_t sg[2] = {(uint32_t)lags, (uint32_t)R}, sl[1] = {(uint32_t)lags}, si[1] = {BEAM_X2T_INFO_N};
+  /* c2 can be most of memory_limit: one slot, reused once the publisher
+   * has sent it. */
+  declare(&self->outs[BEAM_X2T_OUT_C2], "c2", dt, 3, sc2, "", 1);
+  self->outs[BEAM_X2T_OUT_C2].axes[0] = "roi";
+  self->outs[BEAM_X2T_OUT_C2].axes[1] = "t1";
+  self->outs[BEAM_X2T_OUT_C2].axes[2] = c->mode == BEAM_X2T_BAND ? "lag" : "t2";
+  declare(&self->outs[BEAM_X2T_OUT_G2], "g2", BEAM_DT_F64, 2, sg, "", 4);
+  declare(&self->outs[BEAM_X2T_OUT_LAGS], "lags", BEAM_DT_F64, 1, sl, s && s->frame_time_s > 0 ? "s" : "frames", 4);
+  declare(&self->outs[BEAM_X2T_OUT_INFO], "info", BEAM_DT_I64, 1, si, "", 4);
+  self->outs[BEAM_X2T_OUT_INFO].axes[0] = "field";
+  self->outs[BEAM_X2T_OUT_INFO].labels_json =
+      "[\"frames\",\"bad_frames\",\"dropped\",\"rows\",\"dark\",\"first_frame\"]";
+  self->outs[BEAM_X2T_OUT_LAGS].axes[0] = "lag";
+  self->nouts = 4;
+  if (c->errors) {
+    declare(&self->outs[BEAM_X2T_OUT_G2ERR], "g2_err", BEAM_DT_F64, 2, sg, "", 4);
+    self->nouts = 5;
+  }
+  for (unsigned o = BEAM_X2T_OUT_C2; o < self->nouts; o++) {
+    if (o == BEAM_X2T_OUT_LAGS || o == BEAM_X2T_OUT_INFO)
+      continue;
+    if (o != BEAM_X2T_OUT_C2) {
+      self->outs[o].axes[0] = "lag";
+      self->outs[o].axes[1] = "roi";
+    }
+    self->outs[o].labels_json = x->rois.labels_json;
+  }
+  return 0;
+}
+
+/* ---- per frame ---------------------------------------------------------- */
+
+#define GATHER_CASE(T, DT)                                                     \
+  case DT: {                                                                   \
+    const T *restrict px = frame;                                              \
+    for (size_t r = 0; r < R; r++) {                                           \
+      double s = 0;                                                            \
+      if (x->conf.f32) {                                                       \
+        float *restrict o = (float *)row;                                      \
+        for (size_t p = off[r]; p < off[r + 1]; p++)                           \
+          s += (o[p] = (float)px[idx[p]]);                                     \
+      } else {                                                                 \
+        double *restrict o = (double *)row;                                    \
+        for (size_t p = off[r]; p < off[r + 1]; p++)                           \
+          s += (o[p] = (double)px[idx[p]]);                                    \
+      }                                                                        \
+      sums[r] = s;                                                             \
+      nan |= isnan(s);                                                         \
+    }                                                                          \
+    break;                                                                     \
+  }
+
+/* Gathers into buffer row `slot`; returns 1 when a ROI pixel is NaN. */
+static int gather(beam_x2t_t *x, const void *frame, size_t slot) {
+  const uint32_t *restrict idx = x->rois.idx;
+  const uint64_t *off = x->rois.off;
+  size_t R = x->R;
+  void *row = (char *)x->buf + slot * x->P * beam_x2t_esize(x);
+  double *sums = x->sum + slot * R;
+  int nan = 0;
+  switch (x->in.dtype) {
+    BEAM__REAL_DTYPES(GATHER_CASE)
+  default: BEAM_ASSERT(!"xpcs_twotime: dtype not accepted at start");
+  }
+  return nan;
+}
+
+int beam_x2t_push(beam_x2t_t *x, const void *frame, int bad, beam_diag_t *d) {
+  size_t slot;
+  x->nframes++;
+  if (x->conf.mode == BEAM_X2T_WINDOW) {
+    slot = x->head;
+    x->head = (x->head + 1) % x->cap;
+    if (x->rows < x->cap)
+      x->rows++;
+  } else {
+    if (x->rows >= x->cap) {
+      x->ndropped++;
+      return BEAM_DIAG(d, BEAM_ELIMIT, WHO ": frame %llu is beyond the %zu frames this series keeps (max_frames "
+                       "or the announced count); dropped",
+                       (unsigned long long)(x->nframes - 1), x->cap);
+    }
+    slot = x->rows++;
+  }
+  if (!bad)
+    bad = gather(x, frame, slot);
+  if (bad) {
+    /* a zero row keeps the products finite; its cells become NaN */
+    memset((char *)x->buf + slot * x->P * beam_x2t_esize(x), 0, x->P * beam_x2t_esize(x));
+    memset(x->sum + slot * x->R, 0, x->R * sizeof *x->sum);
+  }
+  x->bad[slot] = (uint8_t)(bad != 0);
+  x->nbad += bad != 0;
+  return 0;
+}
+
+/* ---- c2 and g2 ------------------------------------------------------------ */
+
+static inline double rd(int f32, const void *p, size_t k) {
+  return f32 ? (double)((const float *)p)[k] : ((const double *)p)[k];
+}
+
+static inline void wr(int f32, void *p, size_t k, double v) {
+  if (f32)
+    ((float *)p)[k] = (float)v;
+  else
+    ((double *)p)[k] = v;
+}
+
+/* C of buffer rows i, j in ROI r from the raw product. */
+static inline double norm1(const beam_x2t_t *x, size_t r, double np, double raw, size_t i, size_t j) {
+  if (x->bad[i] || x->bad[j])
+    return NAN;
+  double den = x->sum[i * x->R + r] * x->sum[j * x->R + r];
+  return den == 0 ? NAN : raw * np / den;
+}
+
+void beam_x2t_c2_shape(const beam_x2t_t *x, uint32_t shape[3]) {
+  shape[0] = (uint32_t)x->R;
+  shape[1] = (uint32_t)x->rows;
+  shape[2] = (uint32_t)(x->conf.mode == BEAM_X2T_BAND ? x->conf.width : x->rows);
+}
+
+size_t beam_x2t_nlags(const beam_x2t_t *x) {
+  return x->conf.mode == BEAM_X2T_BAND && x->conf.width < x->rows ? x->conf.width : x->rows;
+}
+
+int beam_x2t_compute(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, void *c2, beam_diag_t *d) {
+  size_t n = x->rows, W = x->conf.width, es = beam_x2t_esize(x);
+  int f32 = x->conf.f32, rc;
+  if (n == 0)
+    return 0;
+  if ((rc = b->prepare(ctx, x, d)) < 0)
+    return rc;
+  /* window: time order starts at the oldest ring slot */
+  size_t first = x->conf.mode == BEAM_X2T_WINDOW && n == x->cap ? x->head : 0;
+  for (size_t r = 0; r < x->R; r++) {
+    double np = (double)(x->rois.off[r + 1] - x->rois.off[r]);
+    if (x->conf.mode == BEAM_X2T_FULL) {
+      void *o = (char *)c2 + r * n * n * es;
+      if ((rc = b->syrk(ctx, x, r, n, o, n, d)) < 0)
+        return rc;
+      /* lower triangle read before its mirror cell is written */
+      for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j <= i; j++) {
+          double v = norm1(x, r, np, rd(f32, o, i * n + j), i, j);
+          wr(f32, o, i * n + j, v);
+          wr(f32, o, j * n + i, v);
+        }
+    } else if (x->conf.mode == BEAM_X2T_WINDOW) {
+      void *o = (char *)c2 + r * n * n * es;
+      if ((rc = b->syrk(ctx, x, r, n, x->scratch, n, d)) < 0)
+        return rc;
+      for (size_t i = 0; i < n; i++) {
+        size_t ri = (first + i) % n;
+        for (size_t j = 0; j < n; j++) {
+          size_t rj = (first + j) % n, hi = ri > rj ? ri : rj, lo = ri > rj ? rj : ri;
+          wr(f32, o, i * n + j, norm1(x, r, np, rd(f32, x->scratch, hi * n + lo), ri, rj));
+        }
+      }
+    } else {
+      void *o = (char *)c2 + r * n * W * es;
+      for (size_t t0 = 0; t0 < n; t0 += x->blk) {
+        size_t m = n - t0 < x->blk ? n - t0 : x->blk, c0 = t0 + 1 >= W ? t0 + 1 - W : 0, k = t0 + m - c0;
+        if ((rc = b->gemm(ctx, x, r, t0, m, c0, k, x->scratch, k, d)) < 0)
+          return rc;
+        for (size_t i = 0; i < m; i++) {
+          size_t t = t0 + i;
+          for (size_t l = 0; l < W; l++)
+            wr(f32, o, t * W + l,
+               l > t ? NAN : norm1(x, r, np, rd(f32, x->scratch, i * k + (t - l - c0)), t, t - l));
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+void beam_x2t_g2(const beam_x2t_t *x, const void *c2, double *g2, double *err) {
+  size_t n = x->rows, R = x->R, K = beam_x2t_nlags(x), es = beam_x2t_esize(x);
+  int band = x->conf.mode == BEAM_X2T_BAND, f32 = x->conf.f32;
+  size_t cols = band ? x->conf.width : n;
+  for (size_t r = 0; r < R; r++) {
+    const void *o = (const char *)c2 + r * n * cols * es;
+    for (size_t k = 0; k < K; k++) {
+      /* diagonal k: C(t, t + k), t < n - k; band stores it at [t + k][k] */
+      size_t cnt = 0;
+      double s = 0;
+      for (size_t t = 0; t + k < n; t++) {
+        double v = rd(f32, o, band ? (t + k) * cols + k : t * cols + t + k);
+        if (!isnan(v))
+          s += v, cnt++;
+      }
+      double mean = cnt ? s / (double)cnt : NAN;
+      g2[k * R + r] = mean;
+      if (!err)
+        continue;
+      double ss = 0;
+      for (size_t t = 0; t + k < n; t++) {
+        double v = rd(f32, o, band ? (t + k) * cols + k : t * cols + t + k);
+        if (!isnan(v))
+          ss += (v - mean) * (v - mean);
+      }
+      /* scikit-beam: nanstd / sqrt(len(diagonal)), NaN cells included in len */
+      err[k * R + r] = cnt ? sqrt(ss / (double)cnt) / sqrt((double)(n - k)) : NAN;
+    }
+  }
+}
+
+static int64_t dark_count(const beam_x2t_t *x) {
+  int64_t n = 0;
+  for (size_t i = 0; i < x->rows; i++)
+    for (size_t r = 0; r < x->R && !x->bad[i]; r++)
+      n += x->sum[i * x->R + r] == 0;
+  return n;
+}
+
+int beam_x2t_publish(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, beam_emit_t *emit, uint32_t flag,
+                     beam_diag_t *d) {
+  if (x->rows > 0) {
+    size_t K = beam_x2t_nlags(x), R = x->R;
+    beam_frame_t *c2 = beam_emit_get(emit, BEAM_X2T_OUT_C2);
+    if (!c2)
+      return 0;
+    int rc = beam_x2t_compute(x, b, ctx, c2->data, d);
+    if (rc < 0) {
+      beam_emit_drop(emit, c2);
+      return rc;
+    }
+    beam_frame_t *g2 = beam_emit_get(emit, BEAM_X2T_OUT_G2);
+    beam_frame_t *err = x->conf.errors && g2 ? beam_emit_get(emit, BEAM_X2T_OUT_G2ERR) : NULL;
+    if (!g2 || (x->conf.errors && !err)) {
+      beam_emit_drop(emit, c2);
+      if (g2)
+        beam_emit_drop(emit, g2);
+      return 0; /* shutting down */
+    }
+    beam_x2t_g2(x, c2->data, g2->data, err ? err->data : NULL);
+    beam_x2t_c2_shape(x, c2->shape);
+    c2->flags = flag;
+    beam_emit_put(emit, c2);
+    g2->shape[0] = (uint32_t)K;
+    g2->shape[1] = (uint32_t)R;
+    g2->flags = flag;
+    beam_emit_put(emit, g2);
+    if (err) {
+      err->shape[0] = (uint32_t)K;
+      err->shape[1] = (uint32_t)R;
+      err->flags = flag;
+      beam_emit_put(emit, err);
+    }
+    beam_frame_t *lg = beam_emit_get(emit, BEAM_X2T_OUT_LAGS);
+    if (!lg)
+      return 0;
+    for (size_t k = 0; k < K; k++)
+      ((double *)lg->data)[k] = (double)k * x->lag_scale;
+    lg->shape[0] = (uint32_t)K;
+    lg->flags = flag;
+    beam_emit_put(emit, lg);
+  }
+  /* info last: a consumer that sees it has the rest of this publish */
+  beam_frame_t *f = beam_emit_get(emit, BEAM_X2T_OUT_INFO);
+  if (!f)
+    return 0;
+  int64_t *info = f->data;
+  info[BEAM_X2T_INFO_FRAMES] = (int64_t)x->nframes;
+  info[BEAM_X2T_INFO_BAD] = (int64_t)x->nbad;
+  info[BEAM_X2T_INFO_DROPPED] = (int64_t)x->ndropped;
+  info[BEAM_X2T_INFO_ROWS] = (int64_t)x->rows;
+  info[BEAM_X2T_INFO_DARK] = dark_count(x);
+  info[BEAM_X2T_INFO_FIRST] = x->conf.mode == BEAM_X2T_WINDOW ? (int64_t)(x->nframes - x->rows) : 0;
+  f->flags = flag;
+  beam_emit_put(emit, f);
+  return 0;
+}

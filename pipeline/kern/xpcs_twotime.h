@@ -1,0 +1,140 @@
+/* Stage kind `xpcs_twotime`: the two-time correlation C(q, t1, t2) per ROI
+ * with scikit-beam's definition (two_time_corr with num_levels = 1;
+ * docs/xpcs.md has the normative text) and the one-time g2 taken from its
+ * diagonals (one_time_from_two_time). Shared by xpcs_twotime_cpu.c and
+ * gpu/xpcs_twotime_cuda.cu: schema, per-series state, the per-frame
+ * gather into the frame buffer, the memory budget, normalisation, band
+ * and window layouts, g2 and publishing. The numerator products (the
+ * O(T^2 P) part) are the backends' job, through beam_x2t_blas_t.
+ *
+ * Per ROI r with Np pixels and ROI sums s_t = sum_p I_t[p]:
+ *   C(t1, t2) = (sum_p I_t1[p] I_t2[p]) Np / (s_t1 s_t2)
+ *             = <I_t1 I_t2>_p / (<I_t1>_p <I_t2>_p).
+ * Frames are buffered, ROI pixels only, as one [rows, P] matrix (columns
+ * sorted by ROI, so ROI r is the column block off[r]..off[r+1] with
+ * leading dimension P) in float64 or float32 (`precision`). The numerator
+ * of ROI r is X_r X_r^T: SYRK for a square block, GEMM for band blocks.
+ *
+ * Cells that cannot be computed are NaN, and only those cells: a bad frame
+ * (flag BAD or CORRUPT, or a NaN pixel in an ROI: the whole frame, as
+ * scikit-beam does) gives NaN rows and columns in every ROI; a frame with
+ * zero photons in ROI r (s_t == 0, so C would be 0/0) gives a NaN row and
+ * column in that ROI only, counted in info. g2 is the nanmean of each
+ * diagonal, so neither reaches it.
+ *
+ * Modes (memory is bounded by configuration and checked at start):
+ *   full    c2 [R, T, T], every frame of the series (T <= max_frames).
+ *   band    c2 [R, T, W], c2[r, t, k] = C(t - k, t) for k < W (NaN where
+ *           t - k < 0): the |t1 - t2| < W band, as scikit-beam's
+ *           num_bufs = W fills it, stored without the zeros.
+ *   window  c2 [R, n, n] over the last n = min(frames, W) frames (a ring
+ *           of W frames), in time order; info says which frame is first.
+ * Everything is computed when it is published: at series end (FINAL) and,
+ * with publish_every, every N frames over the frames so far (PARTIAL). */
+#ifndef BEAM_KERN_XPCS_TWOTIME_H
+#define BEAM_KERN_XPCS_TWOTIME_H
+
+#include "pipeline/kern/xpcs_rois.h"
+#include "pipeline/stage.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BEAM_X2T_MAX_FRAMES 65536u /* the wire's largest axis */
+
+typedef enum { BEAM_X2T_FULL = 0, BEAM_X2T_BAND, BEAM_X2T_WINDOW } beam_x2t_mode_t;
+
+/* Outputs, in declaration order (output 0 feeds downstream stages). */
+enum { BEAM_X2T_OUT_C2 = 0, BEAM_X2T_OUT_G2, BEAM_X2T_OUT_LAGS, BEAM_X2T_OUT_INFO, BEAM_X2T_OUT_G2ERR };
+/* The "info" output, int64 [BEAM_X2T_INFO_N]. */
+enum { BEAM_X2T_INFO_FRAMES = 0, BEAM_X2T_INFO_BAD, BEAM_X2T_INFO_DROPPED, BEAM_X2T_INFO_ROWS,
+       BEAM_X2T_INFO_DARK, BEAM_X2T_INFO_FIRST, BEAM_X2T_INFO_N };
+
+typedef struct beam_x2t_conf_s {
+  beam_x2t_mode_t mode;
+  size_t width;          /* band width / window length W */
+  size_t max_frames;     /* full, band: frames kept per series */
+  uint64_t memory_limit; /* bytes: frame buffer + c2 result + scratch */
+  int f32;               /* precision float32 (else float64) */
+  int errors;            /* also publish g2_err */
+  uint64_t publish_every;
+} beam_x2t_conf_t;
+
+typedef struct beam_x2t_s {
+  beam_x2t_conf_t conf;
+  beam_xpcs_rois_t rois;
+  /* Per series, sized at start. */
+  beam_indesc_t in;
+  size_t P, R;
+  size_t cap;        /* buffer rows: T capacity (full, band) or W (window) */
+  size_t tdecl;      /* full, band: the T the c2 output is declared for */
+  void *buf;         /* [cap][P] float or double */
+  double *sum;       /* [cap][R] ROI sums of each buffered row */
+  uint8_t *bad;      /* [cap] */
+  size_t rows;       /* rows held (window: min(frames, W)) */
+  size_t head;       /* window: ring slot of the next frame */
+  size_t blk;        /* band: rows per GEMM block */
+  void *scratch;     /* band: [blk][blk + W - 1]; window: [W][W] */
+  double lag_scale;  /* seconds per frame, or 1 */
+  uint64_t nframes, nbad, ndropped;
+} beam_x2t_t;
+
+/* The numerator products of one publish, done by a backend. Row indices
+ * are buffer rows; r selects ROI r's columns. prepare runs once per
+ * publish before any product (the CUDA backend uploads the buffer). */
+typedef struct beam_x2t_blas_s {
+  int (*prepare)(void *ctx, const beam_x2t_t *x, beam_diag_t *d);
+  /* out[i * ldo + j], j <= i < n: X_r[i] . X_r[j] (lower triangle). */
+  int (*syrk)(void *ctx, const beam_x2t_t *x, size_t r, size_t n, void *out, size_t ldo, beam_diag_t *d);
+  /* out[i * ldo + j], i < m, j < k: X_r[a + i] . X_r[b + j]. */
+  int (*gemm)(void *ctx, const beam_x2t_t *x, size_t r, size_t a, size_t m, size_t b, size_t k, void *out,
+              size_t ldo, beam_diag_t *d);
+} beam_x2t_blas_t;
+
+/* init: parameters, ROI files, and the memory checks that need no frame
+ * (one ROI's c2 alone over memory_limit is a config error). On failure
+ * nothing stays allocated. */
+int beam_x2t_init(beam_x2t_t *x, const beam_cnode_t *cfg, beam_diag_t *d);
+/* start: 2-D real frames; builds the ROI lists, checks the memory budget
+ * (BEAM_ELIMIT with the figures when over), sizes and zeroes the state,
+ * declares the outputs. */
+int beam_x2t_start(beam_stage_t *self, beam_x2t_t *x, const beam_series_t *s, const beam_indesc_t *in,
+                   beam_diag_t *d);
+void beam_x2t_free(beam_x2t_t *x);
+/* Host bytes a series needs (what start compares with memory_limit). */
+double beam_x2t_bytes(const beam_x2t_t *x, size_t P, size_t R, size_t tdecl);
+
+static inline size_t beam_x2t_esize(const beam_x2t_t *x) { return x->conf.f32 ? sizeof(float) : sizeof(double); }
+
+/* One input frame: gathers the ROI pixels into the next buffer row with
+ * their ROI sums (frame NULL or bad: a zero row marked bad). Returns
+ * BEAM_ELIMIT, with a message, for a frame beyond max_frames (counted as
+ * dropped). Never allocates. */
+int beam_x2t_push(beam_x2t_t *x, const void *frame, int bad, beam_diag_t *d);
+
+/* c2 of the rows held so far into c2 (the output layout of the mode, rows
+ * and columns as beam_x2t_c2_shape says), computing products through b. */
+int beam_x2t_compute(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, void *c2, beam_diag_t *d);
+/* Shape of c2 for the rows held: [R, rows, rows] or [R, rows, W]. */
+void beam_x2t_c2_shape(const beam_x2t_t *x, uint32_t shape[3]);
+/* Number of g2 lags for the rows held. */
+size_t beam_x2t_nlags(const beam_x2t_t *x);
+/* g2[k * R + r] (and err, may be NULL) from c2: nanmean of diagonal k,
+ * err = nanstd / sqrt(cells on the diagonal) (scikit-beam). */
+void beam_x2t_g2(const beam_x2t_t *x, const void *c2, double *g2, double *err);
+
+/* Computes and emits c2, g2, lags, info (g2_err) with flag FINAL or
+ * PARTIAL. With no frame held only info goes out (no zero-length arrays). */
+int beam_x2t_publish(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, beam_emit_t *emit, uint32_t flag,
+                     beam_diag_t *d);
+
+static inline int beam_x2t_flag_bad(uint32_t flags) { return (flags & (BEAM_FLAG_BAD | BEAM_FLAG_CORRUPT)) != 0; }
+
+/* The CPU products (OpenBLAS); exposed for the bench and the GPU check. */
+extern const beam_x2t_blas_t beam_x2t_blas_cpu;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

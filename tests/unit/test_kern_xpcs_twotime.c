@@ -1,0 +1,451 @@
+/* Stage kind `xpcs_twotime`, CPU backend: a hand-computed case, then every
+ * mode (full, band, window with a wrapped ring) and both precisions against
+ * a plain C reference of scikit-beam's definition written with direct
+ * double loops (C = <I1 I2>_p / (<I1>_p <I2>_p), NaN rows and columns for
+ * bad frames and, per ROI, for zero-photon frames), g2 and its errors as
+ * one_time_from_two_time computes them from that reference, partial
+ * results, and the memory-limit, max_frames and shape errors. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/kern/kinds.h"
+#include "pipeline/kern/xpcs_twotime.h"
+#include "tests/common/stage_harness.h"
+
+static char *tmp_path(const char *name) {
+  static char buf[4][256];
+  static int k;
+  char *p = buf[k++ % 4];
+  snprintf(p, 256, "%s/%s", bh_tmpdir(), name);
+  return p;
+}
+
+static beam_cnode_t *cfg_labels(const char *file, const char *mode, int width) {
+  beam_cnode_t *cfg = bh_stage_cfg("xpcs_twotime"), *rois = bh_map();
+  bh_set(rois, "file", file);
+  bh_put(cfg, "rois", rois);
+  bh_set(cfg, "mode", mode);
+  char s[32];
+  snprintf(s, sizeof s, "%d", width);
+  bh_set(cfg, "width", s);
+  return cfg;
+}
+
+static bh_t *make(beam_cnode_t *cfg) {
+  char msg[512];
+  if (bh_validate(cfg, beam_xpcs_twotime_params, msg, sizeof msg) != 0)
+    fail_msg("validate: %s", msg);
+  bh_t *h;
+  beam_diag_t d = {0};
+  int rc = bh_new(&h, &beam_xpcs_twotime_cpu_ops, cfg, &d);
+  if (rc != 0)
+    fail_msg("init rc %d (%s)", rc, d.msg);
+  return h;
+}
+
+static beam_frame_t *last(bh_t *h, unsigned out) {
+  for (size_t i = h->nres; i-- > 0;)
+    if (h->res_out[i] == out)
+      return h->res[i];
+  return NULL;
+}
+
+/* NaN must match NaN; otherwise |got - want| <= rtol |want|. */
+static void close_to(double got, double want, double rtol, const char *what, size_t i) {
+  if (isnan(want) && isnan(got))
+    return;
+  if (!(fabs(got - want) <= rtol * fabs(want)))
+    fail_msg("%s[%zu]: got %.17g, want %.17g", what, i, got, want);
+}
+
+static double cell(const beam_frame_t *f, size_t k) {
+  return f->dtype == BEAM_DT_F32 ? (double)((const float *)f->data)[k] : ((const double *)f->data)[k];
+}
+
+/* 2x2 frames, labels [[0, 5], [5, 9]]: ROI 5 = pixels 1, 2; ROI 9 = pixel 3.
+ * Frames [0,1,2,3], [0,2,1,1], [0,1,1,2]. ROI 5 values (1,2), (2,1), (1,1):
+ * C(0,0) = C(1,1) = ((1+4)/2) / 1.5^2 = 10/9, C(0,1) = ((2+2)/2) / 1.5^2 = 8/9,
+ * C(0,2) = C(1,2) = ((1+2)/2) / (1.5 x 1) = 1, C(2,2) = 1. ROI 9 (one
+ * pixel): C = 1 everywhere. */
+static void test_hand_computed(void **state) {
+  uint16_t lab[4] = {0, 5, 5, 9};
+  uint32_t sh[2] = {2, 2};
+  assert_int_equal(bh_write_npy(tmp_path("lab.npy"), "<u2", 2, sh, lab, sizeof lab), 0);
+  beam_cnode_t *cfg = cfg_labels(tmp_path("lab.npy"), "full", 1);
+  bh_set(cfg, "errors", "true");
+  bh_t *h = make(cfg);
+  beam_diag_t d = {0};
+  h->series.frame_time_s = 0.5;
+  assert_int_equal(bh_start(h, BEAM_DT_U16, 2, sh, &d), 0);
+  uint16_t v[3][4] = {{0, 1, 2, 3}, {0, 2, 1, 1}, {0, 1, 1, 2}};
+  for (int k = 0; k < 3; k++) {
+    beam_frame_t *f = bh_frame_new(BEAM_DT_U16, 2, sh, (uint64_t)k);
+    memcpy(f->data, v[k], sizeof v[k]);
+    assert_int_equal(bh_process(h, f), 0);
+    bh_frame_free(f);
+  }
+  assert_int_equal(h->nres, 0);
+  assert_int_equal(bh_end(h), 0);
+  beam_frame_t *c2 = last(h, BEAM_X2T_OUT_C2), *g2 = last(h, BEAM_X2T_OUT_G2), *lags = last(h, BEAM_X2T_OUT_LAGS);
+  assert_non_null(c2);
+  assert_true(c2->flags & BEAM_FLAG_FINAL);
+  assert_int_equal(c2->ndim, 3);
+  assert_int_equal(c2->shape[0], 2);
+  assert_int_equal(c2->shape[1], 3);
+  assert_int_equal(c2->shape[2], 3);
+  const double c5[9] = {10.0 / 9, 8.0 / 9, 1, 8.0 / 9, 10.0 / 9, 1, 1, 1, 1};
+  for (size_t i = 0; i < 9; i++) {
+    close_to(cell(c2, i), c5[i], 1e-15, "c2 roi 5", i);
+    close_to(cell(c2, 9 + i), 1.0, 1e-15, "c2 roi 9", i);
+  }
+  /* g2 lag 0 = mean(10/9, 10/9, 1), lag 1 = mean(8/9, 1), lag 2 = 1 */
+  double wg[3] = {(20.0 / 9 + 1) / 3, (8.0 / 9 + 1) / 2, 1};
+  assert_int_equal(g2->shape[0], 3);
+  assert_int_equal(g2->shape[1], 2);
+  for (size_t k = 0; k < 3; k++) {
+    close_to(((double *)g2->data)[k * 2], wg[k], 1e-15, "g2", k);
+    close_to(((double *)g2->data)[k * 2 + 1], 1.0, 1e-15, "g2 roi 9", k);
+    assert_true(((double *)lags->data)[k] == 0.5 * (double)k);
+  }
+  /* lag 1 error: nanstd(8/9, 1) / sqrt(2) = (1/18) / sqrt 2 */
+  close_to(((double *)last(h, BEAM_X2T_OUT_G2ERR)->data)[2], (1.0 / 18) / sqrt(2.0), 1e-13, "err", 1);
+  assert_string_equal(h->st.outs[0].labels_json, "[5,9]");
+  bh_free(&h);
+}
+
+/* ---- reference ------------------------------------------------------------ */
+
+/* C[r][i][j] over all N frames, plainly. frames[N][npix], lab[p] = ROI or -1. */
+static double *reference(const double *frames, const int *bad, size_t N, size_t npix, const int *lab, size_t R) {
+  double *C = malloc(R * N * N * sizeof *C);
+  for (size_t r = 0; r < R; r++)
+    for (size_t i = 0; i < N; i++)
+      for (size_t j = 0; j < N; j++) {
+        double num = 0, a = 0, b = 0, np = 0;
+        for (size_t p = 0; p < npix; p++)
+          if (lab[p] == (int)r) {
+            num += frames[i * npix + p] * frames[j * npix + p];
+            a += frames[i * npix + p];
+            b += frames[j * npix + p];
+            np++;
+          }
+        double v = (num / np) / ((a / np) * (b / np));
+        C[(r * N + i) * N + j] = bad[i] || bad[j] || a == 0 || b == 0 ? NAN : v;
+      }
+  return C;
+}
+
+/* g2 and err of diagonal k of the n x n block of C starting at frame s. */
+static void ref_g2(const double *C, size_t N, size_t r, size_t s, size_t n, size_t k, double *g, double *e) {
+  double sum = 0, cnt = 0;
+  for (size_t t = 0; t + k < n; t++) {
+    double v = C[(r * N + s + t) * N + s + t + k];
+    if (!isnan(v))
+      sum += v, cnt++;
+  }
+  double m = sum / cnt, ss = 0;
+  for (size_t t = 0; t + k < n; t++) {
+    double v = C[(r * N + s + t) * N + s + t + k];
+    if (!isnan(v))
+      ss += (v - m) * (v - m);
+  }
+  *g = cnt ? m : NAN;
+  *e = cnt ? sqrt(ss / cnt) / sqrt((double)(n - k)) : NAN;
+}
+
+enum { H = 12, W = 10, NPIX = H * W };
+
+typedef struct run_s {
+  const char *mode;
+  int width;
+  beam_dtype_t dt;
+  const char *precision;
+  size_t N;
+  double rtol;
+  unsigned publish_every;
+} run_t;
+
+/* Labels with gaps (2, 7, 8, 40); frames with BAD, CORRUPT, a zero-photon
+ * frame in ROI 7, and for float input a NaN pixel; results compared with
+ * the reference after each partial publish and at the end. */
+static void check_result(bh_t *h, const run_t *rc, const double *frames, const int *bad, size_t N, const int *idx,
+                         const char *when) {
+  const size_t R = 4;
+  int win = strcmp(rc->mode, "window") == 0, band = strcmp(rc->mode, "band") == 0;
+  size_t n = win && N > (size_t)rc->width ? (size_t)rc->width : N, s = N - n, Wd = (size_t)rc->width;
+  double *C = reference(frames, bad, N, NPIX, idx, R);
+  beam_frame_t *c2 = last(h, BEAM_X2T_OUT_C2), *g2 = last(h, BEAM_X2T_OUT_G2), *er = last(h, BEAM_X2T_OUT_G2ERR),
+               *info = last(h, BEAM_X2T_OUT_INFO);
+  assert_non_null(c2);
+  assert_int_equal(c2->dtype, strcmp(rc->precision, "float32") == 0 ? BEAM_DT_F32 : BEAM_DT_F64);
+  assert_int_equal(c2->shape[0], R);
+  assert_int_equal(c2->shape[1], n);
+  assert_int_equal(c2->shape[2], band ? Wd : n);
+  char what[64];
+  snprintf(what, sizeof what, "%s c2 (%s)", when, rc->mode);
+  size_t finite = 0, cells = 0;
+  for (size_t r = 0; r < R; r++)
+    for (size_t t = 0; t < n; t++)
+      for (size_t j = 0; j < c2->shape[2] && (!band || j <= t); j++, cells++)
+        finite += isfinite(cell(c2, (r * n + t) * c2->shape[2] + j));
+  /* NaN is only for bad and dark frames (and band cells before t = 0) */
+  if (!(finite >= cells / 2))
+    fail_msg("%s: only %zu of %zu cells are finite", what, finite, cells);
+  for (size_t r = 0; r < R; r++)
+    for (size_t t = 0; t < n; t++)
+      for (size_t j = 0; j < c2->shape[2]; j++) {
+        double want = band ? (j > t ? NAN : C[(r * N + t - j) * N + t]) : C[(r * N + s + t) * N + s + j];
+        size_t k = (r * n + t) * c2->shape[2] + j;
+        close_to(cell(c2, k), want, rc->rtol, what, k);
+      }
+  size_t K = band && Wd < n ? Wd : n;
+  assert_int_equal(g2->shape[0], K);
+  finite = 0;
+  for (size_t k = 0; k < K * R; k++)
+    finite += isfinite(((double *)g2->data)[k]);
+  if (!(finite >= K * R / 2))
+    fail_msg("%s: only %zu of %zu g2 values are finite", what, finite, K * R);
+  for (size_t r = 0; r < R; r++)
+    for (size_t k = 0; k < K; k++) {
+      double g, e;
+      ref_g2(C, N, r, s, n, k, &g, &e);
+      close_to(((double *)g2->data)[k * R + r], g, rc->rtol, "g2", k * R + r);
+      close_to(((double *)er->data)[k * R + r], e, rc->rtol * 100, "g2_err", k * R + r);
+    }
+  int64_t *in = info->data, nbad = 0, dark = 0;
+  for (size_t t = s; t < N; t++) {
+    nbad += bad[t];
+    for (size_t r = 0; r < R && !bad[t]; r++) {
+      double a = 0;
+      for (size_t p = 0; p < NPIX; p++)
+        a += idx[p] == (int)r ? frames[t * NPIX + p] : 0;
+      dark += a == 0;
+    }
+  }
+  assert_int_equal(in[BEAM_X2T_INFO_FRAMES], (int64_t)N);
+  assert_int_equal(in[BEAM_X2T_INFO_ROWS], (int64_t)n);
+  assert_int_equal(in[BEAM_X2T_INFO_DARK], dark);
+  assert_int_equal(in[BEAM_X2T_INFO_FIRST], (int64_t)s);
+  assert_int_equal(in[BEAM_X2T_INFO_DROPPED], 0);
+  if (!win) {
+    int64_t all = 0;
+    for (size_t t = 0; t < N; t++)
+      all += bad[t];
+    assert_int_equal(in[BEAM_X2T_INFO_BAD], all);
+  }
+  free(C);
+}
+
+static void run_random(const run_t *rc) {
+  int32_t lab[NPIX];
+  int idx[NPIX];
+  const int32_t vals[5] = {0, 2, 7, 8, 40};
+  uint64_t seed = 4321;
+  for (int p = 0; p < NPIX; p++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    int k = (int)((seed >> 33) % 5);
+    if (p < 4)
+      k = p + 1;
+    lab[p] = vals[k];
+    idx[p] = k - 1;
+  }
+  uint32_t sh[2] = {H, W};
+  assert_int_equal(bh_write_npy(tmp_path("rlab.npy"), "<i4", 2, sh, lab, sizeof lab), 0);
+  beam_cnode_t *cfg = cfg_labels(tmp_path("rlab.npy"), rc->mode, rc->width);
+  bh_set(cfg, "precision", rc->precision);
+  bh_set(cfg, "errors", "true");
+  char s[32];
+  snprintf(s, sizeof s, "%u", rc->publish_every);
+  bh_set(cfg, "publish_every", s);
+  bh_t *h = make(cfg);
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(h, rc->dt, 2, sh, &d), 0);
+  size_t N = rc->N;
+  double *frames = calloc(N * NPIX, sizeof *frames);
+  int *bad = calloc(N, sizeof *bad);
+  size_t npartial = 0;
+  for (size_t k = 0; k < N; k++) {
+    beam_frame_t *f = bh_frame_new(rc->dt, 2, sh, k);
+    bh_frame_fill(f, 1000 + k, rc->dt == BEAM_DT_F32 ? 7.5 : 9);
+    if (k == 6) /* no photon in ROI 7 (column 1): NaN only there */
+      for (int p = 0; p < NPIX; p++)
+        if (idx[p] == 1) {
+          if (rc->dt == BEAM_DT_F32)
+            ((float *)f->data)[p] = 0;
+          else
+            ((uint16_t *)f->data)[p] = 0;
+        }
+    for (int p = 0; p < NPIX; p++)
+      frames[k * NPIX + p] = rc->dt == BEAM_DT_F32 ? ((float *)f->data)[p] : ((uint16_t *)f->data)[p];
+    if (k % 11 == 5)
+      f->flags |= BEAM_FLAG_BAD, bad[k] = 1;
+    if (k == 17)
+      f->flags |= BEAM_FLAG_CORRUPT, f->nbytes = 0, bad[k] = 1; /* no payload: never read */
+    if (k == 20 && rc->dt == BEAM_DT_F32) {
+      ((float *)f->data)[0] = NAN; /* pixel 0 is in ROI 2: the frame is bad */
+      bad[k] = 1;
+    }
+    assert_int_equal(bh_process(h, f), 0);
+    bh_frame_free(f);
+    if (rc->publish_every && (k + 1) % rc->publish_every == 0) {
+      npartial++;
+      assert_true(last(h, BEAM_X2T_OUT_C2)->flags & BEAM_FLAG_PARTIAL);
+      check_result(h, rc, frames, bad, k + 1, idx, "partial");
+      bh_clear(h);
+    }
+  }
+  assert_int_equal(bh_end(h), 0);
+  assert_true(last(h, BEAM_X2T_OUT_C2)->flags & BEAM_FLAG_FINAL);
+  check_result(h, rc, frames, bad, N, idx, "final");
+  assert_int_equal(npartial, rc->publish_every ? N / rc->publish_every : 0);
+  assert_string_equal(h->st.outs[0].labels_json, "[2,7,8,40]");
+  free(frames), free(bad);
+  bh_free(&h);
+}
+
+static void test_full_u16(void **state) {
+  run_t r = {"full", 1, BEAM_DT_U16, "float64", 45, 1e-12, 13};
+  run_random(&r);
+}
+static void test_full_f32_precision32(void **state) {
+  run_t r = {"full", 1, BEAM_DT_F32, "float32", 33, 2e-5, 0};
+  run_random(&r);
+}
+static void test_band_u16(void **state) {
+  run_t r = {"band", 7, BEAM_DT_U16, "float64", 150, 1e-12, 40}; /* several GEMM blocks of 64 rows */
+  run_random(&r);
+}
+static void test_band_wide(void **state) {
+  run_t r = {"band", 50, BEAM_DT_F32, "float64", 30, 1e-12, 0}; /* W > T */
+  run_random(&r);
+}
+static void test_window_u16(void **state) {
+  run_t r = {"window", 16, BEAM_DT_U16, "float64", 41, 1e-12, 10}; /* partials before and after the wrap */
+  run_random(&r);
+}
+static void test_window_f32(void **state) {
+  run_t r = {"window", 9, BEAM_DT_F32, "float32", 27, 2e-5, 0};
+  run_random(&r);
+}
+
+/* ---- limits and errors ----------------------------------------------------- */
+
+static void test_memory_limits(void **state) {
+  uint8_t lab[16];
+  for (int i = 0; i < 16; i++)
+    lab[i] = (uint8_t)(1 + i % 4);
+  uint32_t sh[2] = {4, 4};
+  assert_int_equal(bh_write_npy(tmp_path("m.npy"), "|u1", 2, sh, lab, sizeof lab), 0);
+  /* init: one ROI's 20000^2 float64 c2 = 3 GiB > 1Gi */
+  beam_cnode_t *cfg = cfg_labels(tmp_path("m.npy"), "full", 1);
+  bh_set(cfg, "max_frames", "20000");
+  bh_set(cfg, "memory_limit", "1Gi");
+  assert_int_equal(bh_validate(cfg, beam_xpcs_twotime_params, NULL, 0), 0);
+  bh_t *h;
+  beam_diag_t d = {0};
+  assert_int_equal(bh_new(&h, &beam_xpcs_twotime_cpu_ops, cfg, &d), BEAM_ECONFIG);
+  if (!strstr(d.msg, "memory_limit") || !strstr(d.msg, "max_frames^2"))
+    fail_msg("message: %s", d.msg);
+  bh_free(&h);
+  /* band makes the same request fit */
+  cfg = cfg_labels(tmp_path("m.npy"), "band", 100);
+  bh_set(cfg, "max_frames", "20000");
+  bh_set(cfg, "memory_limit", "1Gi");
+  h = make(cfg);
+  bh_free(&h);
+  /* start: 4 ROIs x 8000^2 x 8 B = 1.9 GiB, one ROI alone fits */
+  cfg = cfg_labels(tmp_path("m.npy"), "full", 1);
+  bh_set(cfg, "max_frames", "8000");
+  bh_set(cfg, "memory_limit", "1Gi");
+  h = make(cfg);
+  memset(&d, 0, sizeof d);
+  assert_int_equal(bh_start(h, BEAM_DT_U16, 2, sh, &d), BEAM_ELIMIT);
+  if (!strstr(d.msg, "4 ROIs") || !strstr(d.msg, "memory_limit"))
+    fail_msg("message: %s", d.msg);
+  /* ... but a series that announces 100 frames fits */
+  h->series.nframes = 100;
+  assert_int_equal(bh_start(h, BEAM_DT_U16, 2, sh, &d), 0);
+  assert_int_equal(h->st.outs[BEAM_X2T_OUT_C2].shape[1], 100);
+  /* one announcing more than max_frames is refused */
+  h->series.nframes = 9000;
+  beam_diag_clear(&d);
+  assert_int_equal(bh_start(h, BEAM_DT_U16, 2, sh, &d), BEAM_ELIMIT);
+  assert_non_null(strstr(d.msg, "announces 9000 frames"));
+  bh_free(&h);
+}
+
+/* Frames beyond max_frames are dropped with an error and counted; the
+ * result covers the frames kept. */
+static void test_max_frames_drop(void **state) {
+  uint8_t lab[4] = {1, 1, 2, 2};
+  uint32_t sh[2] = {2, 2};
+  assert_int_equal(bh_write_npy(tmp_path("d.npy"), "|u1", 2, sh, lab, sizeof lab), 0);
+  beam_cnode_t *cfg = cfg_labels(tmp_path("d.npy"), "band", 2);
+  bh_set(cfg, "max_frames", "5");
+  bh_t *h = make(cfg);
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(h, BEAM_DT_U8, 2, sh, &d), 0);
+  for (uint64_t k = 0; k < 7; k++) {
+    beam_frame_t *f = bh_frame_new(BEAM_DT_U8, 2, sh, k);
+    bh_frame_fill(f, k, 5);
+    ((uint8_t *)f->data)[0] = ((uint8_t *)f->data)[3] = 1;
+    int rc = bh_process(h, f);
+    assert_int_equal(rc, k < 5 ? 0 : BEAM_ELIMIT);
+    if (k >= 5)
+      assert_non_null(strstr(h->st.diag.msg, "beyond the 5 frames"));
+    bh_frame_free(f);
+  }
+  assert_int_equal(bh_end(h), 0);
+  int64_t *info = last(h, BEAM_X2T_OUT_INFO)->data;
+  assert_int_equal(info[BEAM_X2T_INFO_FRAMES], 7);
+  assert_int_equal(info[BEAM_X2T_INFO_DROPPED], 2);
+  assert_int_equal(info[BEAM_X2T_INFO_ROWS], 5);
+  assert_int_equal(last(h, BEAM_X2T_OUT_C2)->shape[1], 5);
+  assert_int_equal(last(h, BEAM_X2T_OUT_C2)->shape[2], 2);
+  bh_free(&h);
+}
+
+/* An empty series publishes info only; bad config values are refused. */
+static void test_empty_and_errors(void **state) {
+  uint8_t lab[4] = {1, 0, 2, 2};
+  uint32_t sh[2] = {2, 2};
+  assert_int_equal(bh_write_npy(tmp_path("e.npy"), "|u1", 2, sh, lab, sizeof lab), 0);
+  bh_t *h = make(cfg_labels(tmp_path("e.npy"), "window", 4));
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(h, BEAM_DT_U16, 2, sh, &d), 0);
+  assert_int_equal(bh_end(h), 0);
+  assert_int_equal(h->nres, 1);
+  assert_int_equal(h->res_out[0], BEAM_X2T_OUT_INFO);
+  uint32_t bad_sh[2] = {3, 2};
+  assert_int_equal(bh_start(h, BEAM_DT_U16, 2, bad_sh, &d), BEAM_ESHAPE);
+  assert_non_null(strstr(d.msg, "label image is [2, 2]"));
+  assert_int_equal(bh_start(h, BEAM_DT_C64, 2, sh, &d), BEAM_ESHAPE);
+  bh_free(&h);
+  char msg[512];
+  beam_cnode_t *cfg = cfg_labels(tmp_path("e.npy"), "diagonal", 4);
+  assert_true(bh_validate(cfg, beam_xpcs_twotime_params, msg, sizeof msg) > 0);
+  assert_non_null(strstr(msg, "full|band|window"));
+  beam_cnode_free(cfg);
+  cfg = cfg_labels(tmp_path("e.npy"), "band", 0);
+  assert_true(bh_validate(cfg, beam_xpcs_twotime_params, msg, sizeof msg) > 0);
+  beam_cnode_free(cfg);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_hand_computed),   cmocka_unit_test(test_full_u16),
+      cmocka_unit_test(test_full_f32_precision32), cmocka_unit_test(test_band_u16),
+      cmocka_unit_test(test_band_wide),       cmocka_unit_test(test_window_u16),
+      cmocka_unit_test(test_window_f32),      cmocka_unit_test(test_memory_limits),
+      cmocka_unit_test(test_max_frames_drop), cmocka_unit_test(test_empty_and_errors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
