@@ -17,7 +17,16 @@
  *   accumulator and launches are ordered, so no atomics are needed.
  * Integer input: int64 level sums, 128-bit products and sums, so every
  * result is the exact integer the CPU gets: bit-identical output. Float
- * input: double, summed in another order than the CPU: equal to round-off. */
+ * input: double, summed in another order than the CPU: equal to round-off.
+ *
+ * normalization per_pixel: xmt_pix, grid (pixel blocks, lag channels),
+ * one thread per (row, pixel) accumulator, adds each pair into the
+ * per-pixel sums in the CPU's pair order (no reduction: integers are
+ * bit-identical; floats agree to round-off, as nvcc contracts the
+ * multiply-add to an FMA). For integer input xmt_roimax records each level
+ * frame's per-ROI max |pixel| and block (0, j) of xmt_pix adds the pair's
+ * bound to its row and flags the first row past INT64_MAX; the flag comes
+ * back with the sums at publish, which then fails as the CPU does. */
 #include "gpu/cuda_int.h"
 
 #include <math.h>
@@ -90,6 +99,62 @@ __global__ void xmt_pairs(const LV *__restrict__ lvl, const AC *__restrict__ lsu
   }
 }
 
+/* Block r: max |pixel| of ROI r of one integer level frame. */
+__global__ void xmt_roimax(const long long *__restrict__ v, const uint64_t *__restrict__ off,
+                           unsigned long long *__restrict__ mx) {
+  __shared__ unsigned long long sh[XT];
+  unsigned r = blockIdx.x, t = threadIdx.x;
+  unsigned long long m = 0;
+  for (uint64_t k = off[r] + t; k < off[r + 1]; k += XT) {
+    long long a = v[k];
+    unsigned long long u = a < 0 ? 0ull - (unsigned long long)a : (unsigned long long)a;
+    m = u > m ? u : m;
+  }
+  sh[t] = m;
+  __syncthreads();
+  for (unsigned h = XT / 2; h > 0; h >>= 1) {
+    if (t < h && sh[t + h] > sh[t])
+      sh[t] = sh[t + h];
+    __syncthreads();
+  }
+  if (t == 0)
+    mx[r] = sh[0];
+}
+
+/* per_pixel, block (b, j): lag channel i = imin + j of level L, pixels
+ * grid-strided; row (row0 + i)'s per-pixel sums. lmax == NULL: float. */
+template <typename LV>
+__global__ void xmt_pix(const LV *__restrict__ lvl, const uint8_t *__restrict__ bad,
+                        const unsigned long long *__restrict__ lmax, size_t P, unsigned R, unsigned nb,
+                        unsigned long long n, unsigned imin, size_t row0, LV *__restrict__ G,
+                        LV *__restrict__ IP, LV *__restrict__ IF, beam_i128 *__restrict__ bnd,
+                        unsigned long long *__restrict__ ovf) {
+  unsigned i = imin + blockIdx.y;
+  unsigned s = (unsigned)((n - 1) % nb), o = (unsigned)((n - 1 - i) % nb);
+  if (bad[s] || bad[o])
+    return;
+  size_t t = row0 + i;
+  if (lmax && blockIdx.x == 0 && threadIdx.x == 0) {
+    unsigned long long ms = 0, mo = 0;
+    for (unsigned r = 0; r < R; r++) {
+      ms = lmax[(size_t)s * R + r] > ms ? lmax[(size_t)s * R + r] : ms;
+      mo = lmax[(size_t)o * R + r] > mo ? lmax[(size_t)o * R + r] : mo;
+    }
+    beam_i128 *b = bnd + 2 * t;
+    b[0] += (beam_i128)mo * ms;
+    b[1] += mo > ms ? mo : ms;
+    if (b[0] > (beam_i128)INT64_MAX || b[1] > (beam_i128)INT64_MAX)
+      atomicMin(ovf, (unsigned long long)t);
+  }
+  const LV *xs = lvl + (size_t)s * P, *xo = lvl + (size_t)o * P;
+  LV *g = G + t * P, *ip = IP + t * P, *fu = IF + t * P;
+  for (size_t p = blockIdx.x * (size_t)blockDim.x + threadIdx.x; p < P; p += (size_t)gridDim.x * blockDim.x) {
+    g[p] += xo[p] * xs[p];
+    ip[p] += xo[p];
+    fu[p] += xs[p];
+  }
+}
+
 __global__ void xmt_set(uint8_t *p, uint8_t v) { *p = v; }
 
 typedef struct cuda_s {
@@ -98,6 +163,9 @@ typedef struct cuda_s {
   size_t frame_bytes;
   void *d_frame, *d_idx, *d_off, *d_lvl, *d_lsum, *d_bad, *d_G, *d_IP, *d_IF;
   size_t c_frame, c_idx, c_off, c_lvl, c_lsum, c_bad, c_G, c_IP, c_IF;
+  /* per_pixel */
+  void *d_pG, *d_pIP, *d_pIF, *d_lmax, *d_bnd, *d_ovf;
+  size_t c_pG, c_pIP, c_pIF, c_lmax, c_bnd, c_ovf;
 } cuda_t;
 
 static void cu_destroy(beam_stage_t *self) {
@@ -114,6 +182,12 @@ static void cu_destroy(beam_stage_t *self) {
   beam__dbuf_free(&c->d_G, &c->c_G);
   beam__dbuf_free(&c->d_IP, &c->c_IP);
   beam__dbuf_free(&c->d_IF, &c->c_IF);
+  beam__dbuf_free(&c->d_pG, &c->c_pG);
+  beam__dbuf_free(&c->d_pIP, &c->c_pIP);
+  beam__dbuf_free(&c->d_pIF, &c->c_pIF);
+  beam__dbuf_free(&c->d_lmax, &c->c_lmax);
+  beam__dbuf_free(&c->d_bnd, &c->c_bnd);
+  beam__dbuf_free(&c->d_ovf, &c->c_ovf);
   beam_xmt_free(&c->x);
   free(c);
   self->priv = NULL;
@@ -163,6 +237,22 @@ static int cu_start(beam_stage_t *self, const beam_series_t *series, const beam_
   BEAM_CUDA_TRY(d, cudaMemset(c->d_G, 0, acc));
   BEAM_CUDA_TRY(d, cudaMemset(c->d_IP, 0, acc));
   BEAM_CUDA_TRY(d, cudaMemset(c->d_IF, 0, acc));
+  if (x->conf.per_pixel) {
+    size_t pix = x->nlags * x->P * beam_xmt_lvl_size(x);
+    if ((rc = beam__dbuf_reserve(&c->d_pG, &c->c_pG, pix, d)) < 0 ||
+        (rc = beam__dbuf_reserve(&c->d_pIP, &c->c_pIP, pix, d)) < 0 ||
+        (rc = beam__dbuf_reserve(&c->d_pIF, &c->c_pIF, pix, d)) < 0 ||
+        (rc = beam__dbuf_reserve(&c->d_lmax, &c->c_lmax, L * nb * x->R * sizeof(unsigned long long), d)) < 0 ||
+        (rc = beam__dbuf_reserve(&c->d_bnd, &c->c_bnd, 2 * x->nlags * sizeof(beam_i128), d)) < 0 ||
+        (rc = beam__dbuf_reserve(&c->d_ovf, &c->c_ovf, sizeof(unsigned long long), d)) < 0)
+      return rc;
+    BEAM_CUDA_TRY(d, cudaMemset(c->d_pG, 0, pix));
+    BEAM_CUDA_TRY(d, cudaMemset(c->d_pIP, 0, pix));
+    BEAM_CUDA_TRY(d, cudaMemset(c->d_pIF, 0, pix));
+    BEAM_CUDA_TRY(d, cudaMemset(c->d_lmax, 0, L * nb * x->R * sizeof(unsigned long long)));
+    BEAM_CUDA_TRY(d, cudaMemset(c->d_bnd, 0, 2 * x->nlags * sizeof(beam_i128)));
+    BEAM_CUDA_TRY(d, cudaMemset(c->d_ovf, 0xff, sizeof(unsigned long long))); /* none */
+  }
   return 0;
 }
 
@@ -177,6 +267,16 @@ static int pairs(cuda_t *c, unsigned L, beam_diag_t *d) {
   for (unsigned i = imin; i < imax; i++)
     if (!bad[(n - 1 - i) % nb])
       x->npairs[beam_xmt_row(x, L, i)]++;
+  if (x->conf.per_pixel) {
+    dim3 pg(beam__grid_for(x->P, XT), imax - imin);
+    xmt_pix<LV><<<pg, XT, 0, c->cx.stream>>>(
+        (const LV *)c->d_lvl + (size_t)L * nb * x->P, (const uint8_t *)c->d_bad + (size_t)L * nb,
+        x->exact ? (const unsigned long long *)c->d_lmax + (size_t)L * nb * x->R : NULL, x->P,
+        (unsigned)x->R, (unsigned)nb, (unsigned long long)n, imin, beam_xmt_row(x, L, 0), (LV *)c->d_pG,
+        (LV *)c->d_pIP, (LV *)c->d_pIF, (beam_i128 *)c->d_bnd, (unsigned long long *)c->d_ovf);
+    BEAM_CUDA_LAUNCHED(d, "xmt_pix");
+    return 0;
+  }
   dim3 grid((unsigned)x->R, imax - imin);
   xmt_pairs<LV, AC><<<grid, XT, 0, c->cx.stream>>>(
       (const LV *)c->d_lvl + (size_t)L * nb * x->P, (const AC *)c->d_lsum + (size_t)L * nb * x->R,
@@ -191,6 +291,18 @@ static int set_bad(cuda_t *c, size_t k, int bad, beam_diag_t *d) {
   c->x.bad[k] = (uint8_t)bad;
   xmt_set<<<1, 1, 0, c->cx.stream>>>((uint8_t *)c->d_bad + k, (uint8_t)bad);
   BEAM_CUDA_LAUNCHED(d, "xmt_set");
+  return 0;
+}
+
+/* per_pixel, integer input: max |pixel| per ROI of the level frame in
+ * slot k (levels x nb flat). */
+template <typename LV>
+static int roimax(cuda_t *c, const LV *v, size_t k, beam_diag_t *d) {
+  if (!c->x.conf.per_pixel || !c->x.exact)
+    return 0;
+  xmt_roimax<<<(unsigned)c->x.R, XT, 0, c->cx.stream>>>((const long long *)v, (const uint64_t *)c->d_off,
+                                                        (unsigned long long *)c->d_lmax + k * c->x.R);
+  BEAM_CUDA_LAUNCHED(d, "xmt_roimax");
   return 0;
 }
 
@@ -220,6 +332,8 @@ static int push(cuda_t *c, const beam_frame_t *in, int bad, beam_diag_t *d) {
     BEAM_CUDA_LAUNCHED(d, "xmt_gather");
     xmt_roisum<LV, AC><<<(unsigned)R, XT, 0, st>>>(lvl + s * P, (const uint64_t *)c->d_off, lsum + s * R);
     BEAM_CUDA_LAUNCHED(d, "xmt_roisum");
+    if ((rc = roimax<LV>(c, lvl + s * P, s, d)) < 0)
+      return rc;
     if (!x->exact) {
       /* a NaN pixel makes the frame bad for every ROI (scikit-beam) */
       double *h = (double *)x->lsum + s * R;
@@ -247,6 +361,8 @@ static int push(cuda_t *c, const beam_frame_t *in, int bad, beam_diag_t *d) {
       xmt_roisum<LV, AC><<<(unsigned)R, XT, 0, st>>>(dst, (const uint64_t *)c->d_off,
                                                      lsum + ((size_t)(L + 1) * nb + o) * R);
       BEAM_CUDA_LAUNCHED(d, "xmt_roisum");
+      if ((rc = roimax<LV>(c, dst, (L + 1) * nb + o, d)) < 0)
+        return rc;
     }
     if ((rc = set_bad(c, (size_t)(L + 1) * nb + o, bd, d)) < 0)
       return rc;
@@ -264,7 +380,20 @@ static int publish(cuda_t *c, beam_emit_t *emit, uint32_t flag, beam_diag_t *d) 
   BEAM_CUDA_TRY(d, cudaMemcpyAsync(x->G, c->d_G, acc, cudaMemcpyDeviceToHost, st));
   BEAM_CUDA_TRY(d, cudaMemcpyAsync(x->IP, c->d_IP, acc, cudaMemcpyDeviceToHost, st));
   BEAM_CUDA_TRY(d, cudaMemcpyAsync(x->IF, c->d_IF, acc, cudaMemcpyDeviceToHost, st));
+  unsigned long long ovf = ~0ull;
+  if (x->conf.per_pixel) {
+    size_t pix = x->nlags * x->P * beam_xmt_lvl_size(x);
+    BEAM_CUDA_TRY(d, cudaMemcpyAsync(x->pG, c->d_pG, pix, cudaMemcpyDeviceToHost, st));
+    BEAM_CUDA_TRY(d, cudaMemcpyAsync(x->pIP, c->d_pIP, pix, cudaMemcpyDeviceToHost, st));
+    BEAM_CUDA_TRY(d, cudaMemcpyAsync(x->pIF, c->d_pIF, pix, cudaMemcpyDeviceToHost, st));
+    BEAM_CUDA_TRY(d, cudaMemcpyAsync(&ovf, c->d_ovf, sizeof ovf, cudaMemcpyDeviceToHost, st));
+  }
   BEAM_CUDA_TRY(d, cudaStreamSynchronize(st));
+  if (ovf != ~0ull && x->ovf_row < 0)
+    x->ovf_row = (int64_t)ovf;
+  int rc = beam_xmt_check(x, d);
+  if (rc < 0)
+    return rc;
   return beam_xmt_publish(x, emit, flag);
 }
 

@@ -27,6 +27,9 @@ const beam_param_t beam_xpcs_multitau_params[] = {
      "publish partial results every N frames (0 = at series end only)", NULL},
     {"intensities", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
      "also publish G, IP and IF as outputs g_num, ip, if (numerator, past and future intensities)", NULL},
+    {"normalization", BEAM_P_ENUM, "roi", 0, 0, 0, "roi|per_pixel", NULL,
+     "roi: G/(IP IF) of ROI means (scikit-beam); per_pixel: per-pixel G/(IP IF) averaged over the ROI, "
+     "with standard errors as output g2_err (APS boost_corr, xpcs-eigen)", NULL},
     BEAM_PARAM_END};
 
 #define WHO "xpcs_multitau"
@@ -45,6 +48,16 @@ void beam_xmt_free(beam_xmt_t *x) {
   free(x->IP);
   free(x->IF);
   free(x->npairs);
+  free(x->pG);
+  free(x->pIP);
+  free(x->pIF);
+  free(x->lmax);
+  free(x->bnd);
+  free(x->lv16);
+  free(x->wide);
+  free(x->scratch);
+  free(x->run_src);
+  free(x->run_len);
   memset(x, 0, sizeof *x);
 }
 
@@ -61,6 +74,10 @@ int beam_xmt_init(beam_xmt_t *x, const beam_cnode_t *cfg, beam_diag_t *d) {
   int64_t pe = beam_cfg_int(cfg, "publish_every", 1000);
   x->conf.publish_every = pe > 0 ? (uint64_t)pe : 0;
   x->conf.with_sums = beam_cfg_bool(cfg, "intensities", 0);
+  const char *norm = beam_cfg_str(cfg, "normalization");
+  if (norm && strcmp(norm, "roi") != 0 && strcmp(norm, "per_pixel") != 0)
+    return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": normalization must be roi or per_pixel, got \"%s\"", norm);
+  x->conf.per_pixel = norm && strcmp(norm, "per_pixel") == 0;
   return beam_xpcs_rois_init(&x->rois, beam_cfg_get(cfg, "rois"), WHO, d);
 }
 
@@ -91,6 +108,15 @@ void beam_xmt_reset(beam_xmt_t *x) {
   memset(x->IF, 0, x->nlags * x->R * beam_xmt_acc_size(x));
   memset(x->npairs, 0, x->nlags * sizeof *x->npairs);
   x->nframes = x->nbad = 0;
+  x->ovf_row = -1;
+  if (x->conf.per_pixel) {
+    size_t n = x->nlags * x->P * beam_xmt_lvl_size(x);
+    memset(x->pG, 0, n);
+    memset(x->pIP, 0, n);
+    memset(x->pIF, 0, n);
+    memset(x->lmax, 0, L * nb * sizeof *x->lmax);
+    memset(x->bnd, 0, 2 * x->nlags * sizeof *x->bnd);
+  }
 }
 
 static void declare(beam_outdesc_t *o, const char *name, beam_dtype_t dt, uint32_t ndim,
@@ -119,6 +145,10 @@ int beam_xmt_start(beam_stage_t *self, beam_xmt_t *x, const beam_series_t *s, co
   x->nlags = (L + 1) * nb / 2;
   free(x->lag_steps), free(x->lvl), free(x->lsum), free(x->bad), free(x->nlev), free(x->chunk);
   free(x->G), free(x->IP), free(x->IF), free(x->npairs);
+  free(x->pG), free(x->pIP), free(x->pIF), free(x->lmax), free(x->bnd);
+  free(x->lv16), free(x->wide), free(x->scratch), free(x->run_src), free(x->run_len);
+  x->pG = x->pIP = x->pIF = NULL, x->lmax = NULL, x->bnd = NULL;
+  x->lv16 = NULL, x->wide = NULL, x->scratch = NULL, x->run_src = x->run_len = NULL, x->nruns = 0;
   size_t ls = beam_xmt_lvl_size(x), as = beam_xmt_acc_size(x);
   x->lag_steps = malloc(x->nlags * sizeof *x->lag_steps);
   x->lvl = malloc(L * nb * x->P * ls);
@@ -133,6 +163,49 @@ int beam_xmt_start(beam_stage_t *self, beam_xmt_t *x, const beam_series_t *s, co
   if (!x->lag_steps || !x->lvl || !x->lsum || !x->bad || !x->nlev || !x->chunk || !x->G || !x->IP ||
       !x->IF || !x->npairs)
     return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": cannot allocate %zu levels x %zu buffers x %zu pixels", L, nb, x->P);
+  /* CPU backend: touch the rings now, their first-touch page faults
+   * (hundreds of MB for a megapixel ROI set) would otherwise land on the
+   * per-frame path. (The CUDA backend keeps its rings on the device.) */
+  if (x->cpu_narrow)
+    memset(x->lvl, 0, L * nb * x->P * ls);
+  if (x->exact && !x->conf.per_pixel && x->cpu_narrow) {
+    x->lv16 = calloc(L * nb * x->P, sizeof *x->lv16);
+    x->wide = calloc(L * nb, 1);
+    x->lmax = calloc(L * nb, sizeof *x->lmax);
+    x->scratch = calloc(nb, sizeof *x->scratch);
+    if (!x->lv16 || !x->wide || !x->lmax || !x->scratch)
+      return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": cannot allocate %zu levels x %zu buffers x %zu pixels (int16)", L,
+                       nb, x->P);
+    /* Rings and label images give long raster runs: the gather then
+     * streams rows (vectorised) instead of reading one index per pixel. */
+    size_t nr = x->P > 0;
+    for (size_t p = 1; p < x->P; p++)
+      nr += x->rois.idx[p] != x->rois.idx[p - 1] + 1;
+    if (nr <= x->P / 4) {
+      x->run_src = malloc(nr * sizeof *x->run_src);
+      x->run_len = malloc(nr * sizeof *x->run_len);
+      if (!x->run_src || !x->run_len)
+        return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": cannot allocate %zu pixel runs", nr);
+      size_t j = 0;
+      for (size_t p = 0; p < x->P; p++) {
+        if (p == 0 || x->rois.idx[p] != x->rois.idx[p - 1] + 1) {
+          x->run_src[j] = x->rois.idx[p];
+          x->run_len[j++] = 0;
+        }
+        x->run_len[j - 1]++;
+      }
+      x->nruns = nr;
+    }
+  }
+  if (x->conf.per_pixel) {
+    size_t n = x->nlags * x->P * ls;
+    x->pG = malloc(n), x->pIP = malloc(n), x->pIF = malloc(n); /* zeroed (touched) by reset */
+    x->lmax = calloc(L * nb, sizeof *x->lmax);
+    x->bnd = calloc(2 * x->nlags, sizeof *x->bnd);
+    if (!x->pG || !x->pIP || !x->pIF || !x->lmax || !x->bnd)
+      return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": per_pixel: cannot allocate 3 x %zu lags x %zu pixels x %zu bytes",
+                       x->nlags, x->P, ls);
+  }
   /* skbeam.core.utils.multi_tau_lags */
   for (size_t i = 0; i < nb; i++)
     x->lag_steps[i] = (int64_t)i;
@@ -163,6 +236,11 @@ int beam_xmt_start(beam_stage_t *self, beam_xmt_t *x, const beam_series_t *s, co
     declare(&self->outs[BEAM_XMT_OUT_IP], "ip", BEAM_DT_F64, 2, sh2, "counts");
     declare(&self->outs[BEAM_XMT_OUT_IF], "if", BEAM_DT_F64, 2, sh2, "counts");
     self->nouts = 6;
+  }
+  x->out_err = self->nouts;
+  if (x->conf.per_pixel) {
+    declare(&self->outs[x->out_err], "g2_err", BEAM_DT_F64, 2, sh2, "");
+    self->nouts++;
   }
   for (unsigned o = 0; o < self->nouts; o++) {
     if (o == BEAM_XMT_OUT_LAGS || o == BEAM_XMT_OUT_INFO)
@@ -199,8 +277,59 @@ static void set_rows(beam_frame_t *f, size_t rows, size_t cols) {
   f->nbytes = rows * (cols ? cols : 1) * sizeof(double);
 }
 
+/* per_pixel: the per-ROI sums are the sums of the per-pixel ones. */
+static void fold_pixels(beam_xmt_t *x) {
+  const uint64_t *off = x->rois.off;
+  for (size_t t = 0; t < x->nlags; t++)
+    for (size_t r = 0; r < x->R; r++) {
+      size_t a = t * x->P + off[r], b = t * x->P + off[r + 1], k = t * x->R + r;
+      if (x->exact) {
+        const int64_t *g = x->pG, *ip = x->pIP, *fu = x->pIF;
+        beam_i128 sg = 0, sp = 0, sf = 0;
+        for (size_t p = a; p < b; p++)
+          sg += g[p], sp += ip[p], sf += fu[p];
+        ((beam_i128 *)x->G)[k] = sg, ((beam_i128 *)x->IP)[k] = sp, ((beam_i128 *)x->IF)[k] = sf;
+      } else {
+        const double *g = x->pG, *ip = x->pIP, *fu = x->pIF;
+        double sg = 0, sp = 0, sf = 0;
+        for (size_t p = a; p < b; p++)
+          sg += g[p], sp += ip[p], sf += fu[p];
+        ((double *)x->G)[k] = sg, ((double *)x->IP)[k] = sp, ((double *)x->IF)[k] = sf;
+      }
+    }
+}
+
+static double pix_d(const beam_xmt_t *x, const void *a, size_t k) {
+  return x->exact ? (double)((const int64_t *)a)[k] : ((const double *)a)[k];
+}
+
+/* per_pixel g2 of ROI r on row t: mean over the pixels with nonzero past
+ * and future intensity of g2_p = pG n / (pIP pIF), and std/sqrt(count)
+ * (population std, numpy's default); NaN when no pixel qualifies. */
+static void pixel_g2(const beam_xmt_t *x, size_t t, size_t r, double *mean, double *err) {
+  size_t a = t * x->P + x->rois.off[r], b = t * x->P + x->rois.off[r + 1];
+  double n = (double)x->npairs[t], s = 0, cnt = 0;
+  for (size_t p = a; p < b; p++) {
+    double ip = pix_d(x, x->pIP, p), fu = pix_d(x, x->pIF, p);
+    if (ip != 0 && fu != 0)
+      s += pix_d(x, x->pG, p) * n / (ip * fu), cnt++;
+  }
+  double m = s / cnt, v = 0; /* two passes: no cancellation in the variance */
+  for (size_t p = a; p < b; p++) {
+    double ip = pix_d(x, x->pIP, p), fu = pix_d(x, x->pIF, p);
+    if (ip != 0 && fu != 0) {
+      double dv = pix_d(x, x->pG, p) * n / (ip * fu) - m;
+      v += dv * dv;
+    }
+  }
+  *mean = cnt > 0 ? m : NAN;
+  *err = cnt > 0 ? sqrt(v / cnt) / sqrt(cnt) : NAN;
+}
+
 int beam_xmt_publish(beam_xmt_t *x, beam_emit_t *emit, uint32_t flag) {
   int64_t dark;
+  if (x->conf.per_pixel)
+    fold_pixels(x);
   size_t rows = beam_xmt_rows(x, &dark), R = x->R;
   beam_frame_t *f = beam_emit_get(emit, BEAM_XMT_OUT_INFO);
   if (!f)
@@ -221,12 +350,29 @@ int beam_xmt_publish(beam_xmt_t *x, beam_emit_t *emit, uint32_t flag) {
   if (!(f = beam_emit_get(emit, BEAM_XMT_OUT_G2)))
     return 0;
   double *g2 = f->data;
-  for (size_t t = 0; t < rows; t++)
-    for (size_t r = 0; r < R; r++) {
-      size_t k = t * R + r;
-      double np = (double)x->npairs[t] * (double)(x->rois.off[r + 1] - x->rois.off[r]);
-      g2[k] = acc_d(x, x->G, k) * np / (acc_d(x, x->IP, k) * acc_d(x, x->IF, k));
+  if (x->conf.per_pixel) {
+    beam_frame_t *fe = beam_emit_get(emit, x->out_err);
+    if (!fe) {
+      beam_emit_drop(emit, f);
+      return 0;
     }
+    double *ge = fe->data;
+    for (size_t t = 0; t < rows; t++)
+      for (size_t r = 0; r < R; r++)
+        pixel_g2(x, t, r, &g2[t * R + r], &ge[t * R + r]);
+    /* g2 first, then g2_err through the common tail below */
+    set_rows(f, rows, R);
+    f->flags = flag;
+    beam_emit_put(emit, f);
+    f = fe;
+  } else {
+    for (size_t t = 0; t < rows; t++)
+      for (size_t r = 0; r < R; r++) {
+        size_t k = t * R + r;
+        double np = (double)x->npairs[t] * (double)(x->rois.off[r + 1] - x->rois.off[r]);
+        g2[k] = acc_d(x, x->G, k) * np / (acc_d(x, x->IP, k) * acc_d(x, x->IF, k));
+      }
+  }
   set_rows(f, rows, R);
   f->flags = flag;
   beam_emit_put(emit, f);
@@ -259,4 +405,14 @@ int beam_xmt_publish(beam_xmt_t *x, beam_emit_t *emit, uint32_t flag) {
     beam_emit_put(emit, f);
   }
   return 0;
+}
+
+int beam_xmt_check(const beam_xmt_t *x, beam_diag_t *d) {
+  if (x->ovf_row < 0)
+    return 0;
+  return BEAM_DIAG(d, BEAM_ELIMIT,
+                   WHO ": normalization per_pixel: the int64 per-pixel sums of lag %lld (row %lld) could "
+                   "overflow after %llu frames; results for this series are withdrawn (use fewer levels, "
+                   "shorter series or normalization roi)",
+                   (long long)x->lag_steps[x->ovf_row], (long long)x->ovf_row, (unsigned long long)x->nframes);
 }

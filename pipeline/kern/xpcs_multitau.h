@@ -19,7 +19,19 @@
  *     G = Gs / (n Np 4^L), IP = IPs / (n Np 2^L), IF = IFs / (n Np 2^L),
  *     g2 = G / (IP IF) = Gs n Np / (IPs IFs).
  * Output rows stop before the first row where any ROI has IPs == 0
- * (scikit-beam's g_max). */
+ * (scikit-beam's g_max).
+ *
+ * normalization: per_pixel (the APS codes, boost_corr / xpcs-eigen) keeps
+ * the same level rings but accumulates per PIXEL instead of per ROI:
+ * pG[t][p] = sum over pairs of x_k[p] x_{k+i}[p], pIP, pIF likewise (int64
+ * for integer input, double otherwise). Publishing folds them into the
+ * per-ROI G/IP/IF above (same truncation and intensities as roi mode) and
+ * computes per pixel g2_p = pG n / (pIP pIF), then per ROI the mean over
+ * the pixels with pIP, pIF != 0 and its standard error (population std /
+ * sqrt(count)). The int64 sums stay exact while the running bound
+ * sum over pairs of max|x_k| max|x_{k+i}| (and of max|x|) fits in int64;
+ * both backends track it per row from the per-slot maxima and fail the
+ * series with BEAM_ELIMIT (never a silent wrap) when it would not. */
 #ifndef BEAM_KERN_XPCS_MULTITAU_H
 #define BEAM_KERN_XPCS_MULTITAU_H
 
@@ -37,6 +49,8 @@ __extension__ typedef __int128 beam_i128;
 /* Outputs, in declaration order (output 0 feeds downstream stages). */
 enum { BEAM_XMT_OUT_G2 = 0, BEAM_XMT_OUT_LAGS, BEAM_XMT_OUT_INFO, BEAM_XMT_OUT_G,
        BEAM_XMT_OUT_IP, BEAM_XMT_OUT_IF };
+/* per_pixel mode adds "g2_err" after the others: output 3 without
+ * intensities, 6 with them (beam_xmt_t.out_err). */
 /* The "info" output, int64 [BEAM_XMT_INFO_N]. */
 enum { BEAM_XMT_INFO_FRAMES = 0, BEAM_XMT_INFO_BAD, BEAM_XMT_INFO_ROWS, BEAM_XMT_INFO_NLAGS,
        BEAM_XMT_INFO_DARK_LABEL, BEAM_XMT_INFO_DARK_ROW, BEAM_XMT_INFO_N };
@@ -45,6 +59,7 @@ typedef struct beam_xmt_conf_s {
   unsigned levels, nb;
   uint64_t publish_every; /* 0 = at series end only */
   int with_sums;          /* also publish G, IP, IF */
+  int per_pixel;          /* normalization: per_pixel (APS) instead of roi */
 } beam_xmt_conf_t;
 
 typedef struct beam_xmt_s {
@@ -65,6 +80,25 @@ typedef struct beam_xmt_s {
   void *G, *IP, *IF;    /* [nlags][R] beam_i128 or double */
   uint64_t *npairs;     /* [nlags] */
   uint64_t nframes, nbad;
+  /* per_pixel mode only (NULL otherwise). */
+  void *pG, *pIP, *pIF; /* [nlags][P] int64_t (exact) or double */
+  uint64_t *lmax;       /* [levels][nb] max |pixel| of each slot (exact;
+                         * per_pixel or narrow) */
+  /* CPU, integer input, roi mode (cpu_narrow set before start): a slot
+   * whose values all fit |v| <= 32767 is kept as int16 in lv16 instead of
+   * int64 in lvl (wide[slot] = 0), so the dots stream a quarter of the
+   * bytes and use 16-bit multiply-adds; still exact. NULL otherwise. */
+  int cpu_narrow;       /* set by the CPU backend's init */
+  int16_t *lv16;        /* [levels][nb][P] */
+  uint8_t *wide;        /* [levels][nb] 1: the slot is in lvl, 0: in lv16 */
+  beam_i128 *scratch;   /* [nb] per-lag partial dots */
+  uint32_t *run_src, *run_len; /* rois.idx as runs of consecutive raster
+                                * indices (narrow mode, when they are long
+                                * enough to pay: nruns <= P/4), else NULL */
+  size_t nruns;
+  beam_i128 *bnd;       /* [nlags][2] overflow bounds: products, values */
+  int64_t ovf_row;      /* first row whose bound passed INT64_MAX, or -1 */
+  unsigned out_err;     /* index of the g2_err output */
 } beam_xmt_t;
 
 /* The schema, beam_xpcs_multitau_params, is declared in kinds.h. */
@@ -106,8 +140,26 @@ size_t beam_xmt_rows(const beam_xmt_t *x, int64_t *dark_label);
 int beam_xmt_publish(beam_xmt_t *x, beam_emit_t *emit, uint32_t flag);
 
 /* CPU backend, one input frame (frame NULL when bad): gather, levels,
- * pairs. Exposed for the GPU cross-check. */
-void beam_xmt_push_cpu(beam_xmt_t *x, const void *frame, int bad);
+ * pairs. Exposed for the GPU cross-check and the benchmark. Returns 0, or
+ * BEAM_ELIMIT once a per_pixel int64 bound was passed (x->ovf_row). */
+int beam_xmt_push_cpu(beam_xmt_t *x, const void *frame, int bad);
+
+/* per_pixel: adds (max_o, max_s) of one pair to row t's bound; returns 0,
+ * or -1 (and sets ovf_row) when an int64 sum could overflow. */
+static inline int beam_xmt_bound(beam_xmt_t *x, size_t t, uint64_t mo, uint64_t ms) {
+  beam_i128 *b = x->bnd + 2 * t;
+  b[0] += (beam_i128)mo * ms;
+  b[1] += mo > ms ? mo : ms;
+  if (b[0] > INT64_MAX || b[1] > INT64_MAX) {
+    if (x->ovf_row < 0)
+      x->ovf_row = (int64_t)t;
+    return -1;
+  }
+  return 0;
+}
+
+/* 0, or BEAM_ELIMIT with the message when a per_pixel bound was passed. */
+int beam_xmt_check(const beam_xmt_t *x, beam_diag_t *d);
 
 /* Resets the per-series counters and accumulators (start). */
 void beam_xmt_reset(beam_xmt_t *x);

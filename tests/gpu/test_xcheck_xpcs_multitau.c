@@ -3,13 +3,15 @@
  * g_num, ip, if; partial and final) must be bit-identical. Float frames
  * are summed in different orders: element-wise |gpu - cpu| <= 1e-12 |cpu|.
  * Bad frames (BAD flag, a CORRUPT frame, a NaN pixel in float input) are
- * included. Skips without a device (after checking the clean refusal). */
+ * included. Skips without a device (after checking the clean refusal).
+ * normalization per_pixel is checked the same way (g2_err included). */
 #include "pipeline/kern/kinds.h"
 #include "pipeline/kern/xpcs_multitau.h"
 #include "tests/gpu/xcheck.h"
 
 enum { H = 96, W = 128, N = 150 };
 static char lpath[256];
+static int per_pixel;
 
 static beam_cnode_t *cfg_of(void) {
   beam_cnode_t *c = bh_stage_cfg("xpcs_multitau"), *rois = bh_map();
@@ -19,6 +21,8 @@ static beam_cnode_t *cfg_of(void) {
   bh_set(c, "buffers", "8");
   bh_set(c, "publish_every", "40");
   bh_set(c, "intensities", "true");
+  if (per_pixel)
+    bh_set(c, "normalization", "per_pixel");
   return c;
 }
 
@@ -104,11 +108,29 @@ static void test_f32(void **state) {
   run(BEAM_DT_F32);
 }
 
+static void test_per_pixel_u16(void **state) {
+  if (!bh_gpu_available())
+    skip();
+  per_pixel = 1;
+  run(BEAM_DT_U16);
+  per_pixel = 0;
+}
+
+static void test_per_pixel_f32(void **state) {
+  if (!bh_gpu_available())
+    skip();
+  per_pixel = 1;
+  run(BEAM_DT_F32);
+  per_pixel = 0;
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_u16),
       cmocka_unit_test(test_i32),
       cmocka_unit_test(test_f32),
+      cmocka_unit_test(test_per_pixel_u16),
+      cmocka_unit_test(test_per_pixel_f32),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

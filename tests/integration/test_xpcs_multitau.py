@@ -76,9 +76,42 @@ def multitau_numpy(frames, bad, lab, levels, nb):
             "lags": lag_steps(levels, nb)[:rows], "dark": dark, "nlags": nlags}
 
 
-def _start(tmp_path, ports, zctx, start_beamd, receivers, rois):
+def multitau_per_pixel_numpy(frames, bad, lab, levels, nb):
+    """normalization: per_pixel (docs/xpcs.md), from the doc's formula:
+    per pixel and lag, G, IP, IF are means over the good pairs of level
+    means; g2_p = G / (IP IF) for pixels with IP, IF != 0; per ROI the mean
+    of g2_p and np.std(g2_p) / sqrt(count)."""
+    n = len(frames)
+    x = frames.reshape(n, -1).astype(np.float64)
+    x[np.asarray(bad, bool)] = np.nan
+    flat = lab.reshape(-1)
+    masks = [flat == v for v in sorted(set(flat[flat > 0].tolist()))]
+    nlags = (levels + 1) * nb // 2
+    g2, err = np.full((nlags, len(masks)), np.nan), np.full((nlags, len(masks)), np.nan)
+    for lev in range(levels):
+        nl = n >> lev
+        xl = x[:nl << lev].reshape(nl, 2 ** lev, -1).mean(axis=1)
+        for i in range(nb // 2 if lev else 0, nb):
+            t = lev * nb // 2 + i
+            if nl <= i:
+                continue
+            a, b = xl[:nl - i], xl[i:]
+            good = ~(np.isnan(a).any(axis=1) | np.isnan(b).any(axis=1))
+            if not good.any():
+                continue
+            a, b = a[good], b[good]
+            G, IP, IF = (a * b).mean(axis=0), a.mean(axis=0), b.mean(axis=0)
+            for r, m in enumerate(masks):
+                ok = m & (IP != 0) & (IF != 0)
+                gp = G[ok] / (IP[ok] * IF[ok])
+                g2[t, r] = gp.mean()
+                err[t, r] = gp.std() / np.sqrt(gp.size)
+    return g2, err
+
+
+def _start(tmp_path, ports, zctx, start_beamd, receivers, rois, **extra):
     st = {"name": "mt", "kind": "xpcs_multitau", "backend": "cpu", "rois": rois,
-          "levels": LEVELS, "buffers": NB, "publish_every": 20, "intensities": True}
+          "levels": LEVELS, "buffers": NB, "publish_every": 20, "intensities": True, **extra}
     start_beamd(make_config(ports, [st], mode="pull", pool_frames=64))
     rx = Receiver(zctx, ports.ep_publish)
     receivers.append(rx)
@@ -177,3 +210,49 @@ def test_dark_roi_empties_output(tmp_path, ports, zctx, start_beamd, receivers):
     for k in (20, "final"):
         m = n if k == "final" else k
         _compare(got[k], multitau_numpy(frames[:m], np.zeros(m, bool), lab, LEVELS, NB), m, 0)
+
+
+def test_per_pixel_matches_numpy(tmp_path, ports, zctx, start_beamd, receivers):
+    """normalization: per_pixel: g2 and g2_err against numpy, on sparse
+    counts (mean 0.3-2 per pixel, so many pixels have IP or IF == 0 at
+    some lag and are left out as the doc says); G/IP/IF and the rows are
+    those of roi mode. Tolerance rtol 1e-12 for g2 (exact integer sums, one
+    division per pixel); g2_err is a root of a sum of squared deviations,
+    compared to 1e-10 of g2."""
+    rng = np.random.default_rng(77)
+    lab = labels_image(rng)
+    np.save(tmp_path / "labels.npy", lab)
+    rx, tx = _start(tmp_path, ports, zctx, start_beamd, receivers,
+                    {"file": str(tmp_path / "labels.npy")}, normalization="per_pixel")
+    sid, n = 6, 44
+    lam = rng.uniform(0.3, 2.0, size=(H, W))
+    frames = rng.poisson(lam, size=(n, H, W)).astype(np.uint16)
+    bad = np.zeros(n, bool)
+    bad[15] = True
+    tx.start(sid, (H, W), np.uint16, meta={"frame_time": FRAME_TIME})
+    for k in range(n):
+        tx.frame(sid, k, frames[k], flags=proto.FLAG_BAD if bad[k] else 0)
+    tx.end(sid)
+    rx.wait_series_end(sid, timeout=15)
+    rx.wait_for(lambda ms: any(m[0] == "mt.if" and m[1].flags & proto.FLAG_FINAL for m in ms),
+                timeout=5, what="final mt.if")  # published last
+    assert not rx.decode_errors()
+    got = _results(rx, sid)
+    assert sorted(k for k in got if k != "final") == [20, 40]
+    for k in (20, 40, "final"):
+        m = n if k == "final" else k
+        ref = multitau_numpy(frames[:m], bad[:m], lab, LEVELS, NB)
+        res = got[k]
+        rows = ref["rows"]
+        assert res["info"][1][2] == rows and rows > NB
+        g2, err = multitau_per_pixel_numpy(frames[:m], bad[:m], lab, LEVELS, NB)
+        for name in ("G", "IP", "IF"):
+            out = {"G": "g_num", "IP": "ip", "IF": "if"}[name]
+            np.testing.assert_allclose(res[out][1], ref[name], rtol=1e-12, atol=0, err_msg=name)
+        assert res["g2"][1].shape == (rows, len(LABELS)) and res["g2_err"][1].shape == (rows, len(LABELS))
+        np.testing.assert_allclose(res["g2"][1], g2[:rows], rtol=1e-12, atol=0, err_msg="g2")
+        assert np.all(np.abs(res["g2_err"][1] - err[:rows]) <= 1e-10 * np.abs(g2[:rows])), "g2_err"
+        # per-pixel and ROI normalisation differ on non-uniform ROIs
+        assert not np.allclose(res["g2"][1], ref["g2"], rtol=1e-3)
+    metas = {t: mm for t, h, a, mm in rx.snapshot() if t.startswith("mt.") and mm}
+    assert metas["mt.g2_err"]["labels"] == list(LABELS)

@@ -2,7 +2,10 @@
  * lag list, a plain C implementation of scikit-beam's closed form (level
  * means as doubles, NaN for bad frames) on random integer and float data
  * with bad and CORRUPT frames, truncation and the dark-ROI report, partial
- * results, ring and q geometry, and the configuration and shape errors. */
+ * results, ring and q geometry, and the configuration and shape errors.
+ * normalization per_pixel: a plain C version of the APS convention (per
+ * pixel G/(IP IF) from level means, mean and std/sqrt(n) over the ROI) on
+ * the same data, and the int64 overflow guard. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -199,7 +202,11 @@ static void ref_free(ref_t *o) { free(o->g2), free(o->G), free(o->IP), free(o->I
 
 /* 12x10 frames, labels with gaps (2, 7, 8, 40), N frames, some BAD and one
  * CORRUPT; dtype u16 (exact path) or f32 (double path). */
-static void run_random(beam_dtype_t dt, unsigned levels, unsigned nb, size_t N, double rtol) {
+/* spike: every 5th frame has one pixel above 32767 and every 7th is
+ * bright (17000..21403: two of them in one level-3 block pass 32767): the CPU
+ * backend's int16 and int64 slots, pairs of each and of both kinds. */
+static void run_random(beam_dtype_t dt, unsigned levels, unsigned nb, size_t N, double rtol, int spike,
+                       int banded) {
   enum { H = 12, W = 10 };
   uint32_t sh[2] = {H, W};
   int32_t lab[H * W];
@@ -211,6 +218,8 @@ static void run_random(beam_dtype_t dt, unsigned levels, unsigned nb, size_t N, 
     int k = (int)((seed >> 33) % 5);
     if (p < 4)
       k = p + 1; /* every label present */
+    if (banded) /* row bands, column 0 unused: long pixel runs (run gather) */
+      k = p % W == 0 ? 0 : 1 + (p / W) % 4;
     lab[p] = vals[k];
     idx[p] = k - 1;
   }
@@ -221,12 +230,22 @@ static void run_random(beam_dtype_t dt, unsigned levels, unsigned nb, size_t N, 
   bh_t *h = make(cfg);
   beam_diag_t d = {0};
   assert_int_equal(bh_start(h, dt, 2, sh, &d), 0);
+  const beam_xmt_t *xs = h->st.priv;
+  assert_true(banded ? xs->nruns == 12 && xs->run_src : xs->run_src == NULL); /* which gather runs */
   double *frames = calloc(N * H * W, sizeof *frames);
   int *bad = calloc(N, sizeof *bad);
   size_t npartial = 0;
   for (size_t k = 0; k < N; k++) {
     beam_frame_t *f = bh_frame_new(dt, 2, sh, k);
     bh_frame_fill(f, 1000 + k, dt == BEAM_DT_U16 ? 9 : 7.5);
+    if (spike && dt == BEAM_DT_U16) {
+      uint16_t *v = f->data;
+      if (k % 7 == 3 || k == 9 || k == 14)
+        for (int p = 0; p < H * W; p++)
+          v[p] = (uint16_t)(17000 + 37 * p);
+      if (k % 5 == 2)
+        v[(k * 13) % (H * W)] = (uint16_t)(40000 + k);
+    }
     for (int p = 0; p < H * W; p++)
       frames[k * H * W + p] = dt == BEAM_DT_U16 ? ((uint16_t *)f->data)[p] : ((float *)f->data)[p];
     if (k % 11 == 5) {
@@ -289,8 +308,196 @@ static void run_random(beam_dtype_t dt, unsigned levels, unsigned nb, size_t N, 
   bh_free(&h);
 }
 
-static void test_reference_u16(void **state) { run_random(BEAM_DT_U16, 4, 4, 61, 1e-13); }
-static void test_reference_f32(void **state) { run_random(BEAM_DT_F32, 3, 6, 50, 1e-12); }
+static void test_reference_u16(void **state) { run_random(BEAM_DT_U16, 4, 4, 61, 1e-13, 0, 0); }
+static void test_reference_u16_wide(void **state) {
+  run_random(BEAM_DT_U16, 5, 4, 70, 1e-13, 1, 0);
+  run_random(BEAM_DT_U16, 5, 4, 70, 1e-13, 1, 1);
+}
+static void test_reference_f32(void **state) { run_random(BEAM_DT_F32, 3, 6, 50, 1e-12, 0, 0); }
+
+/* per_pixel reference: level means as doubles; per pixel and row, G, IP,
+ * IF over the good pairs; g2_p = G / (IP IF) for pixels with IP, IF != 0;
+ * per ROI the mean and std (ddof 0) / sqrt(count). Rows as for roi mode. */
+static void reference_pp(const double *frames, const int *bad, size_t N, size_t npix, const int *lab,
+                         size_t R, unsigned levels, unsigned nb, double *g2, double *err) {
+  size_t nlags = (size_t)(levels + 1) * nb / 2;
+  for (unsigned L = 0; L < levels; L++) {
+    size_t nL = N >> L, blk = (size_t)1 << L;
+    double *x = calloc(nL * npix + 1, sizeof *x);
+    for (size_t k = 0; k < nL; k++)
+      for (size_t p = 0; p < npix; p++) {
+        double s = 0;
+        for (size_t j = 0; j < blk; j++)
+          s += bad[k * blk + j] ? NAN : frames[(k * blk + j) * npix + p];
+        x[k * npix + p] = s / (double)blk;
+      }
+    for (unsigned i = L ? nb / 2 : 0; i < nb; i++) {
+      size_t t = (size_t)L * nb / 2 + i;
+      for (size_t r = 0; r < R; r++) {
+        double sum = 0, sq = 0, cnt = 0;
+        for (int pass = 0; pass < 2; pass++)
+          for (size_t p = 0; p < npix; p++) {
+            if (lab[p] != (int)r)
+              continue;
+            double G = 0, IP = 0, IF = 0, n = 0;
+            for (size_t k = 0; k + i < nL; k++) {
+              double a = x[k * npix + p], b = x[(k + i) * npix + p];
+              if (isnan(a) || isnan(b))
+                continue;
+              G += a * b, IP += a, IF += b, n++;
+            }
+            if (IP == 0 || IF == 0)
+              continue;
+            double g = (G / n) / ((IP / n) * (IF / n));
+            if (pass == 0)
+              sum += g, cnt++;
+            else
+              sq += (g - sum / cnt) * (g - sum / cnt);
+          }
+        g2[t * R + r] = sum / cnt;
+        err[t * R + r] = sqrt(sq / cnt) / sqrt(cnt);
+      }
+    }
+    free(x);
+  }
+  (void)nlags;
+}
+
+/* Sparse random data (many zero pixels, so the IP/IF != 0 rule matters),
+ * bad and CORRUPT frames, partial results; g2 and g2_err vs reference_pp,
+ * g_num/ip/if still the ROI-mode values, rows as in roi mode. */
+static void run_random_pp(beam_dtype_t dt, unsigned levels, unsigned nb, size_t N, double rtol) {
+  enum { H = 12, W = 10 };
+  uint32_t sh[2] = {H, W};
+  int32_t lab[H * W];
+  int idx[H * W];
+  const int32_t vals[4] = {0, 4, 9, 11};
+  uint64_t seed = 777;
+  for (int p = 0; p < H * W; p++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    int k = (int)((seed >> 33) % 4);
+    if (p < 3)
+      k = p + 1;
+    lab[p] = vals[k];
+    idx[p] = k - 1;
+  }
+  assert_int_equal(bh_write_npy(tmp_path("pplab.npy"), "<i4", 2, sh, lab, sizeof lab), 0);
+  beam_cnode_t *cfg = cfg_labels(tmp_path("pplab.npy"), (int)levels, (int)nb);
+  bh_set(cfg, "intensities", "true");
+  bh_set(cfg, "publish_every", "9");
+  bh_set(cfg, "normalization", "per_pixel");
+  bh_t *h = make(cfg);
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(h, dt, 2, sh, &d), 0);
+  assert_int_equal(h->st.nouts, 7);
+  assert_string_equal(h->st.outs[6].name, "g2_err");
+  size_t R = 3, nlags = (size_t)(levels + 1) * nb / 2;
+  double *frames = calloc(N * H * W, sizeof *frames), *g2 = calloc(nlags * R, sizeof *g2),
+         *err = calloc(nlags * R, sizeof *err);
+  int *bad = calloc(N, sizeof *bad);
+  size_t nerr = 0;
+  for (size_t k = 0; k < N; k++) {
+    beam_frame_t *f = bh_frame_new(dt, 2, sh, k);
+    bh_frame_fill(f, 50 + k, dt == BEAM_DT_U16 ? 4 : 3.5);
+    for (int p = 0; p < H * W; p++) {
+      /* about half the pixels zero: exercises the IP/IF != 0 rule */
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      int zero = (seed >> 40) % 2 == 0;
+      if (dt == BEAM_DT_U16) {
+        uint16_t *v = f->data;
+        v[p] = zero ? 0 : v[p];
+        frames[k * H * W + p] = v[p];
+      } else {
+        float *v = f->data;
+        v[p] = zero ? 0.f : v[p];
+        frames[k * H * W + p] = v[p];
+      }
+    }
+    if (k % 13 == 4) {
+      f->flags |= BEAM_FLAG_BAD;
+      bad[k] = 1;
+    }
+    if (k == 20) {
+      f->flags |= BEAM_FLAG_CORRUPT;
+      f->nbytes = 0;
+      bad[k] = 1;
+    }
+    assert_int_equal(bh_process(h, f), 0);
+    bh_frame_free(f);
+    if ((k + 1) % 9 == 0 || k + 1 == N) {
+      if (k + 1 == N)
+        assert_int_equal(bh_end(h), 0);
+      ref_t o;
+      reference(frames, bad, k + 1, H * W, idx, R, levels, nb, &o);
+      reference_pp(frames, bad, k + 1, H * W, idx, R, levels, nb, g2, err);
+      int64_t *info = last(h, BEAM_XMT_OUT_INFO)->data;
+      assert_int_equal(info[BEAM_XMT_INFO_ROWS], (int64_t)o.rows);
+      if (o.rows) {
+        beam_frame_t *fg = last(h, BEAM_XMT_OUT_G2), *fe = last(h, 6);
+        assert_non_null(fe);
+        assert_int_equal(fe->shape[0], o.rows);
+        for (size_t i = 0; i < o.rows * R; i++) {
+          close_to(((double *)fg->data)[i], g2[i], rtol, "pp g2", i);
+          /* err is a difference of near-equal terms: compare to the g2 scale */
+          double de = fabs(((double *)fe->data)[i] - err[i]);
+          if (!(de <= rtol * g2[i]))
+            fail_msg("pp g2_err[%zu]: got %.17g, want %.17g", i, ((double *)fe->data)[i], err[i]);
+          nerr += err[i] > 0;
+          close_to(((double *)last(h, BEAM_XMT_OUT_G)->data)[i], o.G[i], rtol, "pp G", i);
+          close_to(((double *)last(h, BEAM_XMT_OUT_IP)->data)[i], o.IP[i], rtol, "pp IP", i);
+        }
+        if (k + 1 == N)
+          assert_true(o.rows > nb && nerr > o.rows); /* the errors are not all zero */
+      }
+      ref_free(&o);
+      if (k + 1 < N)
+        bh_clear(h);
+    }
+  }
+  free(frames), free(bad), free(g2), free(err);
+  bh_free(&h);
+}
+
+static void test_per_pixel_u16(void **state) { run_random_pp(BEAM_DT_U16, 4, 4, 70, 1e-12); }
+static void test_per_pixel_f32(void **state) { run_random_pp(BEAM_DT_F32, 3, 6, 55, 1e-12); }
+
+/* per_pixel, u32 near full scale at level 3: sums of 8 frames ~2^35,
+ * products ~2^70 cannot be held in int64: the stage refuses to go on
+ * (BEAM_ELIMIT, message names the lag) instead of publishing a wrapped
+ * sum (here at the first lag-0 pair: 4e9^2 > 2^63). Small counts in
+ * the same dtype never do. */
+static void test_per_pixel_overflow(void **state) {
+  uint8_t lab[4] = {1, 1, 2, 2};
+  uint32_t sh[2] = {2, 2};
+  assert_int_equal(bh_write_npy(tmp_path("ov.npy"), "|u1", 2, sh, lab, sizeof lab), 0);
+  for (int big = 0; big < 2; big++) {
+    beam_cnode_t *cfg = cfg_labels(tmp_path("ov.npy"), 4, 2);
+    bh_set(cfg, "normalization", "per_pixel");
+    bh_t *h = make(cfg);
+    beam_diag_t d = {0};
+    assert_int_equal(bh_start(h, BEAM_DT_U32, 2, sh, &d), 0);
+    int rc = 0;
+    uint64_t k;
+    for (k = 0; k < 64 && rc == 0; k++) {
+      beam_frame_t *f = bh_frame_new(BEAM_DT_U32, 2, sh, k);
+      for (int p = 0; p < 4; p++)
+        ((uint32_t *)f->data)[p] = big ? 4000000000u - (uint32_t)p : 3u + (uint32_t)p;
+      rc = bh_process(h, f);
+      bh_frame_free(f);
+    }
+    if (big) {
+      assert_int_equal(rc, BEAM_ELIMIT);
+      assert_non_null(strstr(h->st.diag.msg, "overflow"));
+      assert_int_equal(bh_end(h), BEAM_ELIMIT);
+    } else {
+      assert_int_equal(rc, 0);
+      assert_int_equal(bh_end(h), 0);
+      assert_non_null(last(h, 3)); /* g2_err follows info without intensities */
+      assert_string_equal(h->st.outs[3].name, "g2_err");
+    }
+    bh_free(&h);
+  }
+}
 
 /* levels 4, buffers 8: scikit-beam's example list. */
 static void test_lag_list(void **state) {
@@ -476,8 +683,10 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hand_computed), cmocka_unit_test(test_reference_u16),
       cmocka_unit_test(test_reference_f32), cmocka_unit_test(test_lag_list),
+      cmocka_unit_test(test_reference_u16_wide),
       cmocka_unit_test(test_dark_roi),      cmocka_unit_test(test_rings),
-      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_errors),        cmocka_unit_test(test_per_pixel_u16),
+      cmocka_unit_test(test_per_pixel_f32), cmocka_unit_test(test_per_pixel_overflow),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,157 @@
+/* xpcs_multitau: frames/s of the CPU xpcs_multitau stage, driven through
+ * its stage ops (init, start, process, end) with a private emitter, so the
+ * figure is the kernel alone (no pool, queue, thread or socket).
+ *
+ * Cases (uint16 Poisson frames, mean 20, cycled from a bank of 16):
+ *   big   1000x1000, all pixels in 16 rings, buffers 8, levels 8 (lags to
+ *         896 frames), 1000 frames
+ *   skb   128x128, 8 rings, levels 7, buffers 16, 1000 frames: the size
+ *         scikit-beam's multi_tau_auto_corr is usually timed at
+ * Reports frames/s and ns per ROI pixel per frame pair (pairs counted
+ * from the stage's own pair counters), for normalization roi and
+ * per_pixel. Each case also prints a `json: {...}` line (bench/xpcs.py
+ * reads those). Not a test: no pass/fail.
+ *
+ *   xpcs_multitau [--quick | --big N] */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/config.h"
+#include "pipeline/emit_int.h"
+#include "pipeline/kern/xpcs_multitau.h"
+#include "pipeline/stage.h"
+
+typedef struct emitter_s {
+  beam_frame_t outs[BEAM_STAGE_MAX_OUTS];
+} emitter_t;
+
+static beam_frame_t *em_get(void *ctx, unsigned out) {
+  emitter_t *e = ctx;
+  return out < BEAM_STAGE_MAX_OUTS && e->outs[out].data ? &e->outs[out] : NULL;
+}
+static void em_put(void *ctx, beam_frame_t *f) { (void)ctx, (void)f; }
+static void em_drop(void *ctx, beam_frame_t *f) { (void)ctx, (void)f; }
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng_next(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return *s >> 33;
+}
+
+static int run(const char *name, uint32_t H, uint32_t W, int rings, int levels, int nb, int nframes,
+               const char *norm) {
+  char yaml[512];
+  double rmax = hypot(H / 2.0, W / 2.0) + 1;
+  /* rings from the centre to beyond the corners: every pixel in an ROI */
+  int n = snprintf(yaml, sizeof yaml,
+                   "{name: b, kind: xpcs_multitau, levels: %d, buffers: %d, publish_every: 0, "
+                   "normalization: %s, rois: {center: [%.1f, %.1f], radii: [",
+                   levels, nb, norm, (W - 1) / 2.0, (H - 1) / 2.0);
+  for (int k = 0; k <= rings; k++)
+    n += snprintf(yaml + n, sizeof yaml - (size_t)n, "%s%.3f", k ? ", " : "",
+                  k == 0 ? 0.0 : k == 1 ? 1.0 : rmax * k / rings);
+  snprintf(yaml + n, sizeof yaml - (size_t)n, "]}}");
+  beam_cfg_errs_t errs = {0};
+  beam_cnode_t *cfg = beam_yaml_parse(yaml, strlen(yaml), "<bench>", &errs);
+  const beam_stage_kind_t *k = beam_stage_kind_find("xpcs_multitau");
+  if (!cfg || !k || beam_cfg_validate(cfg, k->params, "bench", &errs) > 0) {
+    fprintf(stderr, "xpcs_multitau: bad config %s: %s\n", yaml, errs.n ? errs.msgs[0] : "");
+    return -1;
+  }
+  beam_cfg_errs_free(&errs);
+  beam_stage_t st;
+  memset(&st, 0, sizeof st);
+  st.ops = k->cpu;
+  st.cfg = cfg;
+  snprintf(st.name, sizeof st.name, "b");
+  beam_diag_t d = {0};
+  uint32_t shape[2] = {H, W};
+  beam_series_t *series = beam_series_new(1, BEAM_DT_U16, 2, shape, NULL, 0);
+  beam_indesc_t in = {BEAM_DT_U16, 2, {H, W, 0, 0}};
+  if (st.ops->init(&st, &d) < 0 || st.ops->start(&st, series, &in, &d) < 0) {
+    fprintf(stderr, "xpcs_multitau: %s\n", d.msg);
+    return -1;
+  }
+  emitter_t em;
+  memset(&em, 0, sizeof em);
+  for (unsigned o = 0; o < st.nouts; o++) {
+    size_t bytes = beam_dtype_size(st.outs[o].dtype);
+    for (uint32_t i = 0; i < st.outs[o].ndim; i++)
+      bytes *= st.outs[o].shape[i];
+    em.outs[o].data = malloc(bytes);
+    em.outs[o].cap = em.outs[o].nbytes = bytes;
+    em.outs[o].dtype = st.outs[o].dtype;
+    em.outs[o].ndim = st.outs[o].ndim;
+    memcpy(em.outs[o].shape, st.outs[o].shape, sizeof em.outs[o].shape);
+  }
+  beam_emit_t e = {&em, em_get, em_put, em_drop};
+  enum { BANK = 16 };
+  beam_frame_t f[BANK];
+  uint64_t seed = 42;
+  for (int b = 0; b < BANK; b++) {
+    memset(&f[b], 0, sizeof f[b]);
+    f[b].dtype = BEAM_DT_U16, f[b].ndim = 2, f[b].shape[0] = H, f[b].shape[1] = W;
+    f[b].nbytes = f[b].cap = (size_t)H * W * 2;
+    f[b].data = malloc(f[b].nbytes);
+    uint16_t *v = f[b].data;
+    for (size_t p = 0; p < (size_t)H * W; p++) /* ~Poisson(20): sum of 40 Bernoulli(1/2) */
+      v[p] = (uint16_t)__builtin_popcountll(rng_next(&seed) << 31 ^ rng_next(&seed)) % 41;
+  }
+  double t0 = now_s();
+  for (int i = 0; i < nframes; i++) {
+    f[i % BANK].frame_id = (uint64_t)i;
+    if (st.ops->process(&st, &f[i % BANK], &e) < 0) {
+      fprintf(stderr, "xpcs_multitau: process: %s\n", st.diag.msg);
+      return -1;
+    }
+  }
+  double t1 = now_s();
+  st.ops->end(&st, &e);
+  double t2 = now_s();
+  beam_xmt_t *x = st.priv;
+  uint64_t pairs = 0;
+  for (size_t t = 0; t < x->nlags; t++)
+    pairs += x->npairs[t];
+  double sec = t1 - t0;
+  printf("%-4s %-9s %4ux%-4u rois %2zu levels %d buffers %2d pixels %7zu: %8.1f frames/s, %6.3f ms/frame, "
+         "%.2f pairs/frame, %.3f ns per ROI pixel per frame pair; publish %.1f ms\n",
+         name, norm, H, W, x->R, levels, nb, x->P, nframes / sec, 1e3 * sec / nframes,
+         (double)pairs / nframes, 1e9 * sec / ((double)pairs * (double)x->P), 1e3 * (t2 - t1));
+  printf("json: {\"case\":\"%s\",\"normalization\":\"%s\",\"h\":%u,\"w\":%u,\"rois\":%zu,"
+         "\"levels\":%d,\"buffers\":%d,\"pixels\":%zu,\"frames\":%d,\"fps\":%.2f,"
+         "\"ms_per_frame\":%.4f,\"pairs_per_frame\":%.3f,\"ns_per_pixel_pair\":%.4f,"
+         "\"publish_ms\":%.3f}\n",
+         name, norm, H, W, x->R, levels, nb, x->P, nframes, nframes / sec, 1e3 * sec / nframes,
+         (double)pairs / nframes, 1e9 * sec / ((double)pairs * (double)x->P), 1e3 * (t2 - t1));
+  fflush(stdout);
+  st.ops->destroy(&st);
+  for (int b = 0; b < BANK; b++)
+    free(f[b].data);
+  for (unsigned o = 0; o < BEAM_STAGE_MAX_OUTS; o++)
+    free(em.outs[o].data);
+  beam_series_unref(&series);
+  beam_cnode_free(cfg);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+  if (argc > 1 && strcmp(argv[1], "--big") == 0) /* for perf: the big case alone */
+    return run("big", 1000, 1000, 16, 8, 8, argc > 2 ? atoi(argv[2]) : 1000, "roi") ? 1 : 0;
+  int rc = 0;
+  rc |= run("big", 1000, 1000, 16, 8, 8, quick ? 100 : 1000, "roi");
+  rc |= run("skb", 128, 128, 8, 7, 16, 1000, "roi");
+  rc |= run("skb", 128, 128, 8, 7, 16, 1000, "per_pixel");
+  if (!quick)
+    rc |= run("big", 1000, 1000, 16, 8, 8, 300, "per_pixel");
+  return rc ? 1 : 0;
+}
