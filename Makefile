@@ -82,6 +82,8 @@ GPU_OBJ   := $(BUILD)/gpu/stubs.o $(GPU_C:%.c=$(BUILD)/%.o)
 endif
 DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 TOOLS      := $(notdir $(patsubst %/,%,$(dir $(wildcard tools/*/main.c))))
+# tools/common has no main.c, so it is no tool: its objects link into every tool.
+TOOL_COMMON_SRC := $(wildcard tools/common/*.c)
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 GPUT_SRC   := $(wildcard tests/gpu/test_*.c)
 TEST_COMMON := $(wildcard tests/common/*.c)
@@ -96,6 +98,7 @@ GPUT_BIN   := $(GPUT_SRC:tests/gpu/%.c=$(BUILD)/tests/%)
 TOOL_BIN   := $(TOOLS:%=$(BUILD)/%)
 BENCH_BIN  := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 TEST_COMMON_OBJ := $(TEST_COMMON:%.c=$(BUILD)/%.o)
+TOOL_COMMON_OBJ := $(TOOL_COMMON_SRC:%.c=$(BUILD)/%.o)
 
 ALL_OBJ := $(LIB_OBJ) $(DAEMON_OBJ) $(BUILD)/daemon/main.o $(TEST_COMMON_OBJ) \
            $(foreach f,$(wildcard tools/*/*.c),$(BUILD)/$(basename $(f)).o) \
@@ -139,7 +142,7 @@ $(BUILD)/beamd: $(BUILD)/daemon/main.o $(LIBBEAMD) $(LIBBEAM)
 
 .SECONDARY:
 .SECONDEXPANSION:
-$(TOOL_BIN): $(BUILD)/%: $$(foreach f,$$(wildcard tools/$$*/*.c),$(BUILD)/$$(basename $$(f)).o) $(LIBBEAMD) $(LIBBEAM)
+$(TOOL_BIN): $(BUILD)/%: $$(foreach f,$$(wildcard tools/$$*/*.c),$(BUILD)/$$(basename $$(f)).o) $(TOOL_COMMON_OBJ) $(LIBBEAMD) $(LIBBEAM)
 	$(LINK)
 
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(TEST_COMMON_OBJ) $(LIBBEAMD) $(LIBBEAM)

@@ -18,7 +18,6 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -32,27 +31,6 @@
 #define MAX_PARTS (2 + BEAM_MAX_PAYLOAD_PARTS + 1)
 #define CLOSED_RING 256 /* series finished in this run, whose stragglers are ignored */
 #define TICK_MS 100
-
-static volatile sig_atomic_t g_stop;
-static void on_signal(int sig) {
-  (void)sig;
-  g_stop = 1;
-}
-
-uint64_t rec_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-void rec_log(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fputs("beamd-record: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
-  va_end(ap);
-}
 
 typedef struct state_s {
   rec_ctx_t ctx;
@@ -94,29 +72,8 @@ static void usage(FILE *f) {
 "  --help               this text\n");
 }
 
-static int bad(const char *opt, const char *val, const char *why) {
-  fprintf(stderr, "beamd-record: bad value for --%s: '%s' (%s)\n", opt, val, why);
-  return -1;
-}
-
-static int parse_u64(const char *opt, const char *s, uint64_t hi, uint64_t *out) {
-  char *end;
-  errno = 0;
-  unsigned long long v = *s == '-' ? 0 : strtoull(s, &end, 10);
-  if (*s == '-' || *s == '\0' || errno || *end || v > hi)
-    return bad(opt, s, "expected a non-negative integer in range");
-  *out = v;
-  return 0;
-}
-
 static int parse_secs(const char *opt, const char *s, double lo, double *out) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || *s == '\0' || *end || !(v >= lo && v <= 1e7))
-    return bad(opt, s, "seconds");
-  *out = v;
-  return 0;
+  return tool_parse_double(opt, s, lo, 1e7, "seconds", out);
 }
 
 enum {
@@ -145,70 +102,66 @@ static int parse_args(int argc, char **argv, rec_opts_t *o) {
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (c) {
     case O_CONNECT:
-      if (o->nconnect == REC_MAX_CONNECT) return bad("connect", optarg, "at most 16 endpoints");
+      if (o->nconnect == REC_MAX_CONNECT) return tool_bad("connect", optarg, "at most 16 endpoints");
       o->connect[o->nconnect++] = optarg;
       break;
     case O_PULL: o->pull = 1; break;
     case O_DIR:
-      if (!*optarg || strlen(optarg) > 4000) return bad("dir", optarg, "a path of 1..4000 characters");
+      if (!*optarg || strlen(optarg) > 4000) return tool_bad("dir", optarg, "a path of 1..4000 characters");
       o->dir = optarg;
       break;
     case O_PREFIX:
-      if (strchr(optarg, '/') || strlen(optarg) > 128) return bad("prefix", optarg, "no '/', at most 128 characters");
+      if (strchr(optarg, '/') || strlen(optarg) > 128) return tool_bad("prefix", optarg, "no '/', at most 128 characters");
       o->prefix = optarg;
       break;
     case O_MODE:
       if (!strcmp(optarg, "every")) o->latest_default = 0;
       else if (!strcmp(optarg, "latest")) o->latest_default = 1;
-      else return bad("mode", optarg, "every or latest");
+      else return tool_bad("mode", optarg, "every or latest");
       break;
     case O_LATEST:
-      if (o->nlatest == REC_MAX_LATEST) return bad("latest", optarg, "at most 32 prefixes");
-      if (!*optarg || strlen(optarg) > BEAM_TOPIC_MAX) return bad("latest", optarg, "a topic prefix");
+      if (o->nlatest == REC_MAX_LATEST) return tool_bad("latest", optarg, "at most 32 prefixes");
+      if (!*optarg || strlen(optarg) > BEAM_TOPIC_MAX) return tool_bad("latest", optarg, "a topic prefix");
       o->latest[o->nlatest++] = optarg;
       break;
     case O_COMPRESS:
       if (!strcmp(optarg, "none")) o->compress = REC_COMP_NONE;
       else if (!strcmp(optarg, "gzip")) o->compress = REC_COMP_GZIP;
       else if (!strcmp(optarg, "bslz4")) o->compress = REC_COMP_BSLZ4;
-      else return bad("compress", optarg, "none, gzip or bslz4");
+      else return tool_bad("compress", optarg, "none, gzip or bslz4");
       break;
-    case O_SWMR_AFTER: if (parse_u64("swmr-after", optarg, UINT64_MAX, &o->swmr_after)) return -1; break;
+    case O_SWMR_AFTER: if (tool_parse_u64_max("swmr-after", optarg, UINT64_MAX, &o->swmr_after)) return -1; break;
     case O_SWMR_DELAY: if (parse_secs("swmr-delay", optarg, 0, &o->swmr_delay)) return -1; break;
     case O_NO_SWMR: o->no_swmr = 1; break;
     case O_STATS: o->stats = 1; break;
     case O_COUNT:
-      if (parse_u64("count", optarg, UINT64_MAX, &o->count)) return -1;
-      if (!o->count) return bad("count", optarg, "at least 1");
+      if (tool_parse_u64_max("count", optarg, UINT64_MAX, &o->count)) return -1;
+      if (!o->count) return tool_bad("count", optarg, "at least 1");
       break;
     case O_SERIES:
-      if (parse_u64("series", optarg, UINT64_MAX, &o->nseries)) return -1;
-      if (!o->nseries) return bad("series", optarg, "at least 1");
+      if (tool_parse_u64_max("series", optarg, UINT64_MAX, &o->nseries)) return -1;
+      if (!o->nseries) return tool_bad("series", optarg, "at least 1");
       break;
     case O_TIMEOUT:
       if (parse_secs("timeout", optarg, 0.001, &o->timeout)) return -1;
       break;
-    case O_HWM: if (parse_u64("hwm", optarg, INT32_MAX, &u)) return -1; o->hwm = (int)u; break;
+    case O_HWM: if (tool_parse_u64_max("hwm", optarg, INT32_MAX, &u)) return -1; o->hwm = (int)u; break;
     case O_STATS_JSON: o->stats_json = 1; break;
     case O_HELP: return 1;
     case O_XPCS_LAYOUT:
       if (!strcmp(optarg, "aps")) o->xpcs_layout = REC_XPCS_APS;
       else if (!strcmp(optarg, "none")) o->xpcs_layout = REC_XPCS_NONE;
-      else return bad("xpcs-layout", optarg, "aps or none");
+      else return tool_bad("xpcs-layout", optarg, "aps or none");
       break;
     case O_XPCS_QMAP:
-      if (!*optarg || strlen(optarg) > 4000) return bad("xpcs-qmap", optarg, "FILE or FILE:/DATASET");
+      if (!*optarg || strlen(optarg) > 4000) return tool_bad("xpcs-qmap", optarg, "FILE or FILE:/DATASET");
       o->xpcs_qmap = optarg;
       break;
-    default:
-      fprintf(stderr, "beamd-record: unknown option or missing value: %s\n", argv[optind - 1]);
-      return -1;
+    default: return tool_bad_option(argv, 0);
     }
   }
-  if (optind < argc) {
-    fprintf(stderr, "beamd-record: unexpected argument: %s\n", argv[optind]);
+  if (tool_no_operands(argc, argv))
     return -1;
-  }
   if (o->nconnect == 0)
     o->connect[o->nconnect++] = DEFAULT_ENDPOINT;
   return 0;
@@ -219,14 +172,14 @@ static int parse_args(int argc, char **argv, rec_opts_t *o) {
 static int check_dir(const char *dir) {
   struct stat st;
   if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
-    rec_log("error: output directory %s: %s", dir, errno ? strerror(errno) : "not a directory");
+    tool_log("error: output directory %s: %s", dir, errno ? strerror(errno) : "not a directory");
     return -1;
   }
   char probe[4100];
   snprintf(probe, sizeof probe, "%s/.beamd-record-XXXXXX", dir);
   int fd = mkstemp(probe);
   if (fd < 0) {
-    rec_log("error: cannot create files in %s: %s", dir, strerror(errno));
+    tool_log("error: cannot create files in %s: %s", dir, strerror(errno));
     return -1;
   }
   close(fd);
@@ -254,7 +207,7 @@ static void remember_closed(state_t *st, uint64_t sid) {
 }
 
 static void fatal(state_t *st) {
-  rec_log("error: %s", st->ctx.err);
+  tool_log("error: %s", st->ctx.err);
   st->c.write_errors++;
   st->failed = 1;
 }
@@ -272,7 +225,7 @@ static int already_recorded(state_t *st, uint64_t sid) {
   char name[4300];
   rec_final_name(st->ctx.o, sid, name, sizeof name);
   if (access(name, F_OK) == 0) {
-    rec_log("series %llu is already recorded in %s; its messages are ignored",
+    tool_log("series %llu is already recorded in %s; its messages are ignored",
             (unsigned long long)sid, name);
     st->c.ignored_series++;
     remember_closed(st, sid);
@@ -410,7 +363,7 @@ static void handle(state_t *st, zmq_msg_t *parts, size_t n, int overflow) {
 
 static int drain(state_t *st, void *sock) {
   zmq_msg_t parts[MAX_PARTS];
-  while (!g_stop && !st->failed) {
+  while (!tool_stop && !st->failed) {
     size_t n;
     int more, overflow = 0;
     zmq_msg_init(&parts[0]);
@@ -419,7 +372,7 @@ static int drain(state_t *st, void *sock) {
       zmq_msg_close(&parts[0]);
       if (e == EAGAIN || e == EINTR)
         return 0;
-      rec_log("error: receive: %s", zmq_strerror(e));
+      tool_log("error: receive: %s", zmq_strerror(e));
       return -1;
     }
     n = 1;
@@ -434,7 +387,7 @@ static int drain(state_t *st, void *sock) {
       if (zmq_msg_recv(p, sock, 0) < 0) {
         if (errno == EINTR)
           continue;
-        rec_log("error: receive: %s", zmq_strerror(errno));
+        tool_log("error: receive: %s", zmq_strerror(errno));
         zmq_msg_close(p);
         for (size_t i = 0; i < (n < MAX_PARTS ? n : MAX_PARTS - 1); i++)
           zmq_msg_close(&parts[i]);
@@ -476,22 +429,17 @@ static void print_stats(const state_t *st, double secs, int timed_out) {
 
 int main(int argc, char **argv) {
   rec_opts_t o = {.dir = ".", .prefix = "", .swmr_after = 100, .swmr_delay = 2.0, .hwm = -1};
-  int pr = parse_args(argc, argv, &o);
-  if (pr == 1) {
-    usage(stdout);
-    return 0;
-  }
-  if (pr < 0) {
-    fprintf(stderr, "beamd-record: try --help\n");
-    return 2;
-  }
+  tool_cli_init("beamd-record");
+  int ex = tool_args_exit(parse_args(argc, argv, &o), usage);
+  if (ex >= 0)
+    return ex;
   /* After a failed H5Fclose (disk full) HDF5 1.10 keeps a half-closed file
    * id that its exit-time cleanup crashes on; the OS closes the fd anyway. */
   H5dont_atexit();
   beam_h5_quiet();
   if (o.compress == REC_COMP_BSLZ4 && H5Zfilter_avail(BEAM_H5_BSLZ4_FILTER) <= 0) {
     H5Eclear2(H5E_DEFAULT);
-    rec_log("error: --compress bslz4 needs the HDF5 bitshuffle filter (id 32008), which this "
+    tool_log("error: --compress bslz4 needs the HDF5 bitshuffle filter (id 32008), which this "
             "HDF5 cannot load: install hdf5-filter-plugin or set HDF5_PLUGIN_PATH");
     return 1;
   }
@@ -504,33 +452,29 @@ int main(int argc, char **argv) {
     int n = colon && colon[1] == '/' ? (int)(colon - o.xpcs_qmap) : (int)strlen(o.xpcs_qmap);
     snprintf(file, sizeof file, "%.*s", n, o.xpcs_qmap);
     if (access(file, R_OK) != 0) {
-      rec_log("error: --xpcs-qmap %s: %s", file, strerror(errno));
+      tool_log("error: --xpcs-qmap %s: %s", file, strerror(errno));
       return 1;
     }
   }
 
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  tool_catch_stop();
 
   static state_t st;
   st.ctx.o = &o;
   st.ctx.c = &st.c;
   int rc = 1, timed_out = 0;
-  uint64_t t0 = rec_now_ns();
+  uint64_t t0 = tool_now_mono_ns();
   void *zctx = zmq_ctx_new();
   zmq_pollitem_t items[REC_MAX_CONNECT];
   if (!zctx) {
-    rec_log("error: cannot create a ZeroMQ context: %s", zmq_strerror(errno));
+    tool_log("error: cannot create a ZeroMQ context: %s", zmq_strerror(errno));
     goto out;
   }
   for (int i = 0; i < o.nconnect; i++) {
     void *s = st.socks[i] = zmq_socket(zctx, o.pull ? ZMQ_PULL : ZMQ_SUB);
     int zero = 0;
     if (!s) {
-      rec_log("error: cannot create a socket: %s", zmq_strerror(errno));
+      tool_log("error: cannot create a socket: %s", zmq_strerror(errno));
       goto out;
     }
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
@@ -539,15 +483,15 @@ int main(int argc, char **argv) {
     if (!o.pull)
       zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0);
     if (zmq_connect(s, o.connect[i]) < 0) {
-      rec_log("error: cannot connect %s: %s", o.connect[i], zmq_strerror(errno));
+      tool_log("error: cannot connect %s: %s", o.connect[i], zmq_strerror(errno));
       goto out;
     }
     items[i] = (zmq_pollitem_t){.socket = s, .events = ZMQ_POLLIN};
   }
   uint64_t deadline = o.timeout > 0 ? t0 + (uint64_t)(o.timeout * 1e9) : 0;
   rc = 0;
-  while (!g_stop && !st.failed && !done(&st, &o)) {
-    uint64_t now = rec_now_ns();
+  while (!tool_stop && !st.failed && !done(&st, &o)) {
+    uint64_t now = tool_now_mono_ns();
     if (deadline && now >= deadline) {
       timed_out = 1;
       break;
@@ -557,14 +501,14 @@ int main(int argc, char **argv) {
       wait = (long)((deadline - now) / 1000000) + 1;
     int n = zmq_poll(items, o.nconnect, wait);
     if (n < 0 && errno != EINTR) {
-      rec_log("error: poll: %s", zmq_strerror(errno));
+      tool_log("error: poll: %s", zmq_strerror(errno));
       rc = 1;
       break;
     }
     for (int i = 0; i < o.nconnect && n > 0; i++)
       if ((items[i].revents & ZMQ_POLLIN) && drain(&st, st.socks[i]) < 0)
         rc = 1;
-    now = rec_now_ns();
+    now = tool_now_mono_ns();
     for (int i = 0; i < REC_MAX_OPEN && !st.failed; i++)
       if (st.open[i] && rfile_tick(&st.ctx, st.open[i], now, 0) < 0)
         fatal(&st);
@@ -582,17 +526,17 @@ out:
   /* Whatever is still open ends here: flushed, closed, left as .partial. */
   for (int i = 0; i < REC_MAX_OPEN; i++)
     if (st.open[i]) {
-      const char *why = st.failed ? "write error" : g_stop ? "recorder stopped by a signal"
+      const char *why = st.failed ? "write error" : tool_stop ? "recorder stopped by a signal"
                                                            : "recorder exited before SERIES_END";
       if (rfile_close(&st.ctx, &st.open[i], 0, why) < 0) {
-        rec_log("error: %s", st.ctx.err);
+        tool_log("error: %s", st.ctx.err);
         rc = 1;
       }
     }
   if (st.stats_f)
     fclose(st.stats_f);
   if (o.stats_json)
-    print_stats(&st, (rec_now_ns() - t0) / 1e9, timed_out);
+    print_stats(&st, (tool_now_mono_ns() - t0) / 1e9, timed_out);
   for (int i = 0; i < o.nconnect; i++)
     if (st.socks[i])
       zmq_close(st.socks[i]);

@@ -15,6 +15,9 @@
 #include <stdio.h>
 
 #include "proto/proto.h"
+#include "tools/common/cli.h"
+#include "tools/common/clock.h"
+#include "tools/common/sig.h"
 
 #define REC_MAX_CONNECT 16
 #define REC_MAX_LATEST 32
@@ -134,7 +137,5 @@ int rfile_close(rec_ctx_t *ctx, rfile_t **f, int complete, const char *why);
 
 /* "DIR/<prefix>series_<id>.h5" into buf. */
 void rec_final_name(const rec_opts_t *o, uint64_t series_id, char *buf, size_t cap);
-uint64_t rec_now_ns(void);
-void rec_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

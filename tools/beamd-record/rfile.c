@@ -63,7 +63,7 @@ static int write_meta(hid_t file, const beam_hdr_t *start, const char *meta, siz
     rc |= beam_h5_attr_strn(g, "metadata_json", meta, len);
     if (beam_h5_attrs_from_json(g, meta, len, 1, msg, sizeof msg) < 0) {
       H5Eclear2(H5E_DEFAULT);
-      rec_log("series %llu: %s; kept verbatim in /series metadata_json",
+      tool_log("series %llu: %s; kept verbatim in /series metadata_json",
               (unsigned long long)(start ? start->series_id : 0), msg);
     }
   }
@@ -97,7 +97,7 @@ rfile_t *rfile_open(rec_ctx_t *ctx, uint64_t series_id, const beam_hdr_t *start,
         break;
     }
     if (rename(f->path, aside) == 0)
-      rec_log("%s existed (an earlier run did not finish it); moved to %s", f->path, aside);
+      tool_log("%s existed (an earlier run did not finish it); moved to %s", f->path, aside);
   }
   hid_t fapl = fapl_latest();
   f->file = H5Fcreate(f->path, H5F_ACC_EXCL, H5P_DEFAULT, fapl);
@@ -130,10 +130,10 @@ rfile_t *rfile_open(rec_ctx_t *ctx, uint64_t series_id, const beam_hdr_t *start,
     return NULL;
   }
   f->have_meta = start != NULL;
-  f->opened_ns = f->last_flush_ns = rec_now_ns();
+  f->opened_ns = f->last_flush_ns = tool_now_mono_ns();
   if (!start) {
     ctx->c->late_join++;
-    rec_log("series %llu: results before its SERIES_START (joined late?): recording to %s "
+    tool_log("series %llu: results before its SERIES_START (joined late?): recording to %s "
             "without series metadata", (unsigned long long)series_id, f->path);
   }
   return f;
@@ -149,7 +149,7 @@ int rfile_set_meta(rec_ctx_t *ctx, rfile_t *f, const beam_hdr_t *start, const ch
     return -1;
   }
   if (f->swmr) {
-    rec_log("series %llu: SERIES_START arrived after SWMR mode began; metadata not stored",
+    tool_log("series %llu: SERIES_START arrived after SWMR mode began; metadata not stored",
             (unsigned long long)f->series_id);
     return 0;
   }
@@ -281,7 +281,7 @@ static rtopic_t *topic_new(rec_ctx_t *ctx, rfile_t *f, const char *name, const b
   f->topics[f->ntopics++] = t;
   if (f->swmr) {
     t->refused = 1;
-    rec_log("%s: topic %s first seen after SWMR mode began (HDF5 cannot add datasets then): "
+    tool_log("%s: topic %s first seen after SWMR mode began (HDF5 cannot add datasets then): "
             "its results are counted, not stored; raise --swmr-after/--swmr-delay or use --no-swmr",
             f->path, name);
     return t;
@@ -366,7 +366,7 @@ int rfile_result(rec_ctx_t *ctx, rfile_t *f, const beam_msg_t *m, const void *da
     same = h->shape[i] == t->shape[i];
   if (!same || (t->ndim && !data)) {
     if (t->mismatched++ < 3)
-      rec_log("%s: topic %s frame %llu has another dtype or shape than its first result; not stored",
+      tool_log("%s: topic %s frame %llu has another dtype or shape than its first result; not stored",
               f->path, name, (unsigned long long)h->frame_id);
     ctx->c->mismatched++;
     return 0;
@@ -528,7 +528,7 @@ int rfile_close(rec_ctx_t *ctx, rfile_t **pf, int complete, const char *why) {
     }
   }
   if (rc == 0 && !complete)
-    rec_log("series %llu incomplete (%s): left as %s", (unsigned long long)f->series_id,
+    tool_log("series %llu incomplete (%s): left as %s", (unsigned long long)f->series_id,
             why ? why : "no reason", f->path);
   for (int i = 0; i < f->ntopics; i++) {
     idset_free(&f->topics[i]->seen);

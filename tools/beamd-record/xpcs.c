@@ -365,15 +365,15 @@ static int32_t *read_qmap(const char *spec, uint32_t h, uint32_t w, const char *
   int32_t *v = NULL;
   if (sp < 0) {
     char why[256];
-    rec_log("%s: --xpcs-qmap %s:%s cannot be read (%s): no q-map written", path, file, ds,
+    tool_log("%s: --xpcs-qmap %s:%s cannot be read (%s): no q-map written", path, file, ds,
             beam_h5_reason(why, sizeof why, NULL));
   } else if (H5Sget_simple_extent_ndims(sp) != 2 || H5Sget_simple_extent_dims(sp, dims, NULL) < 0 ||
              dims[0] != h || dims[1] != w) {
-    rec_log("%s: --xpcs-qmap %s:%s is %llux%llu (2-D expected), the frames %ux%u: no q-map written",
+    tool_log("%s: --xpcs-qmap %s:%s is %llux%llu (2-D expected), the frames %ux%u: no q-map written",
             path, file, ds, (unsigned long long)dims[0], (unsigned long long)dims[1], h, w);
   } else if ((v = malloc((size_t)h * w * sizeof *v)) &&
              H5Dread(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0) {
-    rec_log("%s: --xpcs-qmap %s:%s: read failed: no q-map written", path, file, ds);
+    tool_log("%s: --xpcs-qmap %s:%s: read failed: no q-map written", path, file, ds);
     free(v);
     v = NULL;
   }
@@ -540,7 +540,7 @@ static int write_multitau(wctx_t *w, const xstage_t *s, double frame_time, size_
   const karr_t *g = &s->k[K_G2], *l = &s->k[K_LAGS], *e = &s->k[K_ERR];
   size_t rows = g->shape[0], R = g->ndim == 2 ? g->shape[1] : 1;
   if (l->n != rows) {
-    rec_log("xpcs stage %s: lags (%zu) and g2 rows (%zu) disagree; APS layout not written", s->name,
+    tool_log("xpcs stage %s: lags (%zu) and g2 rows (%zu) disagree; APS layout not written", s->name,
             l->n, rows);
     return 1;
   }
@@ -571,7 +571,7 @@ static int write_multitau(wctx_t *w, const xstage_t *s, double frame_time, size_
 static int write_twotime(wctx_t *w, const xstage_t *s, double frame_time, size_t *R_out) {
   const karr_t *c = &s->k[K_C2], *g = &s->k[K_G2], *l = &s->k[K_LAGS];
   if (c->ndim != 3 || c->shape[1] != c->shape[2] || c->band) {
-    rec_log("xpcs stage %s: c2 is not [R, T, T] (band mode?); APS two-time layout not written",
+    tool_log("xpcs stage %s: c2 is not [R, T, T] (band mode?); APS two-time layout not written",
             s->name);
     return 1;
   }
@@ -634,7 +634,7 @@ int xpcs_write(rec_ctx_t *ctx, rxpcs_t *x, hid_t file, const char *path) {
     return 0;
   for (int i = 0; i < x->n; i++)
     if (&x->st[i] != s)
-      rec_log("%s: APS layout holds one XPCS analysis: %s is written, %s only under /results", path,
+      tool_log("%s: APS layout holds one XPCS analysis: %s is written, %s only under /results", path,
               s->name, x->st[i].name);
   wctx_t w = {.file = file};
   json_t *meta = x->meta ? json_loads(x->meta, 0, NULL) : NULL;
@@ -643,7 +643,7 @@ int xpcs_write(rec_ctx_t *ctx, rxpcs_t *x, hid_t file, const char *path) {
   if (!(ft > 0))
     ft = NAN;
   if (s->k[K_LAGS].v && !strcmp(s->k[K_LAGS].units, "s") && !isfinite(ft)) {
-    rec_log("%s: lags are in seconds but the series has no frame_time; APS layout not written", path);
+    tool_log("%s: lags are in seconds but the series has no frame_time; APS layout not written", path);
     json_decref(meta);
     return 0;
   }

@@ -22,13 +22,6 @@
 #define PROGRESS_MS 250
 #define LINGER_MS 1000
 
-static volatile sig_atomic_t g_stop;
-
-static void on_signal(int sig) {
-  (void)sig;
-  g_stop = 1;
-}
-
 static void usage(FILE *f) {
   fprintf(f,
 "usage: beamd-replay FILE.h5 [options]\n"
@@ -47,29 +40,6 @@ static void usage(FILE *f) {
 "  --quiet              no start-up lines and no progress line\n"
 "  --stats-json         print one JSON line of totals on stdout at exit\n"
 "  --help               this text\n");
-}
-
-static int bad(const char *opt, const char *val, const char *why) {
-  fprintf(stderr, "beamd-replay: bad value for --%s: '%s' (%s)\n", opt, val, why);
-  return -1;
-}
-
-static int parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
-  char *end;
-  errno = 0;
-  if (*s == '-' || *s == '\0')
-    return bad(opt, s, "expected a non-negative integer");
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || *end)
-    return bad(opt, s, "expected a non-negative integer");
-  if (v < lo || v > hi) {
-    char why[96];
-    snprintf(why, sizeof why, "must be in %llu..%llu", (unsigned long long)lo,
-             (unsigned long long)hi);
-    return bad(opt, s, why);
-  }
-  *out = v;
-  return 0;
 }
 
 enum {
@@ -96,44 +66,37 @@ static const struct option long_opts[] = {
 /* Returns 0, 1 for --help, or -1 after printing why. */
 static int parse_args(int argc, char **argv, rp_opts_t *o) {
   int c;
-  char *end;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
     switch (c) {
     case OPT_BIND: o->endpoint = optarg; break;
     case OPT_DATASET:
       if (optarg[0] != '/')
-        return bad("dataset", optarg, "an absolute HDF5 path, e.g. /entry/data/data");
+        return tool_bad("dataset", optarg, "an absolute HDF5 path, e.g. /entry/data/data");
       o->dataset = optarg;
       break;
-    case OPT_FIRST: if (parse_u64("first", optarg, 0, (uint64_t)INT64_MAX / 2, &o->first)) return -1; break;
+    case OPT_FIRST: if (tool_parse_u64("first", optarg, 0, (uint64_t)INT64_MAX / 2, &o->first)) return -1; break;
     case OPT_LAST:
-      if (parse_u64("last", optarg, 0, (uint64_t)INT64_MAX / 2, &o->last)) return -1;
+      if (tool_parse_u64("last", optarg, 0, (uint64_t)INT64_MAX / 2, &o->last)) return -1;
       o->have_last = 1;
       break;
-    case OPT_STRIDE: if (parse_u64("stride", optarg, 1, 1u << 30, &o->stride)) return -1; break;
+    case OPT_STRIDE: if (tool_parse_u64("stride", optarg, 1, 1u << 30, &o->stride)) return -1; break;
     case OPT_RATE:
-      errno = 0;
-      o->rate = strtod(optarg, &end);
-      if (errno || *optarg == '\0' || *end || !(o->rate >= 0 && o->rate <= 1e9))
-        return bad("rate", optarg, "expected frames per second in 0..1e9");
+      if (tool_parse_double("rate", optarg, 0, 1e9, "expected frames per second in 0..1e9",
+                            &o->rate))
+        return -1;
       break;
     case OPT_LOOP: o->loop = 1; break;
     case OPT_SERIES_ID:
-      if (parse_u64("series-id", optarg, 0, (uint64_t)INT64_MAX / 2, &o->series_id)) return -1;
+      if (tool_parse_u64("series-id", optarg, 0, (uint64_t)INT64_MAX / 2, &o->series_id)) return -1;
       break;
     case OPT_MAX_BYTES:
-      if (parse_u64("max-bytes", optarg, 1, 1ull << 40, &o->max_bytes)) return -1;
+      if (tool_parse_u64("max-bytes", optarg, 1, 1ull << 40, &o->max_bytes)) return -1;
       break;
     case OPT_QUIET: o->quiet = 1; break;
     case OPT_STATS: o->stats_json = 1; break;
     case OPT_HELP: return 1;
-    default:
-      if (optopt)
-        fprintf(stderr, "beamd-replay: option needs a value or is unknown: %s\n", argv[optind - 1]);
-      else
-        fprintf(stderr, "beamd-replay: unknown option: %s\n", argv[optind - 1]);
-      return -1;
+    default: return tool_bad_option(argv, 1);
     }
   }
   if (optind >= argc) {
@@ -157,7 +120,7 @@ typedef struct progress_s {
 } progress_t;
 
 static void progress_draw(progress_t *p, const rp_server_t *srv) {
-  uint64_t now = rp_now_mono_ns();
+  uint64_t now = tool_now_mono_ns();
   if (p->t_ns && now - p->t_ns < PROGRESS_MS * 1000000ull)
     return;
   if (p->t_ns) {
@@ -192,7 +155,7 @@ static void progress_draw(progress_t *p, const rp_server_t *srv) {
 
 static void print_stats(const rp_server_t *srv) {
   const rp_stats_t *st = &srv->st;
-  double secs = (double)(rp_now_mono_ns() - st->t_start_ns) * 1e-9;
+  double secs = (double)(tool_now_mono_ns() - st->t_start_ns) * 1e-9;
   double fspan = (double)(st->t_last_frame_ns - st->t_first_frame_ns) * 1e-9;
   double rate = st->frames >= 2 && fspan > 0 ? (double)st->frames / fspan : 0.0;
   printf("{\"requests\":%llu,\"bad_requests\":%llu,\"info_requests\":%llu,"
@@ -229,22 +192,13 @@ int main(int argc, char **argv) {
       .endpoint = DEFAULT_ENDPOINT, .stride = 1, .series_id = 1,
       .max_bytes = RP_DEFAULT_MAX_BYTES,
   };
-  int pr = parse_args(argc, argv, &o);
-  if (pr == 1) {
-    usage(stdout);
-    return 0;
-  }
-  if (pr < 0) {
-    fprintf(stderr, "beamd-replay: try --help\n");
-    return 2;
-  }
+  tool_cli_init("beamd-replay");
+  int ex = tool_args_exit(parse_args(argc, argv, &o), usage);
+  if (ex >= 0)
+    return ex;
   o.progress = !o.quiet && isatty(STDERR_FILENO);
 
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal; /* no SA_RESTART: blocking calls must see EINTR */
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  tool_catch_stop(); /* blocking calls see EINTR and the flag */
 
   beam_diag_t d;
   beam_diag_clear(&d);
@@ -276,7 +230,7 @@ int main(int argc, char **argv) {
   progress_t prog;
   memset(&prog, 0, sizeof prog);
   rc = 0;
-  while (!g_stop) {
+  while (!tool_stop) {
     zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
     int n = zmq_poll(&it, 1, PROGRESS_MS);
     if (n < 0 && errno != EINTR) {
@@ -285,9 +239,9 @@ int main(int argc, char **argv) {
       break;
     }
     int h = 0;
-    while (!g_stop && (h = rp_server_handle(&srv, &g_stop, &d)) > 0)
+    while (!tool_stop && (h = rp_server_handle(&srv, &tool_stop, &d)) > 0)
       ;
-    if (!g_stop && h < 0) {
+    if (!tool_stop && h < 0) {
       fprintf(stderr, "%sbeamd-replay: %s\n", prog.drawn ? "\n" : "", d.msg);
       rc = 1;
       break;
@@ -300,7 +254,7 @@ int main(int argc, char **argv) {
   if (!o.quiet)
     fprintf(stderr, "beamd-replay: served %llu frames (%llu corrupt) in %llu requests%s\n",
             (unsigned long long)srv.st.frames, (unsigned long long)srv.st.corrupt,
-            (unsigned long long)srv.st.requests, g_stop ? ", stopped by signal" : "");
+            (unsigned long long)srv.st.requests, tool_stop ? ", stopped by signal" : "");
   if (o.stats_json)
     print_stats(&srv);
 

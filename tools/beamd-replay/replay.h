@@ -19,6 +19,9 @@
 
 #include "pipeline/err.h"
 #include "proto/proto.h"
+#include "tools/common/cli.h"
+#include "tools/common/clock.h"
+#include "tools/common/sig.h"
 
 #define RP_CREDIT_MAX 4096u
 #define RP_DEFAULT_MAX_BYTES (256ull << 20)
@@ -150,8 +153,5 @@ void rp_server_destroy(rp_server_t *self);
 int rp_server_handle(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_t *d);
 /* Frame index k -> dataset index of the file. */
 uint64_t rp_server_frame_index(const rp_server_t *self, uint64_t k);
-
-uint64_t rp_now_mono_ns(void);
-uint64_t rp_now_real_ns(void);
 
 #endif

@@ -25,13 +25,6 @@
 #define PUSH_LINGER_MS 10000 /* PUSH: lossless, but never hang forever on a dead peer */
 #define FOREVER_MALFORMED_EVERY 100u
 
-static volatile sig_atomic_t g_stop;
-
-static void on_signal(int sig) {
-  (void)sig;
-  g_stop = 1;
-}
-
 static void usage(FILE *f) {
   fprintf(f,
 "usage: beamd-sim [options]\n"
@@ -66,54 +59,18 @@ static void usage(FILE *f) {
 "  --help                 this text\n");
 }
 
-static int bad(const char *opt, const char *val, const char *why) {
-  fprintf(stderr, "beamd-sim: bad value for --%s: '%s' (%s)\n", opt, val, why);
-  return -1;
-}
-
-static int parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
-  char *end;
-  errno = 0;
-  if (*s == '-' || *s == '\0')
-    return bad(opt, s, "expected a non-negative integer");
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || *end)
-    return bad(opt, s, "expected a non-negative integer");
-  if (v < lo || v > hi) {
-    char why[96];
-    snprintf(why, sizeof why, "must be in %llu..%llu", (unsigned long long)lo,
-             (unsigned long long)hi);
-    return bad(opt, s, why);
-  }
-  *out = v;
-  return 0;
-}
-
-static int parse_double(const char *opt, const char *s, double lo, double hi, double *out) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || *s == '\0' || *end || !(v >= lo && v <= hi)) {
-    char why[96];
-    snprintf(why, sizeof why, "expected a number in %g..%g", lo, hi);
-    return bad(opt, s, why);
-  }
-  *out = v;
-  return 0;
-}
-
 static int parse_shape(const char *s, sim_opts_t *o) {
   char *end;
   errno = 0;
   unsigned long h = strtoul(s, &end, 10);
   if (errno || end == s || (*end != 'x' && *end != 'X'))
-    return bad("shape", s, "expected HxW, e.g. 512x512");
+    return tool_bad("shape", s, "expected HxW, e.g. 512x512");
   const char *ws = end + 1;
   unsigned long w = strtoul(ws, &end, 10);
   if (errno || end == ws || *end || *s == '-' || *ws == '-')
-    return bad("shape", s, "expected HxW, e.g. 512x512");
+    return tool_bad("shape", s, "expected HxW, e.g. 512x512");
   if (h < 1 || w < 1 || h > beam_limits_default.max_dim || w > beam_limits_default.max_dim)
-    return bad("shape", s, "each axis must be 1..max_dim of the protocol limits");
+    return tool_bad("shape", s, "each axis must be 1..max_dim of the protocol limits");
   o->h = (uint32_t)h;
   o->w = (uint32_t)w;
   return 0;
@@ -122,11 +79,11 @@ static int parse_shape(const char *s, sim_opts_t *o) {
 static int parse_meta(const char *s, sim_opts_t *o) {
   const char *eq = strchr(s, '=');
   if (!eq || eq == s)
-    return bad("meta", s, "expected KEY=VALUE");
+    return tool_bad("meta", s, "expected KEY=VALUE");
   char key[256];
   size_t kl = (size_t)(eq - s);
   if (kl >= sizeof key)
-    return bad("meta", s, "key too long");
+    return tool_bad("meta", s, "key too long");
   memcpy(key, s, kl);
   key[kl] = '\0';
   const char *val = eq + 1;
@@ -138,7 +95,7 @@ static int parse_meta(const char *s, sim_opts_t *o) {
   if (!v)
     v = json_string(val);
   if (!v)
-    return bad("meta", s, "value is not valid UTF-8");
+    return tool_bad("meta", s, "value is not valid UTF-8");
   if (!o->meta)
     o->meta = json_object();
   json_object_set_new(o->meta, key, v);
@@ -196,26 +153,26 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
     case OPT_SOCKET:
       if (!strcmp(optarg, "pub")) o->sock_type = ZMQ_PUB;
       else if (!strcmp(optarg, "push")) o->sock_type = ZMQ_PUSH;
-      else return bad("socket", optarg, "pub or push");
+      else return tool_bad("socket", optarg, "pub or push");
       break;
     case OPT_SHAPE: if (parse_shape(optarg, o)) return -1; break;
     case OPT_DTYPE:
       o->dtype = beam_dtype_from_name(optarg);
       if (o->dtype != BEAM_DT_U8 && o->dtype != BEAM_DT_U16 &&
           o->dtype != BEAM_DT_U32 && o->dtype != BEAM_DT_F32)
-        return bad("dtype", optarg, "uint8, uint16, uint32 or float32");
+        return tool_bad("dtype", optarg, "uint8, uint16, uint32 or float32");
       break;
-    case OPT_RATE: if (parse_double("rate", optarg, 0, 1e9, &o->rate)) return -1; break;
-    case OPT_FRAMES: if (parse_u64("frames", optarg, 0, UINT64_MAX / 2, &o->frames)) return -1; break;
-    case OPT_SERIES: if (parse_u64("series", optarg, 1, 1u << 30, &o->nseries)) return -1; break;
+    case OPT_RATE: if (tool_parse_double("rate", optarg, 0, 1e9, NULL, &o->rate)) return -1; break;
+    case OPT_FRAMES: if (tool_parse_u64("frames", optarg, 0, UINT64_MAX / 2, &o->frames)) return -1; break;
+    case OPT_SERIES: if (tool_parse_u64("series", optarg, 1, 1u << 30, &o->nseries)) return -1; break;
     case OPT_SERIES_ID:
-      if (parse_u64("series-id", optarg, 0, (uint64_t)INT64_MAX / 2, &o->series_id0)) return -1;
+      if (tool_parse_u64("series-id", optarg, 0, (uint64_t)INT64_MAX / 2, &o->series_id0)) return -1;
       break;
     case OPT_CODEC:
       if (!strcmp(optarg, "raw")) o->codec = BEAM_CODEC_RAW;
       else if (!strcmp(optarg, "lz4")) o->codec = BEAM_CODEC_LZ4;
       else if (!strcmp(optarg, "bslz4")) o->codec = BEAM_CODEC_BSLZ4;
-      else return bad("codec", optarg, "raw, lz4 or bslz4");
+      else return tool_bad("codec", optarg, "raw, lz4 or bslz4");
       break;
     case OPT_PATTERN:
       if (!strcmp(optarg, "poisson")) o->pattern = SIM_PAT_POISSON;
@@ -223,56 +180,49 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
       else if (!strcmp(optarg, "counter")) o->pattern = SIM_PAT_COUNTER;
       else if (!strcmp(optarg, "stem")) o->pattern = SIM_PAT_STEM;
       else if (!strcmp(optarg, "xpcs")) o->pattern = SIM_PAT_XPCS;
-      else return bad("pattern", optarg, "poisson, flat, counter, stem or xpcs");
+      else return tool_bad("pattern", optarg, "poisson, flat, counter, stem or xpcs");
       break;
-    case OPT_MEAN: if (parse_double("mean", optarg, 0, 1e9, &o->mean)) return -1; break;
-    case OPT_SEED: if (parse_u64("seed", optarg, 0, UINT64_MAX, &o->seed)) return -1; break;
-    case OPT_WAIT: if (parse_double("wait-subscribers", optarg, 0, 3600, &o->wait_subs)) return -1; break;
+    case OPT_MEAN: if (tool_parse_double("mean", optarg, 0, 1e9, NULL, &o->mean)) return -1; break;
+    case OPT_SEED: if (tool_parse_u64("seed", optarg, 0, UINT64_MAX, &o->seed)) return -1; break;
+    case OPT_WAIT: if (tool_parse_double("wait-subscribers", optarg, 0, 3600, NULL, &o->wait_subs)) return -1; break;
     case OPT_HWM:
-      if (parse_u64("hwm", optarg, 0, INT32_MAX, &u)) return -1;
+      if (tool_parse_u64("hwm", optarg, 0, INT32_MAX, &u)) return -1;
       o->hwm = (int)u;
       break;
-    case OPT_MALFORMED: if (parse_u64("malformed", optarg, 0, 1u << 30, &o->malformed)) return -1; break;
-    case OPT_FRAME_TIME: if (parse_double("frame-time", optarg, 0, 1e6, &o->frame_time)) return -1; break;
+    case OPT_MALFORMED: if (tool_parse_u64("malformed", optarg, 0, 1u << 30, &o->malformed)) return -1; break;
+    case OPT_FRAME_TIME: if (tool_parse_double("frame-time", optarg, 0, 1e6, NULL, &o->frame_time)) return -1; break;
     case OPT_META: if (parse_meta(optarg, o)) return -1; break;
     case OPT_QUIET: o->quiet = 1; break;
     case OPT_STATS: o->stats_json = 1; break;
     case OPT_HELP: return 1;
     case OPT_XRINGS:
-      if (parse_u64("xpcs-rings", optarg, 1, 1024, &u)) return -1;
+      if (tool_parse_u64("xpcs-rings", optarg, 1, 1024, &u)) return -1;
       o->xpcs_rings = (uint32_t)u;
       xpcs_opt = "--xpcs-rings";
       break;
     case OPT_XMODES:
-      if (parse_u64("xpcs-modes", optarg, 1, 64, &u)) return -1;
+      if (tool_parse_u64("xpcs-modes", optarg, 1, 64, &u)) return -1;
       o->xpcs_modes = (uint32_t)u;
       xpcs_opt = "--xpcs-modes";
       break;
     case OPT_XRMIN:
-      if (parse_double("xpcs-rate-min", optarg, 1e-9, 1e9, &o->xpcs_rate_min)) return -1;
+      if (tool_parse_double("xpcs-rate-min", optarg, 1e-9, 1e9, NULL, &o->xpcs_rate_min)) return -1;
       xpcs_opt = "--xpcs-rate-min";
       break;
     case OPT_XRMAX:
-      if (parse_double("xpcs-rate-max", optarg, 1e-9, 1e9, &o->xpcs_rate_max)) return -1;
+      if (tool_parse_double("xpcs-rate-max", optarg, 1e-9, 1e9, NULL, &o->xpcs_rate_max)) return -1;
       xpcs_opt = "--xpcs-rate-max";
       break;
     case OPT_LABEL_FILE:
-      if (!*optarg) return bad("label-file", optarg, "expected a path");
+      if (!*optarg) return tool_bad("label-file", optarg, "expected a path");
       o->label_file = optarg;
       xpcs_opt = "--label-file";
       break;
-    default:
-      if (optopt)
-        fprintf(stderr, "beamd-sim: option needs a value or is unknown: %s\n", argv[optind - 1]);
-      else
-        fprintf(stderr, "beamd-sim: unknown option: %s\n", argv[optind - 1]);
-      return -1;
+    default: return tool_bad_option(argv, 1);
     }
   }
-  if (optind < argc) {
-    fprintf(stderr, "beamd-sim: unexpected argument: %s\n", argv[optind]);
+  if (tool_no_operands(argc, argv))
     return -1;
-  }
   if (have_bind && have_connect) {
     fprintf(stderr, "beamd-sim: --bind and --connect are exclusive\n");
     return -1;
@@ -328,7 +278,7 @@ static uint64_t malformed_slot(const sim_opts_t *o, uint64_t i) {
 static void sleep_until(uint64_t deadline_ns) {
   struct timespec ts = {(time_t)(deadline_ns / 1000000000ull),
                         (long)(deadline_ns % 1000000000ull)};
-  while (!g_stop && clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+  while (!tool_stop && clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
     ;
 }
 
@@ -336,19 +286,19 @@ static void sleep_until(uint64_t deadline_ns) {
  * interrupted a blocking send, which is not an error). */
 static int run(sim_tx_t *tx, const sim_opts_t *o, beam_diag_t *d) {
   uint64_t g = 0, next_mal = 0, t0 = 0;
-  for (uint64_t s = 0; s < o->nseries && !g_stop; s++) {
+  for (uint64_t s = 0; s < o->nseries && !tool_stop; s++) {
     uint64_t sid = o->series_id0 + s;
     if (sim_tx_series_start(tx, sid, d) < 0)
       return -1;
     uint64_t f = 0;
-    for (; (o->frames == 0 || f < o->frames) && !g_stop; f++, g++) {
+    for (; (o->frames == 0 || f < o->frames) && !tool_stop; f++, g++) {
       if (o->rate > 0) {
         if (!t0)
-          t0 = sim_now_mono_ns();
+          t0 = tool_now_mono_ns();
         /* Absolute deadlines: a late frame does not delay the ones after it,
          * so the long-run rate is exact. */
         sleep_until(t0 + (uint64_t)((double)g * 1e9 / o->rate));
-        if (g_stop)
+        if (tool_stop)
           break;
       }
       while (next_mal < o->malformed && malformed_slot(o, next_mal) <= g) {
@@ -359,7 +309,7 @@ static int run(sim_tx_t *tx, const sim_opts_t *o, beam_diag_t *d) {
       if (sim_tx_frame(tx, sid, f, d) < 0)
         return -1;
     }
-    if (sim_tx_series_end(tx, sid, f, g_stop != 0, d) < 0)
+    if (sim_tx_series_end(tx, sid, f, tool_stop != 0, d) < 0)
       return -1;
   }
   return 0;
@@ -386,22 +336,13 @@ int main(int argc, char **argv) {
       .wait_subs = 0.5, .hwm = -1, .frame_time = -1, .xpcs_rings = 8, .xpcs_modes = 1,
       .xpcs_rate_min = 1.0, .xpcs_rate_max = 100.0,
   };
-  int pr = parse_args(argc, argv, &o);
-  if (pr == 1) {
-    usage(stdout);
-    return 0;
-  }
-  if (pr < 0) {
-    fprintf(stderr, "beamd-sim: try --help\n");
+  tool_cli_init("beamd-sim");
+  int ex = tool_args_exit(parse_args(argc, argv, &o), usage);
+  if (ex >= 0) {
     json_decref(o.meta);
-    return 2;
+    return ex;
   }
-
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal; /* no SA_RESTART: blocking sends must see EINTR */
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  tool_catch_stop(); /* blocking sends see EINTR and the flag */
 
   beam_diag_t d;
   beam_diag_clear(&d);
@@ -430,7 +371,7 @@ int main(int argc, char **argv) {
   }
   /* A PUB drops everything sent before subscribers have connected; the wait
    * starts at the bind so the bank generation below overlaps with it. */
-  uint64_t wait_until = sim_now_mono_ns() + (uint64_t)(o.wait_subs * 1e9);
+  uint64_t wait_until = tool_now_mono_ns() + (uint64_t)(o.wait_subs * 1e9);
   /* The bank is made after the bind, so a taken port fails fast. */
   if (sim_bank_init(&bank, &o, &d) < 0 || sim_tx_init(&tx, sock, &o, &bank, &d) < 0) {
     fprintf(stderr, "beamd-sim: %s\n", d.msg);
@@ -463,13 +404,13 @@ int main(int argc, char **argv) {
     if (!o.quiet)
       fprintf(stderr, "beamd-sim: sent %llu frames in %llu series (%llu malformed)%s\n",
               (unsigned long long)tx.st.frames_sent, (unsigned long long)tx.st.series,
-              (unsigned long long)tx.st.malformed_sent, g_stop ? ", interrupted" : "");
+              (unsigned long long)tx.st.malformed_sent, tool_stop ? ", interrupted" : "");
   }
   if (o.stats_json)
     print_stats(&tx);
 
 out:;
-  int linger = g_stop ? 0 : o.sock_type == ZMQ_PUB ? PUB_LINGER_MS : PUSH_LINGER_MS;
+  int linger = tool_stop ? 0 : o.sock_type == ZMQ_PUB ? PUB_LINGER_MS : PUSH_LINGER_MS;
   zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
   zmq_close(sock);
   /* Waits for the linger: the bank, sent zero-copy, must outlive it. */

@@ -14,6 +14,9 @@
 
 #include "pipeline/err.h"
 #include "proto/proto.h"
+#include "tools/common/cli.h"
+#include "tools/common/clock.h"
+#include "tools/common/sig.h"
 
 typedef enum sim_pattern_e {
   SIM_PAT_POISSON = 0,
@@ -146,8 +149,5 @@ int sim_tx_series_end(sim_tx_t *self, uint64_t series_id, uint64_t nframes,
 /* Sends malformed message number k (kinds cycle, see docs/tools.md). */
 int sim_tx_malformed(sim_tx_t *self, uint64_t k, uint64_t series_id,
                      beam_diag_t *d);
-
-uint64_t sim_now_mono_ns(void);
-uint64_t sim_now_real_ns(void);
 
 #endif

@@ -22,18 +22,6 @@
 #define SIM_BAD_DTYPE 0xeeu
 #define SIM_TRUNC_BYTES 60u
 
-uint64_t sim_now_mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t sim_now_real_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* The bank outlives the socket (the context is terminated first), so
  * ZeroMQ may hold on to bank pointers for as long as it likes. */
 static void no_free(void *data, void *hint) {
@@ -73,7 +61,7 @@ void sim_tx_destroy(sim_tx_t *self) {
 }
 
 static void account(sim_tx_t *self, size_t bytes) {
-  uint64_t now = sim_now_mono_ns();
+  uint64_t now = tool_now_mono_ns();
   if (!self->st.t_first_ns)
     self->st.t_first_ns = now;
   self->st.t_last_ns = now;
@@ -112,7 +100,7 @@ static void hdr_common(sim_tx_t *self, beam_hdr_t *h, unsigned type,
   h->series_id = series_id;
   h->frame_id = frame_id;
   h->seq = self->seq;
-  h->t_send_ns = sim_now_real_ns();
+  h->t_send_ns = tool_now_real_ns();
   h->t_acq_ns = h->t_send_ns;
   h->dtype = (uint8_t)self->o->dtype;
   h->ndim = 2;

@@ -11,8 +11,12 @@
  */
 #include "tools/beamd-sub/sub.h"
 #include "daemon/npy_write.h"
+#include "tools/common/cli.h"
+#include "tools/common/clock.h"
+#include "tools/common/sig.h"
 
 #include <errno.h>
+#include <float.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,13 +30,6 @@
 #define SUB_MAX_PARTS (2 + BEAM_MAX_PAYLOAD_PARTS + 1) /* topic, header, payload, meta */
 #define SUB_STARTED_RING 64 /* series starts remembered per connection */
 #define SUB_MAX_FILE_ERRORS 10 /* file errors printed before going quiet */
-
-static volatile sig_atomic_t g_stop;
-
-static void on_signal(int sig) {
-  (void)sig;
-  g_stop = 1;
-}
 
 typedef struct conn_s {
   void *sock;
@@ -56,12 +53,6 @@ typedef struct sub_state_s {
   sub_h5_t *h5;
 } sub_state_t;
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void usage(FILE *f) {
   fprintf(f,
 "usage: beamd-sub [options]\n"
@@ -81,21 +72,6 @@ static void usage(FILE *f) {
 "  --save-h5 FILE      append arrays to FILE, one dataset per topic\n"
 "  --stats             print a JSON summary line at exit\n"
 "  --help              this text\n");
-}
-
-static int bad(const char *opt, const char *val, const char *why) {
-  fprintf(stderr, "beamd-sub: bad value for --%s: '%s' (%s)\n", opt, val, why);
-  return -1;
-}
-
-static int parse_u64(const char *opt, const char *s, uint64_t hi, uint64_t *out) {
-  char *end;
-  errno = 0;
-  unsigned long long v = *s == '-' ? 0 : strtoull(s, &end, 10);
-  if (*s == '-' || *s == '\0' || errno || *end || v > hi)
-    return bad(opt, s, "expected a non-negative integer in range");
-  *out = v;
-  return 0;
 }
 
 enum {
@@ -124,43 +100,41 @@ static const struct option long_opts[] = {
 static int parse_args(int argc, char **argv, sub_opts_t *o) {
   int c;
   uint64_t u;
-  char *end;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
     switch (c) {
     case OPT_CONNECT:
       if (o->nconnect == SUB_MAX_CONNECT)
-        return bad("connect", optarg, "too many endpoints (max 16)");
+        return tool_bad("connect", optarg, "too many endpoints (max 16)");
       o->connect[o->nconnect++] = optarg;
       break;
     case OPT_SOCKET:
       if (!strcmp(optarg, "sub")) o->sock_type = ZMQ_SUB;
       else if (!strcmp(optarg, "pull")) o->sock_type = ZMQ_PULL;
-      else return bad("socket", optarg, "sub or pull");
+      else return tool_bad("socket", optarg, "sub or pull");
       break;
     case OPT_TOPIC:
       if (o->ntopics == SUB_MAX_TOPICS)
-        return bad("topic", optarg, "too many topics (max 32)");
+        return tool_bad("topic", optarg, "too many topics (max 32)");
       if (strlen(optarg) > BEAM_TOPIC_MAX)
-        return bad("topic", optarg, "longer than a topic can be");
+        return tool_bad("topic", optarg, "longer than a topic can be");
       o->topics[o->ntopics++] = optarg;
       break;
     case OPT_COUNT:
-      if (parse_u64("count", optarg, UINT64_MAX, &o->count)) return -1;
-      if (!o->count) return bad("count", optarg, "must be at least 1");
+      if (tool_parse_u64_max("count", optarg, UINT64_MAX, &o->count)) return -1;
+      if (!o->count) return tool_bad("count", optarg, "must be at least 1");
       break;
     case OPT_ENDS:
-      if (parse_u64("ends", optarg, UINT64_MAX, &o->ends)) return -1;
-      if (!o->ends) return bad("ends", optarg, "must be at least 1");
+      if (tool_parse_u64_max("ends", optarg, UINT64_MAX, &o->ends)) return -1;
+      if (!o->ends) return tool_bad("ends", optarg, "must be at least 1");
       break;
     case OPT_TIMEOUT:
-      errno = 0;
-      o->timeout = strtod(optarg, &end);
-      if (errno || *optarg == '\0' || *end || !(o->timeout > 0 && o->timeout <= 1e7))
-        return bad("timeout", optarg, "seconds, > 0");
+      /* > 0: the smallest positive double is the lowest value allowed. */
+      if (tool_parse_double("timeout", optarg, DBL_TRUE_MIN, 1e7, "seconds, > 0", &o->timeout))
+        return -1;
       break;
     case OPT_HWM:
-      if (parse_u64("hwm", optarg, INT32_MAX, &u)) return -1;
+      if (tool_parse_u64_max("hwm", optarg, INT32_MAX, &u)) return -1;
       o->hwm = (int)u;
       break;
     case OPT_PRINT: o->print = 1; break;
@@ -170,15 +144,11 @@ static int parse_args(int argc, char **argv, sub_opts_t *o) {
     case OPT_SAVE_H5: o->save_h5 = optarg; break;
     case OPT_STATS: o->stats = 1; break;
     case OPT_HELP: return 1;
-    default:
-      fprintf(stderr, "beamd-sub: unknown option or missing value: %s\n", argv[optind - 1]);
-      return -1;
+    default: return tool_bad_option(argv, 0);
     }
   }
-  if (optind < argc) {
-    fprintf(stderr, "beamd-sub: unexpected argument: %s\n", argv[optind]);
+  if (tool_no_operands(argc, argv))
     return -1;
-  }
   if (o->print && o->json) {
     fprintf(stderr, "beamd-sub: --print and --json are exclusive\n");
     return -1;
@@ -353,7 +323,7 @@ static int done(const sub_state_t *st) {
  * error other than EAGAIN/EINTR. */
 static int drain(sub_state_t *st, conn_t *c) {
   zmq_msg_t parts[SUB_MAX_PARTS];
-  while (!done(st) && !g_stop) {
+  while (!done(st) && !tool_stop) {
     size_t n = 0;
     int more = 0, overflow = 0;
     zmq_msg_init(&parts[0]);
@@ -450,20 +420,11 @@ static int open_sockets(sub_state_t *st, void *ctx) {
 
 int main(int argc, char **argv) {
   sub_opts_t o = {.sock_type = ZMQ_SUB, .hwm = -1};
-  int pr = parse_args(argc, argv, &o);
-  if (pr == 1) {
-    usage(stdout);
-    return 0;
-  }
-  if (pr < 0) {
-    fprintf(stderr, "beamd-sub: try --help\n");
-    return 2;
-  }
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  tool_cli_init("beamd-sub");
+  int ex = tool_args_exit(parse_args(argc, argv, &o), usage);
+  if (ex >= 0)
+    return ex;
+  tool_catch_stop();
 
   sub_state_t st;
   memset(&st, 0, sizeof st);
@@ -471,7 +432,7 @@ int main(int argc, char **argv) {
   st.by_type = json_object();
   st.by_topic = json_object();
   int rc = 1, timed_out = 0;
-  uint64_t t0 = now_ns();
+  uint64_t t0 = tool_now_mono_ns();
   void *ctx = zmq_ctx_new();
   if (!ctx) {
     fprintf(stderr, "beamd-sub: cannot create ZeroMQ context: %s\n", zmq_strerror(errno));
@@ -497,10 +458,10 @@ int main(int argc, char **argv) {
     items[i] = (zmq_pollitem_t){.socket = st.conn[i].sock, .events = ZMQ_POLLIN};
   uint64_t deadline = o.timeout > 0 ? t0 + (uint64_t)(o.timeout * 1e9) : 0;
   rc = 0;
-  while (!done(&st) && !g_stop) {
+  while (!done(&st) && !tool_stop) {
     long wait_ms = -1;
     if (deadline) {
-      uint64_t now = now_ns();
+      uint64_t now = tool_now_mono_ns();
       if (now >= deadline) {
         timed_out = 1;
         break;
@@ -524,7 +485,7 @@ int main(int argc, char **argv) {
   if (rc == 0 && (o.count || o.ends) && !done(&st))
     rc = 3;
   if (o.stats)
-    print_summary(&st, (now_ns() - t0) / 1e9, timed_out);
+    print_summary(&st, (tool_now_mono_ns() - t0) / 1e9, timed_out);
 
 out:
   for (int i = 0; i < o.nconnect; i++)
