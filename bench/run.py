@@ -3,9 +3,11 @@
 
 Figures, not pass/fail: throughput of beamd against raw ZeroMQ on the same
 messages, frame-in -> result-out latency while not saturated, the daemon's
-resident memory, and CPU kernel micro-benchmarks. Everything runs on
-loopback with ports and ipc paths of its own, every child process has a
-timeout, and the whole run is bounded (about 3 minutes at the defaults).
+resident memory, CPU kernel micro-benchmarks, and HDF5 replay through beamd
+against the raw chunk read rate (bench/replay.py, which needs h5py).
+Everything runs on loopback with ports and ipc paths of its own, every child
+process has a timeout, and the whole run is bounded (about 4 minutes at the
+defaults).
 
 Prints a table per figure and a final summary, and writes every number to
 --json (default $BEAMD_BUILD/bench-results.json). See bench/README.md.
@@ -325,6 +327,17 @@ stages:
                   "after_saturated_kb": mem_after, "saturated_fps": r["fps"]}
         return lat, beamd_lat, memory
 
+    def replay_bench(self):
+        # Imported here: replay.py needs h5py, numpy and pyzmq (Debian's
+        # python3 has them); without them only this figure is lost.
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        try:
+            import replay
+        except ImportError as e:
+            raise RuntimeError("bench/replay.py cannot run: %s" % e)
+        return replay.run_replay(self.build, self.a.reps, self.a.replay_pass_mib, log,
+                                 tmp=self.tmp)
+
     def kernel_bench(self):
         path = os.path.join(self.tmp, "kernels.json")
         p = subprocess.run([self.kernels, "--runs", str(self.a.kernel_runs), "--json", path],
@@ -402,6 +415,12 @@ def summary(res):
             L.append("  %-13s %-10s %12.0f %8.2f %10.0f" %
                      (k["kernel"], "%dx%d" % (k["h"], k["w"]), k["ns_per_frame"], k["gbps"],
                       k["fps"]))
+    if res.get("replay"):
+        from replay import summary_lines
+        L.extend(summary_lines(res["replay"], res["params"]["reps"]))
+    if res.get("xpcs"):
+        import xpcs
+        L.extend(xpcs.summary_lines(res["xpcs"]))
     for e in res.get("errors", []):
         L.append("ERROR: " + e)
     L.append("JSON: " + res["json_path"])
@@ -421,10 +440,13 @@ def main():
     ap.add_argument("--skip", type=int, default=10,
                     help="latency: results not counted at the start of a run (warm-up)")
     ap.add_argument("--kernel-runs", type=int, default=7)
-    ap.add_argument("--only", choices=["throughput", "latency", "kernels"], action="append",
+    ap.add_argument("--replay-pass-mib", type=int, default=512,
+                    help="replay: decoded frame bytes per pass, MiB (default 512)")
+    ap.add_argument("--only", choices=["throughput", "latency", "kernels", "replay", "xpcs"],
+                    action="append",
                     help="run only these figures (repeatable; latency includes memory)")
     a = ap.parse_args()
-    only = set(a.only or ["throughput", "latency", "kernels"])
+    only = set(a.only or ["throughput", "latency", "kernels", "replay", "xpcs"])
     a.json = a.json or os.path.join(a.build, "bench-results.json")
 
     b = Bench(a)
@@ -433,6 +455,7 @@ def main():
             sys.exit("bench: %s is missing; run `make BUILD=%s` first" % (exe, a.build))
     res = {"machine": machine_info(),
            "params": {"seconds": a.seconds, "reps": a.reps, "rates": a.rates, "skip": a.skip,
+                      "replay_pass_mib": a.replay_pass_mib,
                       "queue_bytes_per_socket": QUEUE_BYTES},
            "errors": [], "json_path": a.json}
     m = res["machine"]
@@ -442,7 +465,11 @@ def main():
     steps = [("kernels", "CPU kernels", lambda: res.__setitem__("kernels", b.kernel_bench())),
              ("throughput", "throughput (raw ZeroMQ vs beamd)",
               lambda: res.__setitem__("throughput", b.throughput())),
-             ("latency", "latency and memory", None)]
+             ("latency", "latency and memory", None),
+             ("replay", "HDF5 replay (beamd-replay -> beamd -> beamd-record vs H5Dread_chunk)",
+              lambda: res.__setitem__("replay", b.replay_bench())),
+             ("xpcs", "XPCS multi-tau (bench/xpcs.py: stage kernel, daemon end to end)",
+              lambda: res.__setitem__("xpcs", __import__("xpcs").run(a.build)))]
     try:
         for key, title, fn in steps:
             if key not in only:

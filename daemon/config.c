@@ -82,6 +82,9 @@ static const beam_param_t output_params[] = {
      "send high-water mark of the PUB (messages); 0 = no limit", NULL},
     {"push_hwm", BEAM_P_INT, "1000", 0, 0, 10000000, NULL, NULL,
      "send high-water mark of the PUSH (messages); 0 = no limit", NULL},
+    {"pub_buffer", BEAM_P_SIZE, "256Mi", 0, 0, 1099511627776.0, NULL, NULL,
+     "bytes of result copies the PUB may hold for slow subscribers; beyond it results are "
+     "dropped for the PUB (counted), never held", NULL},
     {"drain_timeout", BEAM_P_DURATION, "30s", 0, 0, 86400, NULL, NULL,
      "on shutdown, how long results wait for a PUSH consumer before they are dropped", NULL},
     {"publish_frames_meta", BEAM_P_BOOL, "true", 0, 0, 0, NULL, NULL,
@@ -372,6 +375,7 @@ static int fill(beam_config_t *c, beam_cfg_errs_t *errs) {
   c->output.push_hwm = (int)beam_cfg_int(out, "push_hwm", 1000);
   c->output.publish_frames_meta = beam_cfg_bool(out, "publish_frames_meta", 1);
   c->output.drain_timeout_s = beam_cfg_float(out, "drain_timeout", 30.0);
+  c->output.pub_buffer = (uint64_t)beam_cfg_int(out, "pub_buffer", 256 << 20);
   c->pool.frames = (unsigned)beam_cfg_int(pool, "frames", 128);
   c->pool.frame_bytes = (uint64_t)beam_cfg_int(pool, "frame_bytes", 16 << 20);
   copy_str(c->control.endpoint, sizeof c->control.endpoint, beam_cfg_str(ctl, "endpoint"));

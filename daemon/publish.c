@@ -37,21 +37,66 @@ static void omsg_release(omsg_t *m) {
   m->meta = NULL;
 }
 
-/* 0 sent (frame ref consumed by ZeroMQ), 1 would block (nothing sent, m
- * untouched), < 0 error (nothing sent). */
-static int omsg_send(void *sock, omsg_t *m) {
+/* PUB payloads are copies counted against output.pub_buffer: a message
+ * queued for a subscriber that does not read must not hold a stage's
+ * output slot (that would stall the pipeline for one slow viewer), and
+ * the copies must not grow without bound either. */
+typedef struct pubcopy_s {
+  beamd_out_t *o;
+  size_t n;
+} pubcopy_t;
+
+static void pubcopy_free(void *data, void *hint) {
+  pubcopy_t *pc = hint;
+  atomic_fetch_sub(&pc->o->pub_bytes, pc->n);
+  (void)data;
+  free(pc);
+}
+
+/* The payload part: zero copy for lossless outputs (the frame is held
+ * until sent, which is the backpressure), a budgeted copy for the PUB.
+ * Returns 0, or 1 when the PUB budget is spent (nothing queued). */
+static int payload_msg(beamd_out_t *o, beam_frame_t *f, zmq_msg_t *zm) {
+  if (o->lossless) {
+    beam_frame_ref(f, 1);
+    zmq_msg_init_data(zm, f->data, f->nbytes, frame_free, f);
+    return 0;
+  }
+  size_t n = f->nbytes;
+  if (atomic_fetch_add(&o->pub_bytes, n) + n > o->pub_budget) {
+    atomic_fetch_sub(&o->pub_bytes, n);
+    return 1;
+  }
+  pubcopy_t *pc = malloc(sizeof *pc + n);
+  if (!pc) {
+    atomic_fetch_sub(&o->pub_bytes, n);
+    return 1;
+  }
+  pc->o = o;
+  pc->n = n;
+  memcpy(pc + 1, f->data, n);
+  zmq_msg_init_data(zm, pc + 1, n, pubcopy_free, pc);
+  return 0;
+}
+
+/* 0 sent (frame ref consumed by ZeroMQ), 1 would block or no PUB budget
+ * (nothing sent, m untouched), < 0 error (nothing sent). */
+static int omsg_send(beamd_out_t *o, omsg_t *m) {
+  void *sock = o->zs.sock;
   int more = ZMQ_SNDMORE;
   int last_hdr = !m->frame && !m->meta;
-  if (zmq_send(sock, m->topic, strlen(m->topic), ZMQ_DONTWAIT | more) < 0)
+  zmq_msg_t zm;
+  if (m->frame && payload_msg(o, m->frame, &zm) != 0)
+    return 1;
+  if (zmq_send(sock, m->topic, strlen(m->topic), ZMQ_DONTWAIT | more) < 0) {
+    if (m->frame)
+      zmq_msg_close(&zm); /* releases the copy or the frame reference */
     return errno == EAGAIN ? 1 : -1;
+  }
   /* After the first part the rest of a multipart message cannot block. */
   zmq_send(sock, m->hdr, sizeof m->hdr, last_hdr ? 0 : ZMQ_SNDMORE);
-  if (m->frame) {
-    zmq_msg_t zm;
-    beam_frame_ref(m->frame, 1);
-    zmq_msg_init_data(&zm, m->frame->data, m->frame->nbytes, frame_free, m->frame);
+  if (m->frame)
     zmq_msg_send(&zm, sock, m->meta ? ZMQ_SNDMORE : 0);
-  }
   if (m->meta)
     zmq_send(sock, m->meta, m->meta_len, 0);
   return 0;
@@ -68,6 +113,7 @@ int beamd_publish_open(beamd_t *d, char *err, size_t errlen) {
   d->push.lossless = 1;
   beam_fifo_init(&d->push.pending, sizeof(omsg_t));
   if (c->output.publish[0]) {
+    d->pub.pub_budget = c->output.pub_buffer;
     beamd_zopts_t o = {.sndhwm = c->output.hwm};
     if (beamd_zsock_open(d, &d->pub.zs, ZMQ_PUB, c->output.publish, 1, &o, on_pub_event, zerr,
                          sizeof zerr) < 0) {
@@ -93,7 +139,7 @@ static void out_send(beamd_t *d, beamd_out_t *o, omsg_t *m) {
     m->hdr[32 + i] = (uint8_t)(seq >> (8 * i));
   size_t bytes = sizeof m->hdr + (m->frame ? m->frame->nbytes : 0) + m->meta_len;
   if (!o->lossless) {
-    if (omsg_send(o->zs.sock, m) == 0) {
+    if (omsg_send(o, m) == 0) {
       atomic_fetch_add(&o->messages, 1);
       atomic_fetch_add(&o->bytes, bytes);
     } else {
@@ -104,12 +150,12 @@ static void out_send(beamd_t *d, beamd_out_t *o, omsg_t *m) {
   beam_fifo_t *q = &o->pending;
   if (o->discard) {
     /* Draining past output.drain_timeout with no consumer: count, drop. */
-    if (omsg_send(o->zs.sock, m) != 0)
+    if (omsg_send(o, m) != 0)
       atomic_fetch_add(&o->dropped, 1);
     return;
   }
   if (q->count == 0) {
-    int rc = omsg_send(o->zs.sock, m);
+    int rc = omsg_send(o, m);
     if (rc == 0) {
       atomic_fetch_add(&o->messages, 1);
       atomic_fetch_add(&o->bytes, bytes);
@@ -143,7 +189,7 @@ void beamd_publish_flush(beamd_t *d) {
     return;
   omsg_t *m;
   while ((m = beam_fifo_front(&o->pending))) {
-    if (omsg_send(o->zs.sock, m) != 0)
+    if (omsg_send(o, m) != 0)
       return;
     atomic_fetch_add(&o->messages, 1);
     atomic_fetch_add(&o->bytes, sizeof m->hdr + (m->frame ? m->frame->nbytes : 0) + m->meta_len);

@@ -26,6 +26,7 @@
 
 #define HIST 256          /* watermark samples kept for commit_delay */
 #define TICK_MS 100
+#define REPLY_MAX_BYTES (32 << 20)
 #define MAX_REPLY_PARTS(credit) ((size_t)(credit) * (2u + BEAM_MAX_PAYLOAD_PARTS) + 8u)
 
 typedef struct beamd_replay_s {
@@ -136,8 +137,12 @@ void beamd_replay_pump(beamd_t *d) {
     beamd_ingest_pause(d); /* on_room resumes us */
     return;
   }
-  snprintf(r->req, sizeof r->req, "{\"op\":\"get\",\"next\":%llu,\"credit\":%u,\"start\":%s}",
-           (unsigned long long)r->next, credit, r->want_start ? "true" : "false");
+  /* max_bytes keeps one reply to a size the allocator reuses instead of
+   * mapping afresh (a 256 MiB reply of 2048x2048 frames cost 5x in page
+   * faults); the credit still bounds the frame count. */
+  snprintf(r->req, sizeof r->req,
+           "{\"op\":\"get\",\"next\":%llu,\"credit\":%u,\"start\":%s,\"max_bytes\":%d}",
+           (unsigned long long)r->next, credit, r->want_start ? "true" : "false", REPLY_MAX_BYTES);
   send_req(d);
 }
 

@@ -48,6 +48,7 @@ typedef struct queue_s {
   unsigned cap;   /* frames */
   unsigned size;  /* cap + CTRL_RESERVE */
   unsigned head, count;
+  unsigned nframes; /* FRAME items among count: only these are held to cap */
 } queue_t;
 
 typedef struct node_s node_t;
@@ -127,13 +128,17 @@ static void queue_free(queue_t *q) {
   pthread_cond_destroy(&q->not_full);
 }
 
+/* Frames are held to cap; control items (START/END/QUIT) only need a
+ * free place, which the reserve provides, so a series start never takes a
+ * place that room() promised to a frame. */
 static void queue_push(queue_t *q, const item_t *it) {
-  unsigned limit = it->kind == IT_FRAME ? q->cap : q->size;
+  int frame = it->kind == IT_FRAME;
   pthread_mutex_lock(&q->mu);
-  while (q->count >= limit)
+  while (q->count >= q->size || (frame && q->nframes >= q->cap))
     pthread_cond_wait(&q->not_full, &q->mu);
   q->buf[(q->head + q->count) % q->size] = *it;
   q->count++;
+  q->nframes += frame;
   pthread_cond_signal(&q->not_empty);
   pthread_mutex_unlock(&q->mu);
 }
@@ -149,6 +154,7 @@ static void queue_pop(queue_t *q, item_t *it, uint64_t *cur) {
     *cur = it->frame->ingest_idx;
   q->head = (q->head + 1) % q->size;
   q->count--;
+  q->nframes -= it->kind == IT_FRAME;
   pthread_cond_broadcast(&q->not_full);
   pthread_mutex_unlock(&q->mu);
 }
@@ -156,6 +162,16 @@ static void queue_pop(queue_t *q, item_t *it, uint64_t *cur) {
 static unsigned queue_depth(queue_t *q) {
   pthread_mutex_lock(&q->mu);
   unsigned n = q->count;
+  pthread_mutex_unlock(&q->mu);
+  return n;
+}
+
+/* Frames the queue can still take without waiting. */
+static unsigned queue_frame_space(queue_t *q) {
+  pthread_mutex_lock(&q->mu);
+  unsigned n = q->nframes < q->cap ? q->cap - q->nframes : 0;
+  if (q->count + n > q->size)
+    n = q->size - q->count;
   pthread_mutex_unlock(&q->mu);
   return n;
 }
@@ -622,18 +638,14 @@ int beam_graph_room(beam_graph_t *g) {
   if (g->shutting_down)
     return 0;
   int room = beam_pool_free_count(g->input) > 0;
-  for (unsigned i = 0; room && i < g->nroots; i++) {
-    queue_t *q = &g->roots[i]->q;
-    pthread_mutex_lock(&q->mu);
-    room = q->count < q->cap;
-    pthread_mutex_unlock(&q->mu);
-  }
+  for (unsigned i = 0; room && i < g->nroots; i++)
+    room = queue_frame_space(&g->roots[i]->q) > 0;
   if (!room) {
     atomic_store(&g->want_room, 1);
     /* Re-check: room may have appeared between the test and the flag. */
     int again = beam_pool_free_count(g->input) > 0;
     for (unsigned i = 0; again && i < g->nroots; i++)
-      again = queue_depth(&g->roots[i]->q) < g->roots[i]->q.cap;
+      again = queue_frame_space(&g->roots[i]->q) > 0;
     if (again) {
       atomic_store(&g->want_room, 0);
       room = 1;
@@ -702,10 +714,7 @@ unsigned beam_graph_room_count(beam_graph_t *g) {
     return 0;
   unsigned n = beam_pool_free_count(g->input);
   for (unsigned i = 0; n && i < g->nroots; i++) {
-    queue_t *q = &g->roots[i]->q;
-    pthread_mutex_lock(&q->mu);
-    unsigned space = q->count < q->cap ? q->cap - q->count : 0;
-    pthread_mutex_unlock(&q->mu);
+    unsigned space = queue_frame_space(&g->roots[i]->q);
     if (space < n)
       n = space;
   }

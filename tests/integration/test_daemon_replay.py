@@ -21,8 +21,10 @@ docs/recording.md):
   file says so.
 
 The roi_sum comparison is exact: sums of at most 3072 uint16 values in
-float64 are exact in any order. Every wait has a deadline; each test takes a
-few seconds (the kill tests about 10).
+float64 are exact in any order. Every wait has a deadline; the longest test
+takes about 5 s, the file about 30 s on 2 cores. beamd-record's output is
+read back with h5py; tools/make_test_h5.py writes the inputs and puts
+Debian's filter plugins on HDF5_PLUGIN_PATH.
 """
 
 import json
@@ -74,12 +76,23 @@ def start_replay(run_tool, ports, path, *args):
                     list(args))
 
 
-def start_recorder(run_tool, ports, out_dir, *args):
-    """beamd-record on the daemon's PUSH (lossless, dedup by frame id)."""
+def start_recorder(run_tool, ports, out_dir, *args, timeout=30):
+    """beamd-record on the daemon's PUSH (lossless, dedup by frame id); it
+    exits 0 after one complete series, 3 after `timeout` seconds."""
     out_dir.mkdir(exist_ok=True)
     return run_tool("beamd-record", ["--pull", "--connect", ports.ep_push, "--dir", str(out_dir),
                                      "--no-swmr", "--stats-json", "--series", "1",
-                                     "--timeout", "35"] + list(args))
+                                     "--timeout", str(timeout)] + list(args))
+
+
+def wait_recorder(rec, b, timeout):
+    """Waits for beamd-record to finish its series; on failure the message
+    holds the daemon's stats, which say where frames got stuck."""
+    rc = rec.wait(timeout)
+    if rc != 0:
+        st = b.stats() if b.alive() else "beamd exited with %s" % b.p.returncode
+        pytest.fail("beamd-record exited %d: %s\nbeamd stats: %s" %
+                    (rc, rec.stderr().strip(), json.dumps(st)))
 
 
 def recorder_stats(p):
@@ -157,7 +170,7 @@ def test_round_trip_bit_exact(tmp_path, ports, start_beamd, run_tool, kind, comp
     srv = start_replay(run_tool, ports, path)
     out = rec_dir / ("series_%d.h5" % SERIES)
     wait_file(str(out))
-    assert rec.wait(20) == 0, rec.stderr()
+    wait_recorder(rec, b, 20)
 
     with h5py.File(str(out), "r") as f:
         d = f["/entry/data/data"]
@@ -196,6 +209,47 @@ def test_round_trip_bit_exact(tmp_path, ports, start_beamd, run_tool, kind, comp
     assert b.alive() and srv.alive()
 
 
+def test_series_starts_do_not_drop_frames(tmp_path, ports, start_beamd, run_tool):
+    """Lossless across series: a busy stage with a short queue keeps the
+    daemon asking for as many frames as the queue has room for, and every
+    reply that opens a pass (a series, with --loop) carries SERIES_START
+    as well. No frame may be dropped for want of room."""
+    n, passes, side = 8, 10, 256
+    path = tmp_path / "loop.h5"
+    data = mk.make_dataset_file(str(path), "raw", n=n, shape=(side, side))
+    # Many whole-frame ROIs make each frame take milliseconds, far longer
+    # than a round trip, so the queue is what limits every request.
+    busy = {"name": "vd", "kind": "roi_sum", "input": "frames", "backend": "cpu", "queue": 4,
+            "rois": [{"name": "r%d" % i, "shape": "rect", "rect": [0, 0, side, side]}
+                     for i in range(100)]}
+    cfg = replay_config(ports, [busy])
+    del cfg["input"]["credit"]  # the default (64): the queue room decides
+    b = start_beamd(cfg)
+    out = tmp_path / "results"
+    out.mkdir()
+    rec = run_tool("beamd-record", ["--pull", "--connect", ports.ep_push, "--dir", str(out),
+                                    "--no-swmr", "--stats-json", "--series", str(passes),
+                                    "--timeout", "20"])
+    start_replay(run_tool, ports, path, "--loop")
+    wait_recorder(rec, b, 25)
+    st = b.stats()["input"]
+    assert st["dropped_busy"] == 0, "frames dropped for want of room: %s" % st
+    total = float(data.astype(np.float64).sum(axis=(1, 2)).sum())
+    for p in range(passes):
+        with h5py.File(str(out / ("series_%d.h5" % (SERIES + p))), "r") as f:
+            ids = f["/results/vd.sums/frame_id"][...].tolist()
+            sums = f["/results/vd.sums/data"][...]
+        assert sorted(ids) == list(range(n)), "pass %d: frame ids %s" % (p, ids)
+        assert float(sums[:, 0].sum()) == total, "pass %d: sums differ from numpy" % p
+
+
+def test_ready_line_names_replay_mode(tmp_path, ports, start_beamd):
+    """The start-up line tells an operator which input mode runs."""
+    b = start_beamd(replay_config(ports, [vd_stage()]))
+    line = b.wait_log(r"^.* ready: config .*$", timeout=2).group(0)
+    assert ", input replay %s (connect)," % ports.ep_input in line, line
+
+
 # ---- 2. kill -9 and resume -------------------------------------------------------
 
 def test_daemon_kill9_resumes_exactly_once(tmp_path, ports, start_beamd, run_tool):
@@ -220,13 +274,18 @@ def test_daemon_kill9_resumes_exactly_once(tmp_path, ports, start_beamd, run_too
     m = b2.wait_log(r"resuming .* at frame index (\d+) of (\d+)", timeout=5)
     k, total = int(m.group(1)), int(m.group(2))
     assert total == n and k >= saved["next"] and 0 < k < n, (k, saved)
-    assert rec.wait(25) == 0, rec.stderr()
+    wait_recorder(rec, b2, 25)
     check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data)
     st2 = b2.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")
     # The second daemon started at k: it was given only the rest of the file.
     assert st2["input"]["frames"] == n - k, (st2["input"]["frames"], n, k)
     assert st2["input"]["replay"]["next"] == n
     rs = recorder_stats(rec)
+    print("daemon killed at %d frames in, committed %d, resumed at %d; recorder: %s" %
+          (st["input"]["frames"], saved["next"], k, rs))
+    # The restart asked for SERIES_START again (start: true) and re-sent the
+    # frames processed after the last commit; the recorder kept one copy.
+    assert rs["dup_starts"] == 1 and rs["duplicates"] > 0, rs
     assert rs["results"] == rs["written"] + rs["duplicates"], rs
     assert srv.alive()
 
@@ -246,7 +305,7 @@ def test_server_kill9_request_resent(tmp_path, ports, start_beamd, run_tool):
     assert got < n, "the replay finished before the kill: slow it down"
     time.sleep(1.5)  # longer than input.timeout: the daemon asks again into the void
     srv2 = start_replay(run_tool, ports, path, "--rate", str(rate))
-    assert rec.wait(25) == 0, rec.stderr()
+    wait_recorder(rec, b, 25)
     check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data)
     st = b.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")
     # The daemon never restarted, so nothing was delivered twice.
@@ -267,7 +326,7 @@ def test_corrupt_chunk_counted_and_nan(tmp_path, ports, start_beamd, run_tool, k
     b = start_beamd(replay_config(ports, [vd_stage()]))
     rec = start_recorder(run_tool, ports, tmp_path / "results")
     start_replay(run_tool, ports, path)
-    assert rec.wait(20) == 0, rec.stderr()
+    wait_recorder(rec, b, 20)
     check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data, nan_ids=bad)
     st = b.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")
     assert st["input"]["corrupt"] == len(bad)
@@ -287,8 +346,7 @@ def _timed_replay(tmp_path, ports, start_beamd, run_tool, zctx, path, n, stuck, 
     series, and the daemon's stats."""
     stages = [vd_stage(), {"name": "img", "kind": "bin", "input": "frames", "backend": "cpu",
                            "factor": 1}]
-    cfg = replay_config(ports, stages, credit=32)
-    cfg["output"]["hwm"] = 8
+    cfg = replay_config(ports, stages)  # output.hwm: the default (1000)
     b = start_beamd(cfg, name="beamd-" + tag)
     viewer = None
     if stuck:
@@ -300,17 +358,25 @@ def _timed_replay(tmp_path, ports, start_beamd, run_tool, zctx, path, n, stuck, 
         viewer.connect(ports.ep_publish)
         time.sleep(0.5)  # the join; the viewer then never calls recv
     out = tmp_path / ("results-" + tag)
-    rec = start_recorder(run_tool, ports, out)
+    rec = start_recorder(run_tool, ports, out, timeout=12)
     time.sleep(0.3)
     t0 = time.monotonic()
-    start_replay(run_tool, ports, path)
-    assert rec.wait(35) == 0, rec.stderr()
+    srv = start_replay(run_tool, ports, path)
+    wait_recorder(rec, b, 17)
     dt = time.monotonic() - t0
     st = b.stats()
     b.kill()
+    srv.kill()
+    seen = None
     if viewer is not None:
+        # What the viewer can still read: its small queue and what the
+        # kernel buffered, far less than was published if it was stuck.
+        seen = 0
+        while viewer.poll(300):
+            viewer.recv_multipart()
+            seen += 1
         viewer.close()
-    return dt, st, out
+    return dt, st, out, seen
 
 
 def test_stuck_viewer_does_not_slow_replay(tmp_path, ports, start_beamd, run_tool, zctx):
@@ -320,15 +386,18 @@ def test_stuck_viewer_does_not_slow_replay(tmp_path, ports, start_beamd, run_too
         rng = np.random.default_rng(5)
         f.create_dataset("/entry/data/data", data=rng.poisson(3.0, (n,) + shape).astype(np.uint16),
                          chunks=(1,) + shape)
-    free_dt, free_st, _ = _timed_replay(tmp_path, ports, start_beamd, run_tool, zctx, path, n,
-                                        False, "free")
-    stuck_dt, stuck_st, out = _timed_replay(tmp_path, ports, start_beamd, run_tool, zctx, path, n,
-                                            True, "stuck")
+    free_dt, free_st, _, _ = _timed_replay(tmp_path, ports, start_beamd, run_tool, zctx, path,
+                                           n, False, "free")
+    stuck_dt, stuck_st, out, seen = _timed_replay(tmp_path, ports, start_beamd, run_tool, zctx,
+                                                  path, n, True, "stuck")
     with h5py.File(str(out / ("series_%d.h5" % SERIES)), "r") as f:
         assert sorted(f["/results/vd.sums/frame_id"][...].tolist()) == list(range(n))
     assert free_st["input"]["frames"] == n and stuck_st["input"]["frames"] == n
-    # The viewer really was stuck: the PUB dropped for it.
-    assert stuck_st["outputs"]["publish"]["dropped"] > 0, stuck_st["outputs"]
+    published = stuck_st["outputs"]["publish"]["messages"]
+    print("replay of %d frames: %.2f s free, %.2f s with a stuck viewer (it can read %d of %d "
+          "published messages)" % (n, free_dt, stuck_dt, seen, published))
+    # The viewer really was stuck: most of what was published never reached it.
+    assert seen < published // 2, (seen, published)
     assert stuck_dt < 1.5 * free_dt + 1.0, \
         "replay took %.2f s with a stuck viewer, %.2f s without" % (stuck_dt, free_dt)
 
@@ -350,5 +419,5 @@ def test_exit_on_eof_and_state(tmp_path, ports, start_beamd, run_tool):
     saved = json.loads(state.read_text())
     assert saved["next"] == n, saved
     assert saved["file"] == os.path.abspath(str(path))
-    assert rec.wait(10) == 0, rec.stderr()
+    wait_recorder(rec, b, 10)
     check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data)

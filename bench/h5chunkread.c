@@ -1,0 +1,180 @@
+/* h5chunkread: how fast this machine reads the frames of an HDF5 file, the
+ * yardstick for the replay benchmark (bench/replay.py).
+ *
+ * The default mode reads every chunk of a (frames, y, x) dataset as stored
+ * with H5Dread_chunk, which is what beamd-replay does for forwarded chunks
+ * (one frame per chunk, no filter or LZ4/bitshuffle-LZ4): no decompression,
+ * one read into one reused buffer. `--decode` reads each frame with H5Dread
+ * through the filter pipeline instead (the plugin must be on
+ * HDF5_PLUGIN_PATH), which shows what decompressing on the reading side
+ * would cost. Passes over the file repeat until --min-seconds have passed, so
+ * a file that sits in the page cache still gives a steady figure.
+ *
+ * Prints one JSON line: frames, passes, stored and decoded bytes, seconds
+ * (first open to last read), frames/s and GB/s of decoded frame bytes, the
+ * figure beamd's throughput is compared with. Not a general HDF5 reader:
+ * chunked 3-D datasets with chunks of one frame only. */
+#include <hdf5.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: h5chunkread FILE [--dataset PATH] [--min-seconds S] [--decode]\n"
+             "Reads every frame chunk of FILE (default dataset /entry/data/data) and prints\n"
+             "one JSON line with frames/s and GB/s.\n");
+}
+
+typedef struct {
+  const char *file, *dataset;
+  double min_s;
+  int decode;
+} opts_t;
+
+static int parse(int argc, char **argv, opts_t *o) {
+  o->file = NULL;
+  o->dataset = "/entry/data/data";
+  o->min_s = 1.0;
+  o->decode = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help")) {
+      usage(stdout);
+      exit(0);
+    } else if (!strcmp(a, "--dataset") && i + 1 < argc) {
+      o->dataset = argv[++i];
+    } else if (!strcmp(a, "--min-seconds") && i + 1 < argc) {
+      char *end;
+      o->min_s = strtod(argv[++i], &end);
+      if (*end || !(o->min_s >= 0 && o->min_s <= 3600)) {
+        fprintf(stderr, "h5chunkread: --min-seconds: expected 0..3600, got \"%s\"\n", argv[i]);
+        return -1;
+      }
+    } else if (!strcmp(a, "--decode")) {
+      o->decode = 1;
+    } else if (a[0] != '-' && !o->file) {
+      o->file = a;
+    } else {
+      fprintf(stderr, "h5chunkread: unexpected argument \"%s\"\n", a);
+      return -1;
+    }
+  }
+  if (!o->file) {
+    fprintf(stderr, "h5chunkread: no FILE given\n");
+    return -1;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  opts_t o;
+  if (parse(argc, argv, &o) < 0) {
+    usage(stderr);
+    return 2;
+  }
+  int rc = 1;
+  hid_t f = -1, d = -1, space = -1, dcpl = -1, type = -1, mspace = -1;
+  void *buf = NULL;
+  double t0 = now_s();
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our messages name the file and dataset */
+  if ((f = H5Fopen(o.file, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0) {
+    fprintf(stderr, "h5chunkread: %s: cannot open as HDF5\n", o.file);
+    goto out;
+  }
+  if ((d = H5Dopen2(f, o.dataset, H5P_DEFAULT)) < 0) {
+    fprintf(stderr, "h5chunkread: %s: no dataset %s\n", o.file, o.dataset);
+    goto out;
+  }
+  space = H5Dget_space(d);
+  dcpl = H5Dget_create_plist(d);
+  type = H5Dget_type(d);
+  hsize_t dims[3], chunk[3];
+  if (H5Sget_simple_extent_ndims(space) != 3 || H5Pget_layout(dcpl) != H5D_CHUNKED ||
+      H5Pget_chunk(dcpl, 3, chunk) != 3 || chunk[0] != 1) {
+    fprintf(stderr, "h5chunkread: %s:%s: need a 3-D dataset chunked one frame per chunk\n",
+            o.file, o.dataset);
+    goto out;
+  }
+  H5Sget_simple_extent_dims(space, dims, NULL);
+  size_t elem = H5Tget_size(type);
+  size_t frame_bytes = (size_t)(dims[1] * dims[2]) * elem;
+  if (dims[0] == 0 || chunk[1] != dims[1] || chunk[2] != dims[2]) {
+    fprintf(stderr, "h5chunkread: %s:%s: empty, or chunks smaller than a frame\n", o.file,
+            o.dataset);
+    goto out;
+  }
+  /* A compressed chunk can exceed the frame when the data does not
+   * compress; the largest stored chunk sizes the buffer. */
+  size_t cap = frame_bytes;
+  for (hsize_t k = 0; k < dims[0]; k++) {
+    hsize_t off[3] = {k, 0, 0}, nb = 0;
+    if (H5Dget_chunk_storage_size(d, off, &nb) >= 0 && nb > cap)
+      cap = (size_t)nb;
+  }
+  if (!(buf = malloc(cap))) {
+    fprintf(stderr, "h5chunkread: out of memory (%zu bytes)\n", cap);
+    goto out;
+  }
+  hsize_t one[3] = {1, dims[1], dims[2]};
+  mspace = H5Screate_simple(3, one, NULL);
+  uint64_t frames = 0, stored = 0, passes = 0;
+  double t1 = t0;
+  do {
+    for (hsize_t k = 0; k < dims[0]; k++) {
+      hsize_t off[3] = {k, 0, 0};
+      if (o.decode) {
+        if (H5Sselect_hyperslab(space, H5S_SELECT_SET, off, NULL, one, NULL) < 0 ||
+            H5Dread(d, type, mspace, space, H5P_DEFAULT, buf) < 0) {
+          fprintf(stderr, "h5chunkread: %s:%s: frame %llu: H5Dread failed (filter plugin missing?)\n",
+                  o.file, o.dataset, (unsigned long long)k);
+          goto out;
+        }
+        stored += frame_bytes;
+      } else {
+        hsize_t nb = 0;
+        uint32_t mask = 0;
+        if (H5Dget_chunk_storage_size(d, off, &nb) < 0 ||
+            H5Dread_chunk(d, H5P_DEFAULT, off, &mask, buf) < 0) {
+          fprintf(stderr, "h5chunkread: %s:%s: frame %llu: H5Dread_chunk failed\n", o.file,
+                  o.dataset, (unsigned long long)k);
+          goto out;
+        }
+        stored += nb;
+      }
+      frames++;
+    }
+    passes++;
+    t1 = now_s();
+  } while (t1 - t0 < o.min_s);
+  double secs = t1 - t0;
+  printf("{\"file\":\"%s\",\"mode\":\"%s\",\"frames\":%llu,\"passes\":%llu,\"frame_bytes\":%zu,"
+         "\"stored_bytes\":%llu,\"seconds\":%.6f,\"fps\":%.3f,\"gbps\":%.4f,\"stored_gbps\":%.4f}\n",
+         o.file, o.decode ? "decode" : "chunk", (unsigned long long)frames,
+         (unsigned long long)passes, frame_bytes, (unsigned long long)stored, secs,
+         (double)frames / secs, (double)frames * (double)frame_bytes / secs / 1e9,
+         (double)stored / secs / 1e9);
+  rc = 0;
+out:
+  free(buf);
+  if (mspace >= 0)
+    H5Sclose(mspace);
+  if (type >= 0)
+    H5Tclose(type);
+  if (dcpl >= 0)
+    H5Pclose(dcpl);
+  if (space >= 0)
+    H5Sclose(space);
+  if (d >= 0)
+    H5Dclose(d);
+  if (f >= 0)
+    H5Fclose(f);
+  return rc;
+}

@@ -1,0 +1,403 @@
+#!/usr/bin/python3
+"""Replay benchmark: HDF5 file -> beamd-replay -> beamd (input.mode replay)
+-> output.push -> beamd-record, over ipc, against the raw chunk read rate
+of the same file. Figures, not pass/fail (bench/README.md, section 5).
+
+For each case (uncompressed and bitshuffle-LZ4, 512x512 and 2048x2048
+uint16) a file is written with h5py: one frame per chunk, Poisson counts
+(a bank of distinct frames repeated, so generating gigabytes stays quick
+while the compressor sees detector-like data). Then, in the same run:
+
+- raw: `h5chunkread` ($BUILD/bench/h5chunkread, H5Dread_chunk into one
+  buffer, no decompression: what beamd-replay itself does per frame), and
+  for bslz4 also `h5chunkread --decode` (H5Dread through the filter) as a
+  yardstick for decompression;
+- beamd: beamd-replay --loop serves the file pass after pass, each pass a
+  series; beamd runs a trivial graph (roi_sum over a 16x16 rect, which
+  needs every frame decoded) and PUSHes its results to beamd-record. A
+  pass ends when beamd-record closes that series' file, so the time of
+  pass p is the gap between the closing of series p-1 and p (file mtimes):
+  the steady state, with the pipeline full across pass boundaries. Pass 0
+  is a warm-up (pool pages faulted in) and is not counted.
+
+Reported per case: medians of --reps runs (passes), frames/s and GB/s of
+decoded frame bytes for both paths, their ratio (target >= 80 %), and round
+trips per frame (beamd stats input.replay.requests / input.frames).
+
+Standalone: bench/replay.py [--build DIR] [--reps 3] [--pass-mib 1024]
+[--json FILE]; bench/run.py calls run_replay() for its summary.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PLUGIN_DIR = "/usr/lib/x86_64-linux-gnu/hdf5/serial/plugins"
+os.environ.setdefault("HDF5_PLUGIN_PATH", PLUGIN_DIR)
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+import zmq  # noqa: E402
+
+CASES = (("raw", 512), ("bslz4", 512), ("raw", 2048), ("bslz4", 2048))
+TARGET_RATIO = 0.80
+BSHUF_ID = 32008
+BANK = 16          # distinct frames per file
+MEAN_COUNTS = 2.0  # Poisson mean per pixel: a sparse diffraction-like frame
+POOL_FRAMES = 64
+CREDIT = 32
+# A SERIES_START takes a stage queue place that the daemon's credit does
+# not count, so a request sized by the queue room can overflow the queue at
+# a pass boundary and drop a frame (a daemon bug, see bench/README.md). A
+# queue longer than the pool keeps the pool the limit, which avoids it.
+QUEUE = POOL_FRAMES + 8
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- files -------------------------------------------------------------------------
+
+def _bank(side, seed):
+    rng = np.random.default_rng(seed)
+    frames = rng.poisson(MEAN_COUNTS, (BANK, side, side)).astype(np.uint16)
+    # A few hot pixels and a slow gradient, as real frames have.
+    y = np.arange(side)[:, None]
+    frames += (y * 4 // side).astype(np.uint16)
+    frames[:, side // 3, side // 5] = 60000
+    return frames
+
+
+def _compressed_bank(bank):
+    """The bank's chunks as HDF5's bitshuffle plugin stores them (32008,
+    LZ4): written once to an in-memory file and read back raw."""
+    n, h, w = bank.shape
+    with h5py.File("bank.h5", "w", driver="core", backing_store=False) as f:
+        d = f.create_dataset("d", data=bank, chunks=(1, h, w), compression=BSHUF_ID,
+                             compression_opts=(0, 2))
+        return [d.id.read_direct_chunk((k, 0, 0))[1] for k in range(n)]
+
+
+def make_file(path, codec, side, nframes, seed=1):
+    """Writes (nframes, side, side) uint16, one frame per chunk, with
+    write_direct_chunk; returns {stored_bytes, compression_ratio}."""
+    bank = _bank(side, seed)
+    if codec == "bslz4":
+        chunks = _compressed_bank(bank)
+        kw = {"compression": BSHUF_ID, "compression_opts": (0, 2)}
+    else:
+        chunks = [bank[k].tobytes() for k in range(BANK)]
+        kw = {}
+    stored = 0
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("/entry/data/data", shape=(nframes, side, side), dtype=np.uint16,
+                             chunks=(1, side, side), **kw)
+        for k in range(nframes):
+            c = chunks[k % BANK]
+            d.id.write_direct_chunk((k, 0, 0), c, 0)
+            stored += len(c)
+    return {"stored_bytes": stored, "compression_ratio": nframes * side * side * 2 / stored}
+
+
+# ---- processes ---------------------------------------------------------------------
+
+class Run:
+    """One case: the daemon, the server and the recorder, all killed by close()."""
+
+    def __init__(self, build, tmp, tag):
+        self.build, self.tmp, self.tag = build, tmp, tag
+        self.procs = []
+        self.logs = []
+        self.ctx = zmq.Context()
+
+    def spawn(self, name, argv, stdout=True):
+        """stdout=True: a pipe the caller reads (--stats-json lines);
+        False: into the log with stderr, so a chatty child cannot block."""
+        lg = open(os.path.join(self.tmp, "%s-%s.log" % (self.tag, name)), "w+")
+        self.logs.append(lg)
+        p = subprocess.Popen([os.path.join(self.build, name)] + argv,
+                             stdout=subprocess.PIPE if stdout else lg, stderr=lg, text=True)
+        self.procs.append(p)
+        return p
+
+    def log_text(self, name):
+        with open(os.path.join(self.tmp, "%s-%s.log" % (self.tag, name))) as f:
+            return f.read()[-3000:]
+
+    def ctl(self, ep, cmd, timeout=3.0):
+        s = self.ctx.socket(zmq.REQ)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
+        try:
+            s.connect(ep)
+            s.send(cmd.encode())
+            return json.loads(s.recv())
+        finally:
+            s.close()
+
+    def start_beamd(self, cfg_text, ctl_ep):
+        path = os.path.join(self.tmp, self.tag + ".yaml")
+        with open(path, "w") as f:
+            f.write(cfg_text)
+        p = self.spawn("beamd", ["-c", path], stdout=False)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if p.poll() is not None:
+                break
+            try:
+                if self.ctl(ctl_ep, "ping", 0.5).get("ok"):
+                    return p
+            except zmq.ZMQError:
+                pass
+        raise RuntimeError("beamd did not start: " + self.log_text("beamd"))
+
+    def close(self):
+        # SIGINT: beamd drains (output.drain_timeout is 1 s here), the tools
+        # print their --stats-json; whatever lingers is killed.
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for lg in self.logs:
+            lg.close()
+        self.ctx.destroy(linger=0)
+
+
+def config(in_ep, out_ep, ctl_ep, frame_bytes):
+    return f"""# generated by bench/replay.py
+input: {{mode: replay, endpoint: "{in_ep}", credit: {CREDIT}, timeout: 10s}}
+output: {{publish: "", push: "{out_ep}", push_hwm: 1000, drain_timeout: 1s}}
+pool: {{frames: {POOL_FRAMES}, frame_bytes: {frame_bytes}}}
+control: {{endpoint: "{ctl_ep}"}}
+metrics: {{listen: ""}}
+log: {{level: notice}}
+heartbeat: 1s
+stages:
+  - {{name: vd, kind: roi_sum, input: frames, backend: cpu, queue: {QUEUE},
+      rois: [{{name: corner, shape: rect, rect: [0, 0, 16, 16]}}]}}
+"""
+
+
+def h5read(build, path, decode=False, min_s=1.0):
+    argv = [os.path.join(build, "bench", "h5chunkread"), path, "--min-seconds", str(min_s)]
+    if decode:
+        argv.append("--decode")
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise RuntimeError("h5chunkread failed (%d): %s" % (p.returncode, p.stderr.strip()))
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def zmq_ceiling(build, tmp, side, reps, seconds=1.5):
+    """Frames/s of raw ZeroMQ PUSH -> PULL over ipc for uncompressed frames
+    of this size (bench/zthroughput, as figure 1 of bench/README.md): the
+    transport's own ceiling, which no replay of raw frames can pass. The
+    median of reps runs; None when zthroughput is not built."""
+    zt = os.path.join(build, "bench", "zthroughput")
+    if not os.access(zt, os.X_OK):
+        return None
+    hwm = str(max(4, (64 << 20) // (side * side * 2)))
+    rates = []
+    for k in range(reps):
+        ep = "ipc://%s/zmq-%d-%d.ipc" % (tmp, side, k)
+        sid = str(7000 + k)
+        recv = subprocess.Popen([zt, "recv", "--endpoint", ep, "--bind", "--series", sid,
+                                 "--hwm", hwm, "--timeout", "30"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(0.3)
+            snd = subprocess.run([zt, "send", "--endpoint", ep, "--shape", "%dx%d" % (side, side),
+                                  "--seconds", str(seconds), "--series", sid, "--hwm", hwm,
+                                  "--timeout", "30"], capture_output=True, text=True,
+                                 timeout=seconds + 60)
+            out, err = recv.communicate(timeout=60)
+        except BaseException:
+            recv.kill()
+            recv.wait()
+            raise
+        if snd.returncode != 0 or recv.returncode != 0:
+            raise RuntimeError("zthroughput failed: %s %s" % (snd.stderr.strip(), err.strip()))
+        s = json.loads(snd.stdout.strip().splitlines()[-1])
+        r = json.loads(out.strip().splitlines()[-1])
+        span = (r["t_last_mono_ns"] - s["t0_mono_ns"]) * 1e-9
+        rates.append(r["counted"] / span if span > 0 else 0.0)
+    return statistics.median(rates)
+
+
+def beamd_passes(build, tmp, tag, path, frame_bytes, nframes, reps):
+    """Runs 1 + reps passes through beamd; returns (per-pass seconds
+    without the warm-up, beamd stats, server stats, recorder stats)."""
+    run = Run(build, tmp, tag)
+    try:
+        in_ep = "ipc://%s/%s-in.ipc" % (tmp, tag)
+        out_ep = "ipc://%s/%s-out.ipc" % (tmp, tag)
+        ctl_ep = "tcp://127.0.0.1:%d" % free_port()
+        rec_dir = os.path.join(tmp, tag + "-rec")
+        os.makedirs(rec_dir)
+        run.start_beamd(config(in_ep, out_ep, ctl_ep, frame_bytes), ctl_ep)
+        passes = 1 + reps
+        rec = run.spawn("beamd-record", ["--pull", "--connect", out_ep, "--dir", rec_dir,
+                                         "--no-swmr", "--series", str(passes), "--stats-json",
+                                         "--timeout", "300"])
+        time.sleep(0.2)
+        srv = run.spawn("beamd-replay", [path, "--bind", in_ep, "--loop", "--quiet",
+                                         "--stats-json", "--series-id", "1"])
+        try:
+            out, _ = rec.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError("beamd-record did not finish %d passes in 300 s" % passes)
+        if rec.returncode != 0:
+            raise RuntimeError("beamd-record failed (%d): %s" % (rec.returncode,
+                                                                 run.log_text("beamd-record")))
+        rec_stats = json.loads(out.strip().splitlines()[-1])
+        st = run.ctl(ctl_ep, "stats")
+        ends = [os.stat(os.path.join(rec_dir, "series_%d.h5" % (1 + p))).st_mtime_ns
+                for p in range(passes)]
+        for p in range(passes):
+            with h5py.File(os.path.join(rec_dir, "series_%d.h5" % (1 + p)), "r") as f:
+                got = f["/results/vd.sums/frame_id"].shape[0]
+            if got != nframes:
+                raise RuntimeError("pass %d: beamd-record holds %d of %d results" %
+                                   (p, got, nframes))
+        srv.send_signal(signal.SIGINT)
+        sout, _ = srv.communicate(timeout=10)
+        lines = [ln for ln in sout.splitlines() if ln.startswith("{")]
+        srv_stats = json.loads(lines[-1]) if lines else {}
+        secs = [(ends[p] - ends[p - 1]) * 1e-9 for p in range(1, passes)]
+        return secs, st, srv_stats, rec_stats
+    finally:
+        run.close()
+
+
+def run_replay(build, reps=3, pass_mib=1024, logf=log, tmp=None):
+    """All cases; returns a list of result rows (see bench/README.md)."""
+    for exe in ("beamd", "beamd-replay", "beamd-record", os.path.join("bench", "h5chunkread")):
+        if not os.access(os.path.join(build, exe), os.X_OK):
+            raise RuntimeError("%s is missing in %s; run make first" % (exe, build))
+    own_tmp = tmp is None
+    tmp = tmp or tempfile.mkdtemp(prefix="beamd-replay-bench-")
+    rows = []
+    zmq_fps = {}
+    try:
+        for codec, side in CASES:
+            tag = "%s-%d" % (codec, side)
+            frame_bytes = side * side * 2
+            nframes = max(32, (pass_mib << 20) // frame_bytes)
+            path = os.path.join(tmp, tag + ".h5")
+            try:
+                t = time.monotonic()
+                info = make_file(path, codec, side, nframes)
+                gen_s = time.monotonic() - t
+                raw = [h5read(build, path) for _ in range(reps)]
+                dec = h5read(build, path, decode=True) if codec != "raw" else None
+                secs, st, srv, rec = beamd_passes(build, tmp, tag, path, frame_bytes, nframes,
+                                                  reps)
+                if side not in zmq_fps:
+                    zmq_fps[side] = zmq_ceiling(build, tmp, side, reps)
+            except zmq.ZMQError as e:
+                raise RuntimeError("%s: ZeroMQ: %s" % (tag, e))
+            finally:
+                if os.path.exists(path):
+                    os.unlink(path)  # gigabytes: never left behind
+            raw_fps = statistics.median(r["fps"] for r in raw)
+            bd_fps = statistics.median(nframes / s for s in secs)
+            inp = st.get("input", {})
+            rp = inp.get("replay", {})
+            row = {
+                "codec": codec, "shape": [side, side], "dtype": "uint16",
+                "frame_bytes": frame_bytes, "frames_per_pass": nframes, "file": info,
+                "generate_s": gen_s,
+                "raw_fps": raw_fps, "raw_gbps": raw_fps * frame_bytes / 1e9,
+                "raw_runs": raw,
+                "decode_fps": dec["fps"] if dec else None,
+                "decode_gbps": dec["gbps"] if dec else None,
+                "beamd_fps": bd_fps, "beamd_gbps": bd_fps * frame_bytes / 1e9,
+                "beamd_pass_s": secs,
+                "ratio": bd_fps / raw_fps if raw_fps else 0.0,
+                "zmq_raw_fps": zmq_fps[side],
+                "requests": rp.get("requests"), "frames": inp.get("frames"),
+                "round_trips_per_frame": (rp.get("requests", 0) / inp["frames"]
+                                          if inp.get("frames") else None),
+                "frames_per_reply": (inp["frames"] / rp["replies"]
+                                     if rp.get("replies") else None),
+                "beamd_input": {k: inp.get(k) for k in ("frames", "dropped_total", "paused_s",
+                                                        "corrupt")},
+                "beamd_stages": [{"name": s["name"], "busy_s": s.get("busy_s")}
+                                 for s in st.get("stages", [])],
+                "server": srv, "recorder": rec,
+            }
+            rows.append(row)
+            logf("  %-5s %4dx%-4d raw %8.1f f/s %6.2f GB/s   beamd %8.1f f/s %6.2f GB/s   "
+                 "ratio %5.1f%%   round trips/frame %.4f" %
+                 (codec, side, side, raw_fps, row["raw_gbps"], bd_fps, row["beamd_gbps"],
+                  100 * row["ratio"], row["round_trips_per_frame"] or 0))
+    finally:
+        if own_tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return rows
+
+
+def summary_lines(rows, reps):
+    L = ["Replay: HDF5 -> beamd-replay -> beamd (replay input, roi_sum) -> PUSH -> beamd-record, "
+         "ipc (median of %d passes)" % reps,
+         "  %-6s %-10s %10s %8s %10s %8s %7s %11s %10s %10s  %s" %
+         ("codec", "frame", "h5 f/s", "h5 GB/s", "beamd f/s", "GB/s", "ratio", "trips/frame",
+          "h5dec f/s", "zmq f/s", "target >= 80%")]
+    for r in rows:
+        zmq_f = r.get("zmq_raw_fps") if r["codec"] == "raw" else None
+        L.append("  %-6s %-10s %10.1f %8.3f %10.1f %8.3f %6.1f%% %11.4f %10s %10s  %s" %
+                 (r["codec"], "%dx%d" % tuple(r["shape"]), r["raw_fps"], r["raw_gbps"],
+                  r["beamd_fps"], r["beamd_gbps"], 100 * r["ratio"],
+                  r["round_trips_per_frame"] or 0,
+                  "%.1f" % r["decode_fps"] if r["decode_fps"] else "-",
+                  "%.1f" % zmq_f if zmq_f else "-",
+                  "ok" if r["ratio"] >= TARGET_RATIO else "BELOW"))
+    L.append("  h5 = H5Dread_chunk of the same file (stored bytes, no decompression); "
+             "h5dec = H5Dread through the filter;")
+    L.append("  zmq = raw ZeroMQ PUSH->PULL of uncompressed frames of that size over ipc (the "
+             "transport's ceiling); GB/s of decoded frame bytes")
+    return L
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.environ.get("BEAMD_BUILD", "build"))
+    ap.add_argument("--reps", type=int, default=3, help="counted passes per case (median)")
+    ap.add_argument("--pass-mib", type=int, default=1024,
+                    help="decoded frame bytes per pass, MiB (sets the frames per file)")
+    ap.add_argument("--json", help="also write the rows here")
+    a = ap.parse_args()
+    if a.reps < 1 or a.pass_mib < 1:
+        ap.error("--reps and --pass-mib must be >= 1")
+    try:
+        rows = run_replay(a.build, a.reps, a.pass_mib)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        sys.exit("bench/replay.py: %s" % e)
+    log("\n".join(summary_lines(rows, a.reps)))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
