@@ -106,6 +106,7 @@ int beam_correct_tab_build(beam_correct_tab_t *t, const beam_correct_conf_t *c, 
     }
   }
   t->n = n;
+  t->plain = !c->dark.data && !c->flat.data && !c->mask.data;
   for (size_t i = 0; i < n; i++) {
     float dk = c->dark.data ? (float)beam_array_get(&c->dark, i) : 0.0f;
     float fl = c->flat.data ? (float)beam_array_get(&c->flat, i) : 1.0f;

@@ -31,6 +31,7 @@ typedef struct beam_correct_tab_s {
   size_t n;
   float *dark, *flat;
   uint8_t *bad;
+  int plain; /* no dark, flat or mask: the tables are 0, 1 and 0 everywhere */
 } beam_correct_tab_t;
 
 /* Reads the parameters and loads dark/flat/mask files. On failure nothing

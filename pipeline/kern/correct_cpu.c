@@ -39,6 +39,19 @@
     }                                                                           \
   } while (0)
 
+/* No dark, flat or mask (threshold and saturation only, as the built-in
+ * configuration runs): (v - 0.0f) / 1.0f == v exactly, so skipping the
+ * table reads gives the same bits with a third of the memory traffic. */
+#define CORRECT_LOOP_PLAIN(T)                                                   \
+  do {                                                                          \
+    const T *restrict r = raw;                                                  \
+    for (size_t i = 0; i < n; i++) {                                            \
+      float v = (float)r[i];                                                    \
+      float o = v < thr_f ? 0.0f : v;                                           \
+      out[i] = v >= sat_f ? badv : o;                                           \
+    }                                                                           \
+  } while (0)
+
 static float ceil_float(double x) {
   float f = (float)x;
   if ((double)f < x)
@@ -54,6 +67,14 @@ void beam_correct_cpu(const beam_correct_tab_t *t, const beam_correct_conf_t *c,
   const double thr = c->threshold, sat = c->saturation;
   const float thr_f = ceil_float(thr), sat_f = ceil_float(sat);
   const float badv = c->bad_value;
+  if (t->plain && dt == BEAM_DT_U16) {
+    CORRECT_LOOP_PLAIN(uint16_t);
+    return;
+  }
+  if (t->plain && dt == BEAM_DT_F32) {
+    CORRECT_LOOP_PLAIN(float);
+    return;
+  }
   switch (dt) {
   case BEAM_DT_U16: CORRECT_LOOP_F(uint16_t); break;
   case BEAM_DT_U32: CORRECT_LOOP(uint32_t); break;

@@ -182,6 +182,43 @@ static void test_random_u16_float_dark(void **state) { run_random(BEAM_DT_U16, 0
 static void test_random_u32(void **state) { run_random(BEAM_DT_U32, 0); }
 static void test_random_f32(void **state) { run_random(BEAM_DT_F32, 0); }
 
+/* No dark, flat or mask: the table-free fast path must give the reference
+ * loop's bits, including values right at the threshold and saturation. */
+static void run_plain(beam_dtype_t dt) {
+  enum { H = 37, W = 53, N = H * W };
+  uint32_t shp[2] = {H, W};
+  beam_cnode_t *cfg = bh_stage_cfg("correct");
+  bh_set(cfg, "threshold", "3.5");
+  bh_set(cfg, "saturation", "60000");
+  bh_set(cfg, "bad_value", "-1");
+  bh_t *h = make(cfg, 0, NULL);
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(h, dt, 2, shp, &d), 0);
+  beam_correct_conf_t conf;
+  assert_int_equal(beam_correct_conf_load(&conf, h->cfg, &d), 0);
+  static float ref[N];
+  beam_frame_t *in = bh_frame_new(dt, 2, shp, 0);
+  bh_frame_fill(in, 7, 65535);
+  if (dt == BEAM_DT_U16) {
+    uint16_t *r = in->data;
+    r[0] = 3; r[1] = 4; r[2] = 59999; r[3] = 60000; r[4] = 65535;
+  } else {
+    float *r = in->data;
+    r[0] = 3.4999998f; r[1] = 3.5f; r[2] = 59999.996f; r[3] = 60000.0f; r[4] = -0.0f;
+  }
+  assert_int_equal(bh_process(h, in), 0);
+  const float *o = h->res[h->nres - 1]->data;
+  beam_correct_ref(&conf, dt, in->data, N, ref);
+  assert_int_equal(bh_bits_differ(o, ref, sizeof ref), 0);
+  assert_true(o[0] == 0.0f && o[3] == -1.0f);
+  bh_frame_free(in);
+  beam_correct_conf_free(&conf);
+  bh_free(&h);
+}
+
+static void test_plain_u16(void **state) { run_plain(BEAM_DT_U16); }
+static void test_plain_f32(void **state) { run_plain(BEAM_DT_F32); }
+
 static void test_rejects_dtype(void **state) {
   uint32_t shp[2] = {4, 4};
   bh_t *h = make(bh_stage_cfg("correct"), 0, NULL);
@@ -256,6 +293,7 @@ int main(void) {
       cmocka_unit_test(test_hand_computed),   cmocka_unit_test(test_no_files_identity),
       cmocka_unit_test(test_random_u16),      cmocka_unit_test(test_random_u16_float_dark),
       cmocka_unit_test(test_random_u32),      cmocka_unit_test(test_random_f32),
+      cmocka_unit_test(test_plain_u16),       cmocka_unit_test(test_plain_f32),
       cmocka_unit_test(test_rejects_dtype),   cmocka_unit_test(test_rejects_shape),
       cmocka_unit_test(test_missing_file),    cmocka_unit_test(test_corrupt_frame),
   };
