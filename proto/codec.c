@@ -61,12 +61,20 @@ static size_t bshuf_default_block(size_t elem_size) {
   return b > BSHUF_MIN_BLOCK ? b : BSHUF_MIN_BLOCK;
 }
 
+/* Forced inlining: the per-size copies of the fast path must each see the
+ * element size as a constant, and the tile transpose is their inner step. */
+#if defined(__GNUC__)
+#define BS_INLINE __attribute__((always_inline))
+#else
+#define BS_INLINE
+#endif
+
 /* ---- bit transpose ----
  * Output layout of bshuf_trans_bit_elem for n elements (n % 8 == 0): bit k
  * of byte j of element i lands in row r = 8*j + k, at byte r*(n/8) + i/8,
  * bit i%8. Each 8x8 tile (8 elements x 8 bits of one byte) is transposed in
  * a register with bitshuffle's three delta swaps. */
-static uint64_t trans8x8(uint64_t x) {
+static inline BS_INLINE uint64_t trans8x8(uint64_t x) {
   uint64_t t;
   t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAULL;
   x = x ^ t ^ (t << 7);
@@ -77,13 +85,13 @@ static uint64_t trans8x8(uint64_t x) {
   return x;
 }
 
-void beam_bitshuffle(const void *in, void *out, size_t n, size_t elem_size) {
-  BEAM_ASSERT(n % 8 == 0);
-  const uint8_t *src = in;
-  uint8_t *dst = out;
-  size_t row = n / 8;
+/* The plain per-tile loops over tiles [g0, g1) of every byte plane: the
+ * reference the fast path is tested against (tests/unit/test_codec.c keeps
+ * a copy), and the path for tails, odd element sizes and big-endian hosts. */
+static void shuffle_tiles(const uint8_t *src, uint8_t *dst, size_t g0, size_t g1,
+                          size_t elem_size, size_t row) {
   for (size_t j = 0; j < elem_size; j++) {
-    for (size_t g = 0; g < row; g++) {
+    for (size_t g = g0; g < g1; g++) {
       const uint8_t *e = src + 8 * g * elem_size + j;
       uint64_t x = 0;
       for (unsigned b = 0; b < 8; b++) x |= (uint64_t)e[b * elem_size] << (8 * b);
@@ -93,13 +101,10 @@ void beam_bitshuffle(const void *in, void *out, size_t n, size_t elem_size) {
   }
 }
 
-void beam_bitunshuffle(const void *in, void *out, size_t n, size_t elem_size) {
-  BEAM_ASSERT(n % 8 == 0);
-  const uint8_t *src = in;
-  uint8_t *dst = out;
-  size_t row = n / 8;
+static void unshuffle_tiles(const uint8_t *src, uint8_t *dst, size_t g0, size_t g1,
+                            size_t elem_size, size_t row) {
   for (size_t j = 0; j < elem_size; j++) {
-    for (size_t g = 0; g < row; g++) {
+    for (size_t g = g0; g < g1; g++) {
       uint64_t x = 0;
       for (unsigned k = 0; k < 8; k++)
         x |= (uint64_t)src[(8 * j + k) * row + g] << (8 * k);
@@ -108,6 +113,255 @@ void beam_bitunshuffle(const void *in, void *out, size_t n, size_t elem_size) {
       for (unsigned b = 0; b < 8; b++) e[b * elem_size] = (uint8_t)(x >> (8 * b));
     }
   }
+}
+
+/* Fast path, bitshuffle's three steps on super-groups of 4 x 64 elements:
+ * trans_byte_elem (the bytes of the elements split into byte planes),
+ * trans_bit_byte (trans8x8 on each 8-byte tile of a plane) and
+ * trans_bitrow_eight (an 8x8 byte transpose of eight tiles, so each output
+ * row gets whole words instead of scattered bytes). The 8x8 transposes are
+ * written once on a GNU C vector of 4 uint64_t lanes, lane l working on the
+ * l-th group of 64 elements: every lane does the same shifts and masks, the
+ * four row words of one row land side by side in the output, and gcc and
+ * clang lower the vector to whatever the target has (two SSE2 registers,
+ * one AVX2 register, NEON, or plain scalar code). No intrinsics. */
+#define BS_GROUP 64u    /* elements per lane: 8 tiles, one word per row */
+#define BS_LANES 4u
+#define BS_SUPER (BS_GROUP * BS_LANES)
+#define BS_MAX_FAST 16u /* widest element with its own byte step */
+
+/* The tile layout assumes byte b of a loaded word is element b; big-endian
+ * hosts and compilers without vector extensions take the scalar path. */
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+
+typedef uint64_t bs_vec __attribute__((vector_size(8 * BS_LANES)));
+
+/* Vectors go by pointer: passing 32-byte vectors by value changes the ABI
+ * with the target (gcc -Wpsabi). */
+static inline BS_INLINE void vload(bs_vec *v, const uint8_t *p) { memcpy(v, p, sizeof *v); }
+static inline BS_INLINE void vstore(uint8_t *p, const bs_vec *v) { memcpy(p, v, sizeof *v); }
+
+static inline BS_INLINE void vtrans8x8(bs_vec *v) {
+  bs_vec x = *v, t;
+  t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAULL;
+  x = x ^ t ^ (t << 7);
+  t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCULL;
+  x = x ^ t ^ (t << 14);
+  t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ULL;
+  x = x ^ t ^ (t << 28);
+  *v = x;
+}
+
+/* 8x8 byte transpose of eight words, lane by lane: byte k of w[g] <-> byte
+ * g of w[k]. The same recursive block swap as trans8x8, one level up. */
+static inline BS_INLINE void vtrans_bytes8(bs_vec w[8]) {
+  for (unsigned g = 0; g < 4; g++) {
+    bs_vec t = ((w[g] >> 32) ^ w[g + 4]) & 0x00000000FFFFFFFFULL;
+    w[g] ^= t << 32;
+    w[g + 4] ^= t;
+  }
+  for (unsigned i = 0; i < 4; i++) {
+    unsigned g = i + (i & 2); /* 0, 1, 4, 5 */
+    bs_vec t = ((w[g] >> 16) ^ w[g + 2]) & 0x0000FFFF0000FFFFULL;
+    w[g] ^= t << 16;
+    w[g + 2] ^= t;
+  }
+  for (unsigned g = 0; g < 8; g += 2) {
+    bs_vec t = ((w[g] >> 8) ^ w[g + 1]) & 0x00FF00FF00FF00FFULL;
+    w[g] ^= t << 8;
+    w[g + 1] ^= t;
+  }
+}
+
+static inline BS_INLINE uint64_t load64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+static inline BS_INLINE void store64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* The even bytes of x packed into its low 4 bytes, and the inverse (the
+ * low 4 bytes of x spread to the even bytes, odd bytes zero). */
+static inline BS_INLINE uint64_t unzip_even(uint64_t x) {
+  x &= 0x00FF00FF00FF00FFULL;
+  x = (x | x >> 8) & 0x0000FFFF0000FFFFULL;
+  return (x | x >> 16) & 0x00000000FFFFFFFFULL;
+}
+static inline BS_INLINE uint64_t zip_even(uint64_t x) {
+  x &= 0x00000000FFFFFFFFULL;
+  x = (x | x << 16) & 0x0000FFFF0000FFFFULL;
+  return (x | x << 8) & 0x00FF00FF00FF00FFULL;
+}
+
+/* The plane buffer of one super-group: tile t of plane j of lane l at
+ * planes + ((j*8 + t)*BS_LANES + l)*8, so one vector load holds tile t of
+ * all four lanes. */
+#define PLANE_AT(planes, j, t) ((planes) + ((size_t)(j) * 8 + (t)) * 8 * BS_LANES)
+
+/* trans_byte_elem with vtrans_bytes8 doing the work: the word fed for
+ * element g holds its bytes plus, for elements narrower than 8 bytes,
+ * those of elements g+8, g+16, ... above them, so after the transpose word
+ * q*es+j is byte j of 8 consecutive elements: one plane tile. 16-byte
+ * elements go through as two 8-byte halves. */
+static inline BS_INLINE void split_super(const uint8_t *restrict src, uint8_t *restrict planes,
+                                         size_t es) {
+  size_t half = es > 8 ? 8 : es, per = 8 / half; /* elements per word */
+  if (es == 2) { /* cheaper in-register: even bytes to plane 0, odd to 1 */
+    for (unsigned t = 0; t < 8; t++)
+      for (unsigned l = 0; l < BS_LANES; l++) {
+        const uint8_t *e = src + (l * BS_GROUP + 8 * t) * 2;
+        uint64_t a = load64(e), b = load64(e + 8);
+        uint64_t p0 = unzip_even(a) | unzip_even(b) << 32;
+        uint64_t p1 = unzip_even(a >> 8) | unzip_even(b >> 8) << 32;
+        memcpy(PLANE_AT(planes, 0, t) + 8 * l, &p0, 8);
+        memcpy(PLANE_AT(planes, 1, t) + 8 * l, &p1, 8);
+      }
+    return;
+  }
+  if (es == 1) { /* already one plane: only the lanes to interleave */
+    for (unsigned t = 0; t < 8; t++)
+      for (unsigned l = 0; l < BS_LANES; l++)
+        memcpy(PLANE_AT(planes, 0, t) + 8 * l, src + l * BS_GROUP + 8 * t, 8);
+    return;
+  }
+  for (size_t h = 0; h < es / half; h++)
+    for (size_t blk = 0; blk < BS_GROUP / (8 * per); blk++) {
+      bs_vec w[8];
+      for (unsigned g = 0; g < 8; g++)
+        for (unsigned l = 0; l < BS_LANES; l++) {
+          uint64_t x = 0;
+          for (size_t q = 0; q < per; q++) {
+            uint64_t v = 0;
+            memcpy(&v, src + (l * BS_GROUP + (blk * per + q) * 8 + g) * es + 8 * h, half);
+            x |= v << (8 * half * q);
+          }
+          w[g][l] = x;
+        }
+      vtrans_bytes8(w);
+      for (size_t q = 0; q < per; q++)
+        for (size_t j = 0; j < half; j++)
+          vstore(PLANE_AT(planes, 8 * h + j, blk * per + q), &w[q * half + j]);
+    }
+}
+static inline BS_INLINE void join_super(const uint8_t *restrict planes, uint8_t *restrict dst,
+                                        size_t es) {
+  size_t half = es > 8 ? 8 : es, per = 8 / half;
+  if (es == 2) {
+    for (unsigned t = 0; t < 8; t++)
+      for (unsigned l = 0; l < BS_LANES; l++) {
+        uint64_t p0 = load64(PLANE_AT(planes, 0, t) + 8 * l);
+        uint64_t p1 = load64(PLANE_AT(planes, 1, t) + 8 * l);
+        uint8_t *e = dst + (l * BS_GROUP + 8 * t) * 2;
+        store64(e, zip_even(p0) | zip_even(p1) << 8);
+        store64(e + 8, zip_even(p0 >> 32) | zip_even(p1 >> 32) << 8);
+      }
+    return;
+  }
+  if (es == 1) {
+    for (unsigned t = 0; t < 8; t++)
+      for (unsigned l = 0; l < BS_LANES; l++)
+        memcpy(dst + l * BS_GROUP + 8 * t, PLANE_AT(planes, 0, t) + 8 * l, 8);
+    return;
+  }
+  for (size_t h = 0; h < es / half; h++)
+    for (size_t blk = 0; blk < BS_GROUP / (8 * per); blk++) {
+      bs_vec w[8];
+      for (size_t q = 0; q < per; q++)
+        for (size_t j = 0; j < half; j++)
+          vload(&w[q * half + j], PLANE_AT(planes, 8 * h + j, blk * per + q));
+      vtrans_bytes8(w);
+      for (unsigned g = 0; g < 8; g++)
+        for (unsigned l = 0; l < BS_LANES; l++)
+          for (size_t q = 0; q < per; q++) {
+            uint64_t v = w[g][l] >> (8 * half * q);
+            memcpy(dst + (l * BS_GROUP + (blk * per + q) * 8 + g) * es + 8 * h, &v, half);
+          }
+    }
+}
+
+/* One body per element size, so es is a constant inside each copy. */
+static inline BS_INLINE void shuffle_supers(const uint8_t *src, uint8_t *dst, size_t nsuper,
+                                            size_t es, size_t row) {
+  uint8_t planes[BS_SUPER * BS_MAX_FAST];
+  for (size_t s = 0; s < nsuper; s++) {
+    split_super(src + s * BS_SUPER * es, planes, es);
+    for (size_t j = 0; j < es; j++) {
+      bs_vec w[8];
+      for (unsigned t = 0; t < 8; t++) {
+        vload(&w[t], PLANE_AT(planes, j, t));
+        vtrans8x8(&w[t]);
+      }
+      vtrans_bytes8(w);
+      uint8_t *out = dst + 8 * j * row + s * (BS_SUPER / 8);
+      for (unsigned k = 0; k < 8; k++) vstore(out + k * row, &w[k]);
+    }
+  }
+}
+static inline BS_INLINE void unshuffle_supers(const uint8_t *src, uint8_t *dst, size_t nsuper,
+                                              size_t es, size_t row) {
+  uint8_t planes[BS_SUPER * BS_MAX_FAST];
+  for (size_t s = 0; s < nsuper; s++) {
+    for (size_t j = 0; j < es; j++) {
+      bs_vec w[8];
+      const uint8_t *in = src + 8 * j * row + s * (BS_SUPER / 8);
+      for (unsigned k = 0; k < 8; k++) vload(&w[k], in + k * row);
+      vtrans_bytes8(w);
+      for (unsigned t = 0; t < 8; t++) {
+        vtrans8x8(&w[t]);
+        vstore(PLANE_AT(planes, j, t), &w[t]);
+      }
+    }
+    join_super(planes, dst + s * BS_SUPER * es, es);
+  }
+}
+
+/* Returns how many elements it handled (whole super-groups), 0 for element
+ * sizes without a fast copy. */
+static size_t shuffle_fast(const uint8_t *src, uint8_t *dst, size_t n, size_t es) {
+  size_t row = n / 8, ns = n / BS_SUPER;
+  switch (es) {
+  case 1: shuffle_supers(src, dst, ns, 1, row); break;
+  case 2: shuffle_supers(src, dst, ns, 2, row); break;
+  case 4: shuffle_supers(src, dst, ns, 4, row); break;
+  case 8: shuffle_supers(src, dst, ns, 8, row); break;
+  case 16: shuffle_supers(src, dst, ns, 16, row); break;
+  default: return 0;
+  }
+  return ns * BS_SUPER;
+}
+static size_t unshuffle_fast(const uint8_t *src, uint8_t *dst, size_t n, size_t es) {
+  size_t row = n / 8, ns = n / BS_SUPER;
+  switch (es) {
+  case 1: unshuffle_supers(src, dst, ns, 1, row); break;
+  case 2: unshuffle_supers(src, dst, ns, 2, row); break;
+  case 4: unshuffle_supers(src, dst, ns, 4, row); break;
+  case 8: unshuffle_supers(src, dst, ns, 8, row); break;
+  case 16: unshuffle_supers(src, dst, ns, 16, row); break;
+  default: return 0;
+  }
+  return ns * BS_SUPER;
+}
+#else
+static size_t shuffle_fast(const uint8_t *src, uint8_t *dst, size_t n, size_t es) {
+  (void)src, (void)dst, (void)n, (void)es;
+  return 0;
+}
+static size_t unshuffle_fast(const uint8_t *src, uint8_t *dst, size_t n, size_t es) {
+  (void)src, (void)dst, (void)n, (void)es;
+  return 0;
+}
+#endif
+
+void beam_bitshuffle(const void *in, void *out, size_t n, size_t elem_size) {
+  BEAM_ASSERT(n % 8 == 0);
+  size_t done = shuffle_fast(in, out, n, elem_size);
+  shuffle_tiles(in, out, done / 8, n / 8, elem_size, n / 8);
+}
+
+void beam_bitunshuffle(const void *in, void *out, size_t n, size_t elem_size) {
+  BEAM_ASSERT(n % 8 == 0);
+  size_t done = unshuffle_fast(in, out, n, elem_size);
+  unshuffle_tiles(in, out, done / 8, n / 8, elem_size, n / 8);
 }
 
 /* ---- bounds ---- */

@@ -183,8 +183,9 @@ int beam_codec_decode(beam_codec_t codec, const void *src, size_t src_len,
 int beam_msg_payload(const beam_msg_t *msg, void *dst, void *scratch,
                      const char **why);
 
-/* Bit transpose of bitshuffle (bshuf_trans_bit_elem / untrans), scalar and
- * exact; n must be a multiple of 8. Exposed for tests. */
+/* Bit transpose of bitshuffle (bshuf_trans_bit_elem / untrans), exact: a
+ * portable vectorised path for element sizes 1/2/4/8/16, the scalar
+ * per-tile loop otherwise; n must be a multiple of 8. Exposed for tests. */
 void beam_bitshuffle(const void *in, void *out, size_t n, size_t elem_size);
 void beam_bitunshuffle(const void *in, void *out, size_t n, size_t elem_size);
 
