@@ -85,6 +85,7 @@ struct node_s {
    * by beam_graph_watermark under the queue lock). */
   uint64_t cur_idx;
   uint64_t last_idx;     /* of the last frame processed (for end results) */
+  uint64_t last_fid;     /* its frame_id: end results carry it */
   atomic_uint_fast64_t frames_in, frames_out, results, rejected, errors, nseries, busy_ns;
   beam_hist_t lat;
 };
@@ -247,6 +248,7 @@ static beam_frame_t *emit_get(void *ctx, unsigned out) {
     f->series_id = nd->series->series_id;
     f->t_recv_ns = beam_now_ns();
     f->ingest_idx = nd->last_idx;
+    f->frame_id = nd->last_fid;
   }
   f->dtype = o->dtype;
   f->ndim = o->ndim;
@@ -390,6 +392,7 @@ static void on_start(node_t *nd, item_t *it) {
   }
   nd->series = beam_series_ref(it->series);
   nd->series_ok = 1;
+  nd->last_fid = 0;
   resolve_consumers(nd);
 }
 
@@ -461,6 +464,7 @@ static void *worker_main(void *arg) {
     case IT_FRAME:
       on_frame(nd, it.frame);
       nd->last_idx = it.frame->ingest_idx;
+      nd->last_fid = it.frame->frame_id;
       beam_frame_unref(it.frame);
       pthread_mutex_lock(&nd->q.mu);
       nd->cur_idx = UINT64_MAX;

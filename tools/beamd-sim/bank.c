@@ -8,7 +8,7 @@
  * (frame_id mod 65536) is exactly (frame_id + i) mod 65536. Not for
  * statistics work: windows of the same bank overlap, so frames are not
  * independent samples (the xpcs pattern, in xpcs.c, is the one made for
- * statistics: it renders every frame).
+ * statistics: it renders every frame, as pca.c does).
  */
 #include "tools/beamd-sim/sim.h"
 #include "tools/beamd-sim/rng.h"
@@ -29,6 +29,7 @@ const char *sim_pattern_name(sim_pattern_t p) {
   case SIM_PAT_COUNTER: return "counter";
   case SIM_PAT_STEM: return "stem";
   case SIM_PAT_XPCS: return "xpcs";
+  case SIM_PAT_PCA: return "pca";
   }
   return "unknown";
 }
@@ -162,6 +163,7 @@ int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d) {
     self->nwin = 65536u;
     break;
   case SIM_PAT_XPCS: /* rendered per frame; one zero frame for malformed messages */
+  case SIM_PAT_PCA:
     self->nelems = self->npix;
     self->nwin = 1;
     break;
@@ -179,6 +181,10 @@ int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d) {
   if (o->pattern == SIM_PAT_XPCS) {
     memset(self->data, 0, self->nelems * self->esize);
     return sim_xpcs_new(&self->xpcs, o, d);
+  }
+  if (o->pattern == SIM_PAT_PCA) {
+    memset(self->data, 0, self->nelems * self->esize);
+    return sim_pca_new(&self->pca, o, d);
   }
 
   if (o->pattern == SIM_PAT_FLAT) {
@@ -204,7 +210,8 @@ int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d) {
 }
 
 int sim_bank_is_static(const sim_bank_t *self) {
-  return self->pattern != SIM_PAT_STEM && self->pattern != SIM_PAT_XPCS;
+  return self->pattern != SIM_PAT_STEM && self->pattern != SIM_PAT_XPCS &&
+         self->pattern != SIM_PAT_PCA;
 }
 
 static size_t window_offset(const sim_bank_t *self, uint64_t frame_id) {
@@ -263,6 +270,10 @@ const void *sim_bank_frame(sim_bank_t *self, uint64_t frame_id, void *dst,
     sim_xpcs_render(self->xpcs, frame_id, dst);
     return dst;
   }
+  if (self->pattern == SIM_PAT_PCA) {
+    sim_pca_render(self->pca, frame_id, dst);
+    return dst;
+  }
   return self->data + window_offset(self, frame_id) * self->esize;
 }
 
@@ -273,5 +284,6 @@ void sim_bank_destroy(sim_bank_t *self) {
   free(self->disk_dy);
   free(self->disk_dx);
   sim_xpcs_destroy(&self->xpcs);
+  sim_pca_destroy(&self->pca);
   memset(self, 0, sizeof *self);
 }

@@ -3,7 +3,8 @@
  * Parses the command line, opens one PUB or PUSH socket and runs the send
  * loop: SERIES_START, FRAMEs paced on absolute deadlines, SERIES_END, for
  * each series, with optional malformed messages spread over the run. The
- * pixel patterns live in bank.c (xpcs speckle in xpcs.c) and the wire
+ * pixel patterns live in bank.c (xpcs speckle in xpcs.c, the pca pattern
+ * in pca.c) and the wire
  * encoding in tx.c. Usage is in
  * docs/tools.md and --help. Exit codes: 0 done, 1 runtime error (bind,
  * send), 2 bad command line.
@@ -39,9 +40,10 @@ static void usage(FILE *f) {
 "  --series K             number of series (default 1)\n"
 "  --series-id ID         first series id (default 1)\n"
 "  --codec C              raw|lz4|bslz4 (default raw)\n"
-"  --pattern P            poisson|flat|counter|stem|xpcs (default poisson)\n"
+"  --pattern P            poisson|flat|counter|stem|xpcs|pca (default poisson)\n"
 "  --mean M               poisson/stem background mean, flat value, xpcs mean\n"
-"                         counts per pixel and frame (default 2.0)\n"
+"                         counts per pixel and frame, pca mean level\n"
+"                         (default 2.0; pca 100)\n"
 "  --seed S               random seed (default 1)\n"
 "  --wait-subscribers S   PUB: seconds to wait after bind/connect (default 0.5)\n"
 "  --hwm N                ZMQ_SNDHWM (default: ZeroMQ's 1000)\n"
@@ -52,6 +54,16 @@ static void usage(FILE *f) {
 "  --xpcs-rate-max G      xpcs: rate of the outermost ring, 1/s (default 100)\n"
 "  --xpcs-modes M         xpcs: coherent modes per pixel, beta = 1/M (default 1)\n"
 "  --label-file PATH      xpcs: write the ring labels (uint16 .npy) at start-up\n"
+"  --pca-strengths S,...  pca: std of each component's coefficient along its\n"
+"                         unit-norm basis image; k = the count (1..32)\n"
+"                         (default: 8,4,2 times sqrt(H*W))\n"
+"  --pca-noise N          pca: poisson or gaussian:SIGMA (default poisson)\n"
+"  --pca-spikes F         pca: fraction of pixels per frame with a hot spike\n"
+"                         of 50 x mean (default 0)\n"
+"  --pca-outliers N       pca: frames with a bright blob, ids in the metadata\n"
+"  --pca-drift-at F       pca: from frame F on, the rotated basis\n"
+"  --pca-drift-angle DEG  pca: principal angle of that rotation (default 90)\n"
+"  --pca-basis-file PATH  pca: write the basis (float32 .npy) at start-up\n"
 "  --meta KEY=VALUE       extra series metadata (repeatable; numbers and JSON\n"
 "                         arrays/objects are parsed, anything else is a string)\n"
 "  --quiet                no progress messages on stderr\n"
@@ -107,7 +119,8 @@ enum {
   OPT_FRAMES, OPT_SERIES, OPT_SERIES_ID, OPT_CODEC, OPT_PATTERN, OPT_MEAN,
   OPT_SEED, OPT_WAIT, OPT_HWM, OPT_MALFORMED, OPT_FRAME_TIME, OPT_META,
   OPT_QUIET, OPT_STATS, OPT_HELP, OPT_XRINGS, OPT_XRMIN, OPT_XRMAX, OPT_XMODES,
-  OPT_LABEL_FILE,
+  OPT_LABEL_FILE, OPT_PSTR, OPT_PNOISE, OPT_PSPIKES, OPT_POUT, OPT_PDRIFT, OPT_PANGLE,
+  OPT_PBASIS,
 };
 
 static const struct option long_opts[] = {
@@ -137,13 +150,54 @@ static const struct option long_opts[] = {
   {"xpcs-rate-max", required_argument, 0, OPT_XRMAX},
   {"xpcs-modes", required_argument, 0, OPT_XMODES},
   {"label-file", required_argument, 0, OPT_LABEL_FILE},
+  {"pca-strengths", required_argument, 0, OPT_PSTR},
+  {"pca-noise", required_argument, 0, OPT_PNOISE},
+  {"pca-spikes", required_argument, 0, OPT_PSPIKES},
+  {"pca-outliers", required_argument, 0, OPT_POUT},
+  {"pca-drift-at", required_argument, 0, OPT_PDRIFT},
+  {"pca-drift-angle", required_argument, 0, OPT_PANGLE},
+  {"pca-basis-file", required_argument, 0, OPT_PBASIS},
   {0, 0, 0, 0},
 };
+
+/* "s1,s2,..." into o->pca_strengths, k = the count. */
+static int parse_strengths(const char *s, sim_opts_t *o) {
+  uint32_t k = 0;
+  const char *p = s;
+  for (;;) {
+    char *end;
+    errno = 0;
+    double v = strtod(p, &end);
+    if (end == p || errno || !(v >= 0.0 && v <= 1e12) || (*end && *end != ','))
+      return tool_bad("pca-strengths", s, "expected comma-separated numbers in 0..1e12");
+    if (k == SIM_PCA_MAX_K)
+      return tool_bad("pca-strengths", s, "at most 32 components");
+    o->pca_strengths[k++] = v;
+    if (!*end)
+      break;
+    p = end + 1;
+  }
+  o->pca_k = k;
+  o->pca_strengths_set = 1;
+  return 0;
+}
+
+static int parse_pca_noise(const char *s, sim_opts_t *o) {
+  if (!strcmp(s, "poisson")) {
+    o->pca_sigma = -1.0;
+    return 0;
+  }
+  if (strncmp(s, "gaussian:", 9))
+    return tool_bad("pca-noise", s, "poisson or gaussian:SIGMA");
+  return tool_parse_double("pca-noise", s + 9, 0, 1e9, "gaussian:SIGMA with SIGMA in 0..1e9",
+                           &o->pca_sigma);
+}
 
 /* Returns 0, 1 for --help, or -1 after printing why. */
 static int parse_args(int argc, char **argv, sim_opts_t *o) {
   int have_bind = 0, have_connect = 0, c;
   const char *xpcs_opt = NULL; /* an xpcs-only option seen, for the error */
+  const char *pca_opt = NULL;  /* a pca-only option seen */
   uint64_t u;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
@@ -180,9 +234,13 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
       else if (!strcmp(optarg, "counter")) o->pattern = SIM_PAT_COUNTER;
       else if (!strcmp(optarg, "stem")) o->pattern = SIM_PAT_STEM;
       else if (!strcmp(optarg, "xpcs")) o->pattern = SIM_PAT_XPCS;
-      else return tool_bad("pattern", optarg, "poisson, flat, counter, stem or xpcs");
+      else if (!strcmp(optarg, "pca")) o->pattern = SIM_PAT_PCA;
+      else return tool_bad("pattern", optarg, "poisson, flat, counter, stem, xpcs or pca");
       break;
-    case OPT_MEAN: if (tool_parse_double("mean", optarg, 0, 1e9, NULL, &o->mean)) return -1; break;
+    case OPT_MEAN:
+      if (tool_parse_double("mean", optarg, 0, 1e9, NULL, &o->mean)) return -1;
+      o->mean_set = 1;
+      break;
     case OPT_SEED: if (tool_parse_u64("seed", optarg, 0, UINT64_MAX, &o->seed)) return -1; break;
     case OPT_WAIT: if (tool_parse_double("wait-subscribers", optarg, 0, 3600, NULL, &o->wait_subs)) return -1; break;
     case OPT_HWM:
@@ -218,6 +276,29 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
       o->label_file = optarg;
       xpcs_opt = "--label-file";
       break;
+    case OPT_PSTR: if (parse_strengths(optarg, o)) return -1; pca_opt = "--pca-strengths"; break;
+    case OPT_PNOISE: if (parse_pca_noise(optarg, o)) return -1; pca_opt = "--pca-noise"; break;
+    case OPT_PSPIKES:
+      if (tool_parse_double("pca-spikes", optarg, 0, 1, NULL, &o->pca_spikes)) return -1;
+      pca_opt = "--pca-spikes";
+      break;
+    case OPT_POUT:
+      if (tool_parse_u64("pca-outliers", optarg, 0, 1u << 20, &o->pca_outliers)) return -1;
+      pca_opt = "--pca-outliers";
+      break;
+    case OPT_PDRIFT:
+      if (tool_parse_u64("pca-drift-at", optarg, 0, UINT64_MAX - 1, &o->pca_drift_at)) return -1;
+      pca_opt = "--pca-drift-at";
+      break;
+    case OPT_PANGLE:
+      if (tool_parse_double("pca-drift-angle", optarg, 0, 90, NULL, &o->pca_drift_angle)) return -1;
+      pca_opt = "--pca-drift-angle";
+      break;
+    case OPT_PBASIS:
+      if (!*optarg) return tool_bad("pca-basis-file", optarg, "expected a path");
+      o->pca_basis_file = optarg;
+      pca_opt = "--pca-basis-file";
+      break;
     default: return tool_bad_option(argv, 1);
     }
   }
@@ -231,6 +312,31 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
   if (xpcs_opt && o->pattern != SIM_PAT_XPCS) {
     fprintf(stderr, "beamd-sim: %s applies to --pattern xpcs only\n", xpcs_opt);
     return -1;
+  }
+  if (pca_opt && o->pattern != SIM_PAT_PCA) {
+    fprintf(stderr, "beamd-sim: %s applies to --pattern pca only\n", pca_opt);
+    return -1;
+  }
+  if (o->pca_drift_angle != 90.0 && o->pca_drift_at == SIM_PCA_NO_DRIFT) {
+    fprintf(stderr, "beamd-sim: --pca-drift-angle needs --pca-drift-at\n");
+    return -1;
+  }
+  if (o->pattern == SIM_PAT_PCA) {
+    if (!o->mean_set)
+      o->mean = 100.0;
+    /* pca.c checks these again; here they get the command-line exit code. */
+    uint64_t nb = (uint64_t)o->pca_k * (o->pca_drift_at != SIM_PCA_NO_DRIFT ? 2u : 1u);
+    if (nb + 1 > (uint64_t)o->h * o->w) {
+      fprintf(stderr, "beamd-sim: %llu basis images do not fit a %ux%u frame\n",
+              (unsigned long long)nb, o->h, o->w);
+      return -1;
+    }
+    uint64_t pool = o->frames ? o->frames : 1000u;
+    if (o->pca_outliers > pool / 2) {
+      fprintf(stderr, "beamd-sim: --pca-outliers %llu: at most half of the %llu frames\n",
+              (unsigned long long)o->pca_outliers, (unsigned long long)pool);
+      return -1;
+    }
   }
   if (o->pattern == SIM_PAT_XPCS) {
     /* xpcs.c checks these again; here they get the command-line exit code. */
@@ -335,6 +441,8 @@ int main(int argc, char **argv) {
       .codec = BEAM_CODEC_RAW, .pattern = SIM_PAT_POISSON, .mean = 2.0, .seed = 1,
       .wait_subs = 0.5, .hwm = -1, .frame_time = -1, .xpcs_rings = 8, .xpcs_modes = 1,
       .xpcs_rate_min = 1.0, .xpcs_rate_max = 100.0,
+      .pca_k = 3, .pca_strengths = {8.0, 4.0, 2.0}, .pca_sigma = -1.0,
+      .pca_drift_at = SIM_PCA_NO_DRIFT, .pca_drift_angle = 90.0,
   };
   tool_cli_init("beamd-sim");
   int ex = tool_args_exit(parse_args(argc, argv, &o), usage);
@@ -379,6 +487,10 @@ int main(int argc, char **argv) {
   }
   if (o.label_file && sim_xpcs_write_labels(bank.xpcs, o.label_file, &d) < 0) {
     fprintf(stderr, "beamd-sim: label file: %s\n", d.msg);
+    goto out;
+  }
+  if (o.pca_basis_file && sim_pca_write_basis(bank.pca, o.pca_basis_file, &d) < 0) {
+    fprintf(stderr, "beamd-sim: basis file: %s\n", d.msg);
     goto out;
   }
   if (!o.quiet) {

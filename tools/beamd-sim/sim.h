@@ -24,7 +24,11 @@ typedef enum sim_pattern_e {
   SIM_PAT_COUNTER,
   SIM_PAT_STEM,
   SIM_PAT_XPCS,
+  SIM_PAT_PCA,
 } sim_pattern_t;
+
+#define SIM_PCA_MAX_K 32
+#define SIM_PCA_NO_DRIFT UINT64_MAX
 
 const char *sim_pattern_name(sim_pattern_t p);
 
@@ -52,6 +56,17 @@ typedef struct sim_opts_s {
   uint32_t xpcs_modes;   /* coherence factor beta = 1 / modes */
   double xpcs_rate_min, xpcs_rate_max; /* 1/s */
   const char *label_file; /* ring label image written at start-up */
+  /* pca only (see pca.c and docs/tools.md) */
+  uint32_t pca_k;
+  double pca_strengths[SIM_PCA_MAX_K];
+  int pca_strengths_set; /* 0: pca_strengths are per-pixel RMS, times sqrt(H*W) */
+  double pca_sigma;      /* < 0: Poisson noise, else Gaussian of this sigma */
+  double pca_spikes;     /* fraction of pixels per frame */
+  uint64_t pca_outliers;
+  uint64_t pca_drift_at; /* SIM_PCA_NO_DRIFT: none */
+  double pca_drift_angle; /* degrees */
+  const char *pca_basis_file;
+  int mean_set;          /* --mean given (pca has its own default) */
   int quiet;
   int stats_json;
 } sim_opts_t;
@@ -78,10 +93,29 @@ int sim_xpcs_write_labels(const sim_xpcs_t *self, const char *path, beam_diag_t 
 /* Frees everything and NULLs *self; NULL-safe. */
 void sim_xpcs_destroy(sim_xpcs_t **self);
 
+/* PCA generator (pca.c): mean image + a known rank-k subspace with random
+ * per-frame coefficients, noise, hot-pixel spikes, outlier frames and an
+ * optional subspace change. */
+typedef struct sim_pca_s sim_pca_t;
+/* Builds the basis, mean image and outlier list. Returns 0, BEAM_EINVAL
+ * (k or the outlier count does not fit) or BEAM_ENOMEM. */
+int sim_pca_new(sim_pca_t **out, const sim_opts_t *o, beam_diag_t *d);
+/* Called at each SERIES_START: the next series draws from its own streams. */
+void sim_pca_series_start(sim_pca_t *self);
+/* Renders frame `frame_id` into dst (npix elements of the dtype); any
+ * order, never allocates. */
+void sim_pca_render(sim_pca_t *self, uint64_t frame_id, void *dst);
+/* The ground truth for the series metadata ("pca" object); new reference. */
+json_t *sim_pca_meta(const sim_pca_t *self, const char *basis_file);
+/* Writes the basis: float32 (k, H, W), or (2, k, H, W) with a drift
+ * (before, from drift_at on). */
+int sim_pca_write_basis(const sim_pca_t *self, const char *path, beam_diag_t *d);
+void sim_pca_destroy(sim_pca_t **self);
+
 /* Pre-generated pixels. Static patterns (poisson, flat, counter) hand out
  * windows into one buffer, so a frame costs no generation and can be sent
  * zero-copy; stem renders a disk on top of a poisson window into a buffer
- * the caller provides, and xpcs renders each frame from its fields. */
+ * the caller provides, and xpcs and pca render each frame. */
 typedef struct sim_bank_s {
   sim_pattern_t pattern;
   beam_dtype_t dtype;
@@ -98,6 +132,7 @@ typedef struct sim_bank_s {
   uint32_t scan_nx, scan_ny;
   double disk_peak;
   sim_xpcs_t *xpcs; /* xpcs only */
+  sim_pca_t *pca;   /* pca only */
 } sim_bank_t;
 
 /* Allocates and fills the bank. Returns 0 or BEAM_ENOMEM / BEAM_EINVAL. */
@@ -106,7 +141,7 @@ int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d);
  * For xpcs the bank is one zero frame, used only by malformed messages. */
 int sim_bank_is_static(const sim_bank_t *self);
 /* Pixels of frame `frame_id` of a series. Static patterns return a window
- * of the bank (valid until destroy) and ignore dst; stem and xpcs render into dst
+ * of the bank (valid until destroy) and ignore dst; stem, xpcs and pca render into dst
  * (npix * esize bytes) and returns it. Sets pos[0..1] (metres) and returns
  * *has_pos = 1 for stem. Never allocates. */
 const void *sim_bank_frame(sim_bank_t *self, uint64_t frame_id, void *dst,

@@ -171,6 +171,14 @@ static json_t *series_meta(const sim_tx_t *self) {
     }
     json_object_set_new(m, "xpcs", x);
   }
+  if (o->pattern == SIM_PAT_PCA) {
+    json_t *x = sim_pca_meta(b->pca, o->pca_basis_file);
+    if (!x) {
+      json_decref(m);
+      return NULL;
+    }
+    json_object_set_new(m, "pca", x);
+  }
   if (o->meta)
     json_object_update(m, o->meta); /* --meta applied last: it overrides */
   return m;
@@ -179,6 +187,8 @@ static json_t *series_meta(const sim_tx_t *self) {
 int sim_tx_series_start(sim_tx_t *self, uint64_t series_id, beam_diag_t *d) {
   beam_hdr_t h;
   hdr_common(self, &h, BEAM_MSG_SERIES_START, series_id, 0);
+  if (self->bank->pca)
+    sim_pca_series_start(self->bank->pca);
   json_t *m = series_meta(self);
   char *s = m ? json_dumps(m, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
   json_decref(m);

@@ -15,12 +15,13 @@
  * NLANE interleaved xoshiro128+ streams and polynomial log/sin/cos/exp
  * and Newton sqrt (libm's would not vectorise without -ffast-math), all
  * plain loops with a compile-time trip count that gcc vectorises even at
- * the tools' -O2. Poisson sampling stays scalar (inversion below 10,
- * Hoermann's PTRS above, as numpy does). Not a physics simulation of a
- * sample: it is a test signal with an exact, documented answer.
+ * the tools' -O2. Poisson sampling stays scalar (pois.h). Not a physics
+ * simulation of a sample: it is a test signal with an exact, documented
+ * answer.
  */
 #include "tools/beamd-sim/sim.h"
 #include "tools/beamd-sim/rng.h"
+#include "tools/beamd-sim/pois.h"
 #include "daemon/npy_write.h"
 
 #include <math.h>
@@ -29,8 +30,6 @@
 
 #define XB 256u   /* pixels per block; a multiple of every vector width */
 #define NLANE 8u  /* interleaved generator streams: one AVX2 vector of u32 */
-#define PTRS_MIN_MEAN 10.0
-#define INV_MAX 64
 #define MIN_RATE_DT 1e-6 /* below this, float32 rho cannot resolve the rate */
 
 struct sim_xpcs_s {
@@ -45,7 +44,7 @@ struct sim_xpcs_s {
   float *re, *im;           /* modes * npad field state */
   float *inten;             /* XB: intensity of the current block */
   float *emlam;             /* XB: exp(-intensity) */
-  double inv[INV_MAX];      /* 1/k, so the inversion search has no division */
+  sim_pois_tab_t ptab;
   uint32_t lane[4][NLANE];  /* xoshiro128+ states, one column per stream */
   sim_rng_t prng;           /* Poisson draws */
   uint64_t seed, nseries;
@@ -183,44 +182,6 @@ static void intensity_scale(float *restrict acc, const float *restrict scale) {
     acc[i] *= scale[i];
 }
 
-/* ---- Poisson ------------------------------------------------------------ */
-
-/* Poisson(lam): inversion for small means (a short search from
- * emlam = exp(-lam), computed vectorised by the caller), PTRS (Hoermann
- * 1993, "The transformed rejection method for generating Poisson random
- * variables") above, the same split numpy uses. Exact up to the 3e-7
- * relative error of emlam. */
-static double pois(double lam, double emlam, const double *inv, sim_rng_t *r) {
-  if (!(lam > 0.0))
-    return 0.0;
-  if (lam < PTRS_MIN_MEAN) {
-    double u = sim_rng_uniform(r), p = emlam, c = p;
-    unsigned k = 0;
-    /* P(k >= INV_MAX) < 1e-30 here; the bound only guards against u
-     * rounding above the cumulative sum. */
-    while (u > c && k < INV_MAX - 1) {
-      k++;
-      p *= lam * inv[k];
-      c += p;
-    }
-    return (double)k;
-  }
-  double slam = sqrt(lam);
-  double b = 0.931 + 2.53 * slam, a = -0.059 + 0.02483 * b;
-  double invalpha = 1.1239 + 1.1328 / (b - 3.4), vr = 0.9277 - 3.6224 / (b - 2.0);
-  for (;;) {
-    double U = sim_rng_uniform(r) - 0.5, V = sim_rng_uniform(r);
-    double us = 0.5 - fabs(U);
-    double k = floor((2.0 * a / us + b) * U + lam + 0.43);
-    if (us >= 0.07 && V <= vr)
-      return k;
-    if (k < 0.0 || (us < 0.013 && V > us))
-      continue;
-    if (log(V) + log(invalpha) - log(a / (us * us) + b) <= -lam + k * log(lam) - lgamma(k + 1.0))
-      return k;
-  }
-}
-
 static void store_counts(void *dst, beam_dtype_t dt, size_t i, double v) {
   switch (dt) {
   case BEAM_DT_U8: ((uint8_t *)dst)[i] = (uint8_t)(v > 255.0 ? 255.0 : v); break;
@@ -336,8 +297,7 @@ int sim_xpcs_new(sim_xpcs_t **out, const sim_opts_t *o, beam_diag_t *d) {
     sig[r] = (float)sqrt(1.0 - (double)rho[r] * (double)rho[r]);
     self->rate[r] = rho[r] > 0.0f ? -log((double)rho[r]) / self->dt : INFINITY;
   }
-  for (unsigned k = 1; k < INV_MAX; k++)
-    self->inv[k] = 1.0 / k;
+  sim_pois_tab_init(&self->ptab);
   float sc = (float)(o->mean / self->modes);
   for (uint32_t y = 0; y < self->h; y++)
     for (uint32_t x = 0; x < self->w; x++) {
@@ -400,7 +360,8 @@ void sim_xpcs_render(sim_xpcs_t *self, uint64_t frame_id, void *dst) {
     size_t n = self->npix - blk < XB ? self->npix - blk : XB;
     for (size_t i = 0; i < n; i++)
       store_counts(dst, self->dtype, blk + i,
-                   pois((double)acc[i], (double)self->emlam[i], self->inv, &self->prng));
+                   sim_pois((double)acc[i], (double)self->emlam[i], &self->ptab,
+                            &self->prng));
   }
 }
 
