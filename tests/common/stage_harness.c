@@ -5,10 +5,16 @@
 
 #include "gpu/gpu.h"
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <cmocka.h>
 
 static const char *H_FILE = "test.yaml";
 
@@ -124,6 +130,28 @@ static void h_drop(void *ctx, beam_frame_t *f) {
 }
 
 /* ---- life cycle ---- */
+
+bh_t *bh_make(beam_cnode_t *cfg, const beam_param_t *params, const beam_stage_ops_t *ops,
+              int expect_rc, const char *expect_msg) {
+  char msg[512];
+  if (bh_validate(cfg, params, msg, sizeof msg) != 0)
+    fail_msg("validate: %s", msg);
+  bh_t *h;
+  beam_diag_t d = {0};
+  int rc = bh_new(&h, ops, cfg, &d);
+  if (rc != expect_rc)
+    fail_msg("init rc %d (%s), want %d", rc, d.msg, expect_rc);
+  if (expect_msg && !strstr(d.msg, expect_msg))
+    fail_msg("message \"%s\" lacks \"%s\"", d.msg, expect_msg);
+  return h;
+}
+
+beam_frame_t *bh_last(bh_t *h, unsigned out) {
+  for (size_t i = h->nres; i-- > 0;)
+    if (h->res_out[i] == out)
+      return h->res[i];
+  return NULL;
+}
 
 int bh_new(bh_t **out, const beam_stage_ops_t *ops, beam_cnode_t *cfg, beam_diag_t *d) {
   bh_t *h = calloc(1, sizeof *h);

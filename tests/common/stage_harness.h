@@ -45,9 +45,16 @@ int bh_validate(beam_cnode_t *cfg, const beam_param_t *params, char *msg, size_t
 /* Takes cfg (freed by bh_free even on failure). Runs init; returns its rc
  * with the message in d. *out is set either way (destroy runs in bh_free). */
 int bh_new(bh_t **out, const beam_stage_ops_t *ops, beam_cnode_t *cfg, beam_diag_t *d);
+/* Validates cfg against params (a failure fails the test), runs bh_new and
+ * fails the test unless init returned expect_rc and, when expect_msg is
+ * given, its message contains expect_msg. */
+bh_t *bh_make(beam_cnode_t *cfg, const beam_param_t *params, const beam_stage_ops_t *ops,
+              int expect_rc, const char *expect_msg);
 int bh_start(bh_t *h, beam_dtype_t dt, uint32_t ndim, const uint32_t *shape, beam_diag_t *d);
 int bh_process(bh_t *h, const beam_frame_t *in);
 int bh_end(bh_t *h);
+/* The last captured result of output `out`, or NULL. */
+beam_frame_t *bh_last(bh_t *h, unsigned out);
 void bh_clear(bh_t *h); /* frees captured results */
 void bh_free(bh_t **h);
 

@@ -24,7 +24,6 @@ floor, so no pixel is clipped at 0 and the model is exactly linear.
 Binaries come from $BEAMD_BUILD (default build/); every step is bounded.
 """
 import os
-import socket
 import subprocess
 import sys
 
@@ -33,6 +32,7 @@ import pytest
 import zmq
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "python"))
+from conftest import free_ports  # noqa: E402
 from beamd import proto  # noqa: E402  (the Python twin of proto/, an independent decoder)
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -53,16 +53,11 @@ def _binary():
         pytest.fail(f"{SIM} not built (make BUILD={BUILD} {SIM})")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def receive(args, timeout_ms=20000):
     """Runs beamd-sim on PUSH into a PULL here; returns (metadata, frames (N, H, W),
     frame ids)."""
-    port = free_port()
+    port = free_ports(1)[0]
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.setsockopt(zmq.RCVTIMEO, timeout_ms)

@@ -26,7 +26,6 @@ Binaries come from $BEAMD_BUILD (default build/); every step is bounded.
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -35,6 +34,7 @@ import pytest
 import zmq
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "python"))
+from conftest import free_ports  # noqa: E402
 from beamd import proto  # noqa: E402  (the Python twin of proto/, an independent decoder)
 
 BUILD = os.environ.get("BEAMD_BUILD", "build")
@@ -57,16 +57,11 @@ def _binary():
         pytest.fail(f"{SIM} not built (make BUILD={BUILD} {SIM})")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def receive(args, timeout_ms=20000):
     """Runs beamd-sim on PUSH into a PULL here; returns (metadata, frames
     (N, H, W), series ids, simulator stderr)."""
-    port = free_port()
+    port = free_ports(1)[0]
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.setsockopt(zmq.RCVTIMEO, timeout_ms)
@@ -189,7 +184,7 @@ def test_seed_reproducible_and_series_distinct():
 
 def test_xpcs_bad_options(tmp_path):
     def rc_of(args):
-        p = subprocess.run([SIM, "--bind", f"tcp://127.0.0.1:{free_port()}",
+        p = subprocess.run([SIM, "--bind", f"tcp://127.0.0.1:{free_ports(1)[0]}",
                             "--wait-subscribers", "0", "--frames", "2", "--quiet"] + args,
                            capture_output=True, text=True, timeout=10)
         return p.returncode, p.stderr

@@ -15,17 +15,7 @@
 #include "tests/common/stage_harness.h"
 
 static bh_t *make(beam_cnode_t *cfg, int expect_rc, const char *expect_msg) {
-  char msg[512];
-  if (bh_validate(cfg, beam_bin_params, msg, sizeof msg) != 0)
-    fail_msg("validate: %s", msg);
-  bh_t *h;
-  beam_diag_t d = {0};
-  int rc = bh_new(&h, &beam_bin_cpu_ops, cfg, &d);
-  if (rc != expect_rc)
-    fail_msg("init rc %d (%s), want %d", rc, d.msg, expect_rc);
-  if (expect_msg && !strstr(d.msg, expect_msg))
-    fail_msg("message \"%s\" lacks \"%s\"", d.msg, expect_msg);
-  return h;
+  return bh_make(cfg, beam_bin_params, &beam_bin_cpu_ops, expect_rc, expect_msg);
 }
 
 static beam_frame_t *ramp(uint32_t H, uint32_t W) {

@@ -35,17 +35,7 @@ static beam_cnode_t *roi(const char *name, const char *shape) {
 }
 
 static bh_t *make(beam_cnode_t *cfg, int expect_rc, const char *expect_msg) {
-  char msg[512];
-  if (bh_validate(cfg, beam_roi_sum_params, msg, sizeof msg) != 0)
-    fail_msg("validate: %s", msg);
-  bh_t *h;
-  beam_diag_t d = {0};
-  int rc = bh_new(&h, &beam_roi_sum_cpu_ops, cfg, &d);
-  if (rc != expect_rc)
-    fail_msg("init rc %d (%s), want %d", rc, d.msg, expect_rc);
-  if (expect_msg && !strstr(d.msg, expect_msg))
-    fail_msg("message \"%s\" lacks \"%s\"", d.msg, expect_msg);
-  return h;
+  return bh_make(cfg, beam_roi_sum_params, &beam_roi_sum_cpu_ops, expect_rc, expect_msg);
 }
 
 /* bf, adf and r on a 5x5 frame whose pixel (x, y) holds x + 10 y.

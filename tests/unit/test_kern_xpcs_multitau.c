@@ -42,23 +42,7 @@ static beam_cnode_t *cfg_labels(const char *file, int levels, int nb) {
 }
 
 static bh_t *make(beam_cnode_t *cfg) {
-  char msg[512];
-  if (bh_validate(cfg, beam_xpcs_multitau_params, msg, sizeof msg) != 0)
-    fail_msg("validate: %s", msg);
-  bh_t *h;
-  beam_diag_t d = {0};
-  int rc = bh_new(&h, &beam_xpcs_multitau_cpu_ops, cfg, &d);
-  if (rc != 0)
-    fail_msg("init rc %d (%s)", rc, d.msg);
-  return h;
-}
-
-/* The last result of output `out`, or NULL. */
-static beam_frame_t *last(bh_t *h, unsigned out) {
-  for (size_t i = h->nres; i-- > 0;)
-    if (h->res_out[i] == out)
-      return h->res[i];
-  return NULL;
+  return bh_make(cfg, beam_xpcs_multitau_params, &beam_xpcs_multitau_cpu_ops, 0, NULL);
 }
 
 static size_t count(bh_t *h, unsigned out, uint32_t flag) {
@@ -103,8 +87,8 @@ static void test_hand_computed(void **state) {
   }
   assert_int_equal(h->nres, 0); /* publish_every 0: nothing before the end */
   assert_int_equal(bh_end(h), 0);
-  beam_frame_t *g2 = last(h, BEAM_XMT_OUT_G2), *lags = last(h, BEAM_XMT_OUT_LAGS),
-               *info = last(h, BEAM_XMT_OUT_INFO);
+  beam_frame_t *g2 = bh_last(h, BEAM_XMT_OUT_G2), *lags = bh_last(h, BEAM_XMT_OUT_LAGS),
+               *info = bh_last(h, BEAM_XMT_OUT_INFO);
   assert_non_null(g2);
   assert_true(g2->flags & BEAM_FLAG_FINAL);
   assert_int_equal(g2->shape[0], 2);
@@ -114,9 +98,9 @@ static void test_hand_computed(void **state) {
     close_to(((double *)g2->data)[i], want[i], 1e-15, "g2", i);
   double wG[4] = {2, 14.0 / 3, 1.75, 2.5}, wIP[4] = {4.0 / 3, 2, 1.5, 2}, wIF[4] = {4.0 / 3, 2, 1.25, 1.5};
   for (size_t i = 0; i < 4; i++) {
-    close_to(((double *)last(h, BEAM_XMT_OUT_G)->data)[i], wG[i], 1e-15, "G", i);
-    close_to(((double *)last(h, BEAM_XMT_OUT_IP)->data)[i], wIP[i], 1e-15, "IP", i);
-    close_to(((double *)last(h, BEAM_XMT_OUT_IF)->data)[i], wIF[i], 1e-15, "IF", i);
+    close_to(((double *)bh_last(h, BEAM_XMT_OUT_G)->data)[i], wG[i], 1e-15, "G", i);
+    close_to(((double *)bh_last(h, BEAM_XMT_OUT_IP)->data)[i], wIP[i], 1e-15, "IP", i);
+    close_to(((double *)bh_last(h, BEAM_XMT_OUT_IF)->data)[i], wIF[i], 1e-15, "IF", i);
   }
   assert_int_equal(lags->shape[0], 2);
   assert_true(((double *)lags->data)[0] == 0.0 && ((double *)lags->data)[1] == 0.5);
@@ -264,13 +248,13 @@ static void run_random(beam_dtype_t dt, unsigned levels, unsigned nb, size_t N, 
       /* the partial result equals the closed form over the frames so far */
       ref_t o;
       reference(frames, bad, k + 1, H * W, idx, 4, levels, nb, &o);
-      beam_frame_t *info = last(h, BEAM_XMT_OUT_INFO);
+      beam_frame_t *info = bh_last(h, BEAM_XMT_OUT_INFO);
       assert_non_null(info);
       assert_true(info->flags & BEAM_FLAG_PARTIAL);
       assert_int_equal(((int64_t *)info->data)[BEAM_XMT_INFO_ROWS], (int64_t)o.rows);
       assert_int_equal(((int64_t *)info->data)[BEAM_XMT_INFO_FRAMES], (int64_t)(k + 1));
       if (o.rows) {
-        beam_frame_t *g2 = last(h, BEAM_XMT_OUT_G2);
+        beam_frame_t *g2 = bh_last(h, BEAM_XMT_OUT_G2);
         assert_int_equal(g2->shape[0], o.rows);
         for (size_t i = 0; i < o.rows * 4; i++)
           close_to(((double *)g2->data)[i], o.g2[i], rtol, "partial g2", i);
@@ -283,8 +267,8 @@ static void run_random(beam_dtype_t dt, unsigned levels, unsigned nb, size_t N, 
   assert_int_equal(npartial, N / 7);
   ref_t o;
   reference(frames, bad, N, H * W, idx, 4, levels, nb, &o);
-  beam_frame_t *g2 = last(h, BEAM_XMT_OUT_G2), *lags = last(h, BEAM_XMT_OUT_LAGS),
-               *info = last(h, BEAM_XMT_OUT_INFO);
+  beam_frame_t *g2 = bh_last(h, BEAM_XMT_OUT_G2), *lags = bh_last(h, BEAM_XMT_OUT_LAGS),
+               *info = bh_last(h, BEAM_XMT_OUT_INFO);
   assert_true(g2->flags & BEAM_FLAG_FINAL);
   assert_true(o.rows > nb); /* enough frames to reach level 1 at least */
   assert_int_equal(g2->shape[0], o.rows);
@@ -293,9 +277,9 @@ static void run_random(beam_dtype_t dt, unsigned levels, unsigned nb, size_t N, 
     assert_true(((double *)lags->data)[t] == (double)o.lag[t]);
   for (size_t i = 0; i < o.rows * 4; i++) {
     close_to(((double *)g2->data)[i], o.g2[i], rtol, "g2", i);
-    close_to(((double *)last(h, BEAM_XMT_OUT_G)->data)[i], o.G[i], rtol, "G", i);
-    close_to(((double *)last(h, BEAM_XMT_OUT_IP)->data)[i], o.IP[i], rtol, "IP", i);
-    close_to(((double *)last(h, BEAM_XMT_OUT_IF)->data)[i], o.IF[i], rtol, "IF", i);
+    close_to(((double *)bh_last(h, BEAM_XMT_OUT_G)->data)[i], o.G[i], rtol, "G", i);
+    close_to(((double *)bh_last(h, BEAM_XMT_OUT_IP)->data)[i], o.IP[i], rtol, "IP", i);
+    close_to(((double *)bh_last(h, BEAM_XMT_OUT_IF)->data)[i], o.IF[i], rtol, "IF", i);
   }
   int nb_bad = 0;
   for (size_t k = 0; k < N; k++)
@@ -430,10 +414,10 @@ static void run_random_pp(beam_dtype_t dt, unsigned levels, unsigned nb, size_t 
       ref_t o;
       reference(frames, bad, k + 1, H * W, idx, R, levels, nb, &o);
       reference_pp(frames, bad, k + 1, H * W, idx, R, levels, nb, g2, err);
-      int64_t *info = last(h, BEAM_XMT_OUT_INFO)->data;
+      int64_t *info = bh_last(h, BEAM_XMT_OUT_INFO)->data;
       assert_int_equal(info[BEAM_XMT_INFO_ROWS], (int64_t)o.rows);
       if (o.rows) {
-        beam_frame_t *fg = last(h, BEAM_XMT_OUT_G2), *fe = last(h, 6);
+        beam_frame_t *fg = bh_last(h, BEAM_XMT_OUT_G2), *fe = bh_last(h, 6);
         assert_non_null(fe);
         assert_int_equal(fe->shape[0], o.rows);
         for (size_t i = 0; i < o.rows * R; i++) {
@@ -443,8 +427,8 @@ static void run_random_pp(beam_dtype_t dt, unsigned levels, unsigned nb, size_t 
           if (!(de <= rtol * g2[i]))
             fail_msg("pp g2_err[%zu]: got %.17g, want %.17g", i, ((double *)fe->data)[i], err[i]);
           nerr += err[i] > 0;
-          close_to(((double *)last(h, BEAM_XMT_OUT_G)->data)[i], o.G[i], rtol, "pp G", i);
-          close_to(((double *)last(h, BEAM_XMT_OUT_IP)->data)[i], o.IP[i], rtol, "pp IP", i);
+          close_to(((double *)bh_last(h, BEAM_XMT_OUT_G)->data)[i], o.G[i], rtol, "pp G", i);
+          close_to(((double *)bh_last(h, BEAM_XMT_OUT_IP)->data)[i], o.IP[i], rtol, "pp IP", i);
         }
         if (k + 1 == N)
           assert_true(o.rows > nb && nerr > o.rows); /* the errors are not all zero */
@@ -492,7 +476,7 @@ static void test_per_pixel_overflow(void **state) {
     } else {
       assert_int_equal(rc, 0);
       assert_int_equal(bh_end(h), 0);
-      assert_non_null(last(h, 3)); /* g2_err follows info without intensities */
+      assert_non_null(bh_last(h, 3)); /* g2_err follows info without intensities */
       assert_string_equal(h->st.outs[3].name, "g2_err");
     }
     bh_free(&h);
@@ -516,7 +500,7 @@ static void test_lag_list(void **state) {
   }
   assert_int_equal(bh_end(h), 0);
   const double want[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56};
-  beam_frame_t *lags = last(h, BEAM_XMT_OUT_LAGS);
+  beam_frame_t *lags = bh_last(h, BEAM_XMT_OUT_LAGS);
   assert_int_equal(lags->shape[0], 20);
   for (size_t t = 0; t < 20; t++)
     assert_true(((double *)lags->data)[t] == want[t]);
@@ -532,7 +516,7 @@ static void test_lag_list(void **state) {
     bh_frame_free(f);
   }
   assert_int_equal(bh_end(h), 0);
-  int64_t *info = last(h, BEAM_XMT_OUT_INFO)->data;
+  int64_t *info = bh_last(h, BEAM_XMT_OUT_INFO)->data;
   assert_int_equal(info[BEAM_XMT_INFO_ROWS], 19);
   assert_int_equal(info[BEAM_XMT_INFO_DARK_LABEL], -1); /* no pair, not a dark ROI */
   assert_int_equal(info[BEAM_XMT_INFO_DARK_ROW], 19);
@@ -556,11 +540,11 @@ static void test_dark_roi(void **state) {
     bh_frame_free(f);
   }
   assert_int_equal(bh_end(h), 0);
-  int64_t *info = last(h, BEAM_XMT_OUT_INFO)->data;
+  int64_t *info = bh_last(h, BEAM_XMT_OUT_INFO)->data;
   assert_int_equal(info[BEAM_XMT_INFO_ROWS], 0);
   assert_int_equal(info[BEAM_XMT_INFO_DARK_LABEL], 4);
   assert_int_equal(info[BEAM_XMT_INFO_DARK_ROW], 0);
-  assert_null(last(h, BEAM_XMT_OUT_G2));
+  assert_null(bh_last(h, BEAM_XMT_OUT_G2));
   bh_free(&h);
 }
 

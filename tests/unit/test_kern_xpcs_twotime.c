@@ -40,22 +40,7 @@ static beam_cnode_t *cfg_labels(const char *file, const char *mode, int width) {
 }
 
 static bh_t *make(beam_cnode_t *cfg) {
-  char msg[512];
-  if (bh_validate(cfg, beam_xpcs_twotime_params, msg, sizeof msg) != 0)
-    fail_msg("validate: %s", msg);
-  bh_t *h;
-  beam_diag_t d = {0};
-  int rc = bh_new(&h, &beam_xpcs_twotime_cpu_ops, cfg, &d);
-  if (rc != 0)
-    fail_msg("init rc %d (%s)", rc, d.msg);
-  return h;
-}
-
-static beam_frame_t *last(bh_t *h, unsigned out) {
-  for (size_t i = h->nres; i-- > 0;)
-    if (h->res_out[i] == out)
-      return h->res[i];
-  return NULL;
+  return bh_make(cfg, beam_xpcs_twotime_params, &beam_xpcs_twotime_cpu_ops, 0, NULL);
 }
 
 /* NaN must match NaN; otherwise |got - want| <= rtol |want|. */
@@ -94,7 +79,7 @@ static void test_hand_computed(void **state) {
   }
   assert_int_equal(h->nres, 0);
   assert_int_equal(bh_end(h), 0);
-  beam_frame_t *c2 = last(h, BEAM_X2T_OUT_C2), *g2 = last(h, BEAM_X2T_OUT_G2), *lags = last(h, BEAM_X2T_OUT_LAGS);
+  beam_frame_t *c2 = bh_last(h, BEAM_X2T_OUT_C2), *g2 = bh_last(h, BEAM_X2T_OUT_G2), *lags = bh_last(h, BEAM_X2T_OUT_LAGS);
   assert_non_null(c2);
   assert_true(c2->flags & BEAM_FLAG_FINAL);
   assert_int_equal(c2->ndim, 3);
@@ -116,7 +101,7 @@ static void test_hand_computed(void **state) {
     assert_true(((double *)lags->data)[k] == 0.5 * (double)k);
   }
   /* lag 1 error: nanstd(8/9, 1) / sqrt(2) = (1/18) / sqrt 2 */
-  close_to(((double *)last(h, BEAM_X2T_OUT_G2ERR)->data)[2], (1.0 / 18) / sqrt(2.0), 1e-13, "err", 1);
+  close_to(((double *)bh_last(h, BEAM_X2T_OUT_G2ERR)->data)[2], (1.0 / 18) / sqrt(2.0), 1e-13, "err", 1);
   assert_string_equal(h->st.outs[0].labels_json, "[5,9]");
   bh_free(&h);
 }
@@ -182,8 +167,8 @@ static void check_result(bh_t *h, const run_t *rc, const double *frames, const i
   int win = strcmp(rc->mode, "window") == 0, band = strcmp(rc->mode, "band") == 0;
   size_t n = win && N > (size_t)rc->width ? (size_t)rc->width : N, s = N - n, Wd = (size_t)rc->width;
   double *C = reference(frames, bad, N, NPIX, idx, R);
-  beam_frame_t *c2 = last(h, BEAM_X2T_OUT_C2), *g2 = last(h, BEAM_X2T_OUT_G2), *er = last(h, BEAM_X2T_OUT_G2ERR),
-               *info = last(h, BEAM_X2T_OUT_INFO);
+  beam_frame_t *c2 = bh_last(h, BEAM_X2T_OUT_C2), *g2 = bh_last(h, BEAM_X2T_OUT_G2), *er = bh_last(h, BEAM_X2T_OUT_G2ERR),
+               *info = bh_last(h, BEAM_X2T_OUT_INFO);
   assert_non_null(c2);
   assert_int_equal(c2->dtype, strcmp(rc->precision, "float32") == 0 ? BEAM_DT_F32 : BEAM_DT_F64);
   assert_int_equal(c2->shape[0], R);
@@ -297,13 +282,13 @@ static void run_random(const run_t *rc) {
     bh_frame_free(f);
     if (rc->publish_every && (k + 1) % rc->publish_every == 0) {
       npartial++;
-      assert_true(last(h, BEAM_X2T_OUT_C2)->flags & BEAM_FLAG_PARTIAL);
+      assert_true(bh_last(h, BEAM_X2T_OUT_C2)->flags & BEAM_FLAG_PARTIAL);
       check_result(h, rc, frames, bad, k + 1, idx, "partial");
       bh_clear(h);
     }
   }
   assert_int_equal(bh_end(h), 0);
-  assert_true(last(h, BEAM_X2T_OUT_C2)->flags & BEAM_FLAG_FINAL);
+  assert_true(bh_last(h, BEAM_X2T_OUT_C2)->flags & BEAM_FLAG_FINAL);
   check_result(h, rc, frames, bad, N, idx, "final");
   assert_int_equal(npartial, rc->publish_every ? N / rc->publish_every : 0);
   assert_string_equal(h->st.outs[0].labels_json, "[2,7,8,40]");
@@ -404,12 +389,12 @@ static void test_max_frames_drop(void **state) {
     bh_frame_free(f);
   }
   assert_int_equal(bh_end(h), 0);
-  int64_t *info = last(h, BEAM_X2T_OUT_INFO)->data;
+  int64_t *info = bh_last(h, BEAM_X2T_OUT_INFO)->data;
   assert_int_equal(info[BEAM_X2T_INFO_FRAMES], 7);
   assert_int_equal(info[BEAM_X2T_INFO_DROPPED], 2);
   assert_int_equal(info[BEAM_X2T_INFO_ROWS], 5);
-  assert_int_equal(last(h, BEAM_X2T_OUT_C2)->shape[1], 5);
-  assert_int_equal(last(h, BEAM_X2T_OUT_C2)->shape[2], 2);
+  assert_int_equal(bh_last(h, BEAM_X2T_OUT_C2)->shape[1], 5);
+  assert_int_equal(bh_last(h, BEAM_X2T_OUT_C2)->shape[2], 2);
   bh_free(&h);
 }
 
