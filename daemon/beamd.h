@@ -93,11 +93,6 @@ void beamd_ingest_stop(beamd_t *d);   /* draining */
 void beamd_ingest_close(beamd_t *d);
 
 /* ---- output ------------------------------------------------------------- */
-typedef struct beamd_pending_s {
-  beam_frame_t *frame; /* NULL for a non-frame message in parts[] */
-  int kind;
-} beamd_pending_t;
-
 typedef struct beamd_out_s {
   beamd_zsock_t zs;
   const char *name; /* "publish" or "push" */
@@ -178,7 +173,12 @@ struct beamd_s {
   beam_graph_t *graph;
   beam_graph_t *next_graph;     /* built by a reload, swapped at a series boundary */
   beam_config_t *next_cfg;
-  beam_graph_t *draining[BEAMD_MAX_DRAINING];
+  /* Graphs replaced by a reload, finishing their last series; each keeps
+   * its config alive because its stages point into it. */
+  struct {
+    beam_graph_t *graph;
+    beam_config_t *cfg;
+  } draining[BEAMD_MAX_DRAINING];
   size_t ndraining;
   atomic_int graph_finished;    /* a worker set said it finished */
 

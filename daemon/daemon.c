@@ -18,11 +18,6 @@ enum { RQ_RESULT = 1, RQ_SERIES_DONE = 2 };
 static void heartbeat_cb(uv_timer_t *t);
 #define INPUT_DRAIN_GRACE_NS 1000000000ull  /* lossless drain: read what ZeroMQ holds */
 
-typedef struct draining_s {
-  beam_graph_t *graph;
-  beam_config_t *cfg;
-} draining_t;
-static draining_t g_draining[BEAMD_MAX_DRAINING];
 
 /* ---- result queue: workers -> loop ---------------------------------------- */
 
@@ -114,9 +109,9 @@ static int build_graph(beamd_t *d, const beam_config_t *cfg, beam_graph_t **out,
 static void park_draining(beamd_t *d, beam_graph_t *g, beam_config_t *cfg) {
   beam_graph_shutdown(g);
   for (int i = 0; i < BEAMD_MAX_DRAINING; i++)
-    if (!g_draining[i].graph) {
-      g_draining[i].graph = g;
-      g_draining[i].cfg = cfg;
+    if (!d->draining[i].graph) {
+      d->draining[i].graph = g;
+      d->draining[i].cfg = cfg;
       d->ndraining++;
       return;
     }
@@ -130,9 +125,9 @@ static void park_draining(beamd_t *d, beam_graph_t *g, beam_config_t *cfg) {
 
 static void reap_draining(beamd_t *d) {
   for (int i = 0; i < BEAMD_MAX_DRAINING; i++)
-    if (g_draining[i].graph && beam_graph_finished(g_draining[i].graph)) {
-      beam_graph_destroy(&g_draining[i].graph);
-      beam_config_free(&g_draining[i].cfg);
+    if (d->draining[i].graph && beam_graph_finished(d->draining[i].graph)) {
+      beam_graph_destroy(&d->draining[i].graph);
+      beam_config_free(&d->draining[i].cfg);
       d->ndraining--;
     }
 }
@@ -395,7 +390,6 @@ static void signal_cb(uv_signal_t *s, int signum) {
 
 int beamd_init(beamd_t *d, beam_config_t *cfg, const char *cfg_path, char *err, size_t errlen) {
   memset(d, 0, sizeof *d);
-  memset(g_draining, 0, sizeof g_draining);
   d->cfg = cfg;
   d->cfg_path = cfg_path;
   d->state = BEAMD_STARTING;
@@ -509,9 +503,9 @@ void beamd_fini(beamd_t *d) {
     beam_config_free(&d->next_cfg);
   }
   for (int i = 0; i < BEAMD_MAX_DRAINING; i++)
-    if (g_draining[i].graph) {
-      beam_graph_destroy(&g_draining[i].graph);
-      beam_config_free(&g_draining[i].cfg);
+    if (d->draining[i].graph) {
+      beam_graph_destroy(&d->draining[i].graph);
+      beam_config_free(&d->draining[i].cfg);
     }
   beamd_rq_item_t it;
   while (rq_pop(d, &it))
