@@ -61,7 +61,13 @@ CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wstrict-p
                -Werror=implicit-function-declaration -Wno-unused-parameter -pthread -fPIC -I. \
                $(PKG_CFLAGS) $(SANFLAGS)
 CFLAGS_BASE += -DBEAM_CUDA=$(CUDA)
-LDLIBS_BASE := $(PKG_LIBS) -lm -pthread
+LDLIBS_BASE := $(PKG_LIBS) -lm -pthread -fopenmp
+# Only the tools that need them link MPI (beamd-ptycho) and libwebsockets
+# (beamd-view); see the per-tool settings below the link rules.
+MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null)
+MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null)
+LWS_CFLAGS := $(shell pkg-config --cflags libwebsockets 2>/dev/null)
+LWS_LIBS   := $(shell pkg-config --libs libwebsockets 2>/dev/null)
 ifeq ($(CUDA),1)
 CUDA_LIBDIR := $(CUDA_HOME)/lib64
 LDLIBS_BASE += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcufft -lcublas -lcudart
@@ -72,7 +78,7 @@ endif
 $(info beamd: CUDA=$(CUDA) nvcc=$(or $(NVCC),none) arch=$(if $(filter 1,$(CUDA)),$(CUDA_ARCH),-) san=$(or $(SANITIZER),none) build=$(BUILD))
 
 # ---- sources --------------------------------------------------------------
-LIB_SRC   := $(wildcard proto/*.c pipeline/*.c pipeline/kern/*.c)
+LIB_SRC   := $(wildcard proto/*.c pipeline/*.c pipeline/kern/*.c pipeline/ptycho/*.c)
 GPU_C     := $(filter-out gpu/stubs.c,$(wildcard gpu/*.c))
 ifeq ($(CUDA),1)
 GPU_CU    := $(wildcard gpu/*.cu)
@@ -88,6 +94,8 @@ UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 GPUT_SRC   := $(wildcard tests/gpu/test_*.c)
 TEST_COMMON := $(wildcard tests/common/*.c)
 BENCH_SRC  := $(wildcard bench/*.c)
+# Small drivers the integration tests run (e.g. the DM engine on raw files).
+TESTTOOL_SRC := $(wildcard tests/tools/*.c)
 
 LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/%.o) $(GPU_OBJ)
 DAEMON_OBJ := $(DAEMON_SRC:%.c=$(BUILD)/%.o)
@@ -97,15 +105,17 @@ UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 GPUT_BIN   := $(GPUT_SRC:tests/gpu/%.c=$(BUILD)/tests/%)
 TOOL_BIN   := $(TOOLS:%=$(BUILD)/%)
 BENCH_BIN  := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+TESTTOOL_BIN := $(TESTTOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%)
 TEST_COMMON_OBJ := $(TEST_COMMON:%.c=$(BUILD)/%.o)
 TOOL_COMMON_OBJ := $(TOOL_COMMON_SRC:%.c=$(BUILD)/%.o)
 
 ALL_OBJ := $(LIB_OBJ) $(DAEMON_OBJ) $(BUILD)/daemon/main.o $(TEST_COMMON_OBJ) \
            $(foreach f,$(wildcard tools/*/*.c),$(BUILD)/$(basename $(f)).o) \
-           $(UNIT_SRC:%.c=$(BUILD)/%.o) $(GPUT_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o)
+           $(UNIT_SRC:%.c=$(BUILD)/%.o) $(GPUT_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o) \
+           $(TESTTOOL_SRC:%.c=$(BUILD)/%.o)
 
 .PHONY: all check check-unit check-integration check-gpu bench fuzz deps demo install clean print-config
-all: $(BUILD)/beamd $(TOOL_BIN) $(UNIT_BIN) $(GPUT_BIN) $(BENCH_BIN)
+all: $(BUILD)/beamd $(TOOL_BIN) $(UNIT_BIN) $(GPUT_BIN) $(BENCH_BIN) $(TESTTOOL_BIN)
 
 # Rebuild everything when flags change (Redis .make-settings idea).
 FLAGS_STAMP := $(BUILD)/.flags
@@ -119,6 +129,10 @@ $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 # gcc 12 at -O2 vectorises only loops whose trip count is known; the
 # per-pixel kernels need the full vectoriser (measured: correct 3.2x).
 $(BUILD)/pipeline/kern/%.o: CFLAGS += -O3
+# The DM engine's per-view loops are OpenMP parallel (threads = conf.threads).
+$(BUILD)/pipeline/ptycho/%.o: CFLAGS += -O3 -fopenmp
+$(BUILD)/tools/beamd-ptycho/%.o: CFLAGS += $(MPI_CFLAGS)
+$(BUILD)/tools/beamd-view/%.o: CFLAGS += $(LWS_CFLAGS)
 
 $(BUILD)/gpu/%.o: gpu/%.cu $(FLAGS_STAMP)
 	@mkdir -p $(@D)
@@ -132,10 +146,13 @@ $(LIBBEAMD): $(DAEMON_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-LINK = $(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS_BASE)
+LINK = $(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS_BASE) $(LDLIBS_EXTRA)
 ifeq ($(CUDA),1)
 LINK += -lstdc++
 endif
+
+$(BUILD)/beamd-ptycho: LDLIBS_EXTRA = $(MPI_LIBS)
+$(BUILD)/beamd-view: LDLIBS_EXTRA = $(LWS_LIBS)
 
 $(BUILD)/beamd: $(BUILD)/daemon/main.o $(LIBBEAMD) $(LIBBEAM)
 	$(LINK)
@@ -152,6 +169,9 @@ $(GPUT_BIN): $(BUILD)/tests/%: $(BUILD)/tests/gpu/%.o $(TEST_COMMON_OBJ) $(LIBBE
 	$(LINK) -lcmocka
 
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIBBEAMD) $(LIBBEAM)
+	$(LINK)
+
+$(TESTTOOL_BIN): $(BUILD)/tests/tools/%: $(BUILD)/tests/tools/%.o $(LIBBEAMD) $(LIBBEAM)
 	$(LINK)
 
 # ---- tests ------------------------------------------------------------------

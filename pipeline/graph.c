@@ -80,6 +80,7 @@ struct node_s {
   out_t outs[BEAM_STAGE_MAX_OUTS];
   beam_series_t *series; /* current series when start succeeded */
   int series_ok;
+  int idle_more; /* the stage's idle op asked to be called again */
   int upstream;          /* node index of the input stage, -1 = frames */
   /* ingest_idx of the frame being processed, UINT64_MAX when idle (read
    * by beam_graph_watermark under the queue lock). */
@@ -158,6 +159,16 @@ static void queue_pop(queue_t *q, item_t *it, uint64_t *cur) {
   q->nframes -= it->kind == IT_FRAME;
   pthread_cond_broadcast(&q->not_full);
   pthread_mutex_unlock(&q->mu);
+}
+
+/* Non-blocking pop: 0 when the queue is empty. */
+static int queue_try_pop(queue_t *q, item_t *it, uint64_t *cur) {
+  pthread_mutex_lock(&q->mu);
+  int have = q->count > 0;
+  pthread_mutex_unlock(&q->mu);
+  if (have) /* only this worker pops, so the item is still there */
+    queue_pop(q, it, cur);
+  return have;
 }
 
 static unsigned queue_depth(queue_t *q) {
@@ -419,6 +430,21 @@ static void on_frame(node_t *nd, beam_frame_t *f) {
   }
 }
 
+static void on_idle(node_t *nd) {
+  emit_ctx_t ec = {nd, NULL};
+  beam_emit_t e = {&ec, emit_get, emit_put, emit_drop};
+  beam_diag_clear(&nd->stage.diag);
+  uint64_t t0 = beam_now_ns();
+  int rc = nd->stage.idle(&nd->stage, &e);
+  atomic_fetch_add(&nd->busy_ns, beam_now_ns() - t0);
+  nd->idle_more = rc > 0;
+  if (rc < 0) {
+    atomic_fetch_add(&nd->errors, 1);
+    report(nd, nd->series->series_id, 0,
+           nd->stage.diag.msg[0] ? nd->stage.diag.msg : beam_strerror(rc));
+  }
+}
+
 static void series_done(beam_graph_t *g, end_tracker_t *t) {
   if (atomic_fetch_sub(&t->remaining, 1) != 1)
     return;
@@ -453,7 +479,15 @@ static void *worker_main(void *arg) {
   beam_graph_t *g = nd->g;
   for (;;) {
     item_t it;
-    queue_pop(&nd->q, &it, &nd->cur_idx);
+    if (nd->idle_more && nd->series_ok && nd->stage.idle && !nd->stage.interrupt) {
+      if (!queue_try_pop(&nd->q, &it, &nd->cur_idx)) {
+        on_idle(nd);
+        continue;
+      }
+    } else {
+      queue_pop(&nd->q, &it, &nd->cur_idx);
+    }
+    nd->idle_more = it.kind == IT_FRAME || it.kind == IT_START;
     int quit = it.kind == IT_QUIT;
     switch (it.kind) {
     case IT_START:
@@ -782,6 +816,8 @@ void beam_graph_shutdown(beam_graph_t *g) {
   if (g->open)
     beam_graph_series_end(g, g->open->series_id, 1);
   g->shutting_down = 1;
+  for (size_t i = 0; i < g->n; i++)
+    atomic_store(&g->nodes[i].stage.interrupt, 1);
   if (atomic_load(&g->running) == 0) {
     if (g->hooks.on_finished)
       g->hooks.on_finished(g->hooks.ctx);

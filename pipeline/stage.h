@@ -17,6 +17,16 @@
  *   end     the series ended (or was aborted): emit final results.
  *   destroy frees everything; idempotent; cannot fail.
  *
+ * A stage with work of its own between frames (an iterative reconstruction
+ * that refines while views arrive) sets self->idle in init. The worker then
+ * calls idle(self, emit) whenever its input queue is empty while a series is
+ * open; idle does one bounded piece of work (one iteration) and returns 1
+ * to be called again, 0 when it has nothing to do until the next frame, or
+ * < 0 on error (counted and reported like a process error; idle is not
+ * called again until the next frame). Results emitted from idle carry the
+ * series identity, as from end. Long loops in end or idle poll
+ * self->interrupt: it becomes non-zero when the graph shuts down.
+ *
  * Output 0 is the one downstream stages receive when their `input:` names
  * this stage; `input: stage.output` picks another. */
 #ifndef BEAM_STAGE_H
@@ -79,6 +89,8 @@ struct beam_stage_s {
   beam_diag_t diag;        /* last process/end error, for rate-limited logs */
   int end_aborted;         /* during end: 1 when the series was cut short
                             * (drain, a new SERIES_START, ABORTED flag) */
+  int (*idle)(beam_stage_t *self, beam_emit_t *emit); /* optional, see above */
+  atomic_int interrupt;    /* set (never cleared) when the graph shuts down */
 };
 
 /* Emitting results from process/end. get returns a frame for output `out`
