@@ -1,0 +1,27 @@
+"""beamd_client: use beamd from Python and notebooks.
+
+    from beamd_client import Subscriber, Control
+    with Subscriber("tcp://127.0.0.1:5600", topics=["g2."]) as sub:
+        for r in sub.results(timeout=10):
+            print(r.topic, r.array.shape, r.descriptor.get("axes"))
+
+- Subscriber: results (and optionally series events) as numpy arrays with
+  their header fields and result descriptors (names, units, axes, labels).
+- Control: status / stats / reload / stop / ping on the control endpoint.
+- Publisher: send series of numpy frames (PUB or PUSH), for tests and
+  simulations.
+- ReplayServer: serve numpy frames to a daemon whose input mode is
+  `replay`, speaking the credit protocol of PROTOCOL.md section 13.
+- live: LivePlot, a matplotlib figure that follows a topic (notebooks).
+
+numpy and pyzmq come from Debian (python3-numpy, python3-zmq); the wire
+format is the `beamd` package next to this one.
+"""
+
+from .control import Control, ControlError  # noqa: F401
+from .publish import Publisher  # noqa: F401
+from .replay import ReplayServer  # noqa: F401
+from .subscribe import Result, SeriesEvent, Subscriber  # noqa: F401
+
+__all__ = ["Control", "ControlError", "Publisher", "ReplayServer", "Result",
+           "SeriesEvent", "Subscriber"]
