@@ -5,14 +5,24 @@
  * the BLAS can do on this machine.
  *
  * Frames are uint16, a mean plus 3 random patterns with random amplitudes
- * plus noise, from a bank of 256 frames made once (the stage copies each
- * frame into its batch, so a bank larger than the cache adds nothing).
+ * plus noise and, for the robust runs, 0.1 % hot pixels, from a bank of at
+ * most 256 frames (and 256 MiB) made once (the stage copies each frame
+ * into its batch, so a bank larger than the cache adds nothing).
  *
- *   pca [--frames N] [--cases 256:8:64,512:16:64,...]   case = side:k:batch
+ *   pca [--frames N] [--cases 256:8:64,512:16:64,2048:32:64] [--robust off|on|both]
+ *       [--threads N]
  *
- * Prints one line per case: frames/s, us/frame, the stage's GEMM flops per
- * frame and the GFLOP/s that implies, and the BLAS GFLOP/s at the same
- * shapes. */
+ * A case is side:k:batch[:frames]; frames (timed, rounded up to whole
+ * batches, after one untimed batch that builds the first model) defaults
+ * to --frames, or 1 batch for frames of 2048^2 and more (whose BLAS-alone
+ * figure is then one run, not the best of 5). --threads calls
+ * openblas_set_num_threads (process-wide, as OPENBLAS_NUM_THREADS).
+ *
+ * Prints one line per case and mode: frames/s, us/frame (wall, and the
+ * CPU time of all the process's threads per frame), the stage's GEMM
+ * flops per frame and the GFLOP/s that implies, the same BLAS calls alone
+ * at the same shapes (GFLOP/s and the frames/s they would allow), and the
+ * ratio stage / BLAS alone. */
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
@@ -27,11 +37,15 @@
 
 #define NBANK 256
 
-static uint64_t now_ns(void) {
+static uint64_t clock_ns(clockid_t id) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(id, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+static uint64_t now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
+/* CPU time of every thread of the process: on a shared machine it moves
+ * less than the wall clock, and it counts BLAS threads spinning idle. */
+static uint64_t cpu_ns(void) { return clock_ns(CLOCK_PROCESS_CPUTIME_ID); }
 
 typedef struct emitter_s {
   beam_frame_t outs[BEAM_STAGE_MAX_OUTS];
@@ -56,9 +70,10 @@ static double urand(void) {
   return ((rs >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
-/* Seconds for the three BLAS products of one batch (the calls pca_cpu.c
- * makes: scores, Gram matrix, new components), best of 5. */
-static double blas_rate(size_t P, size_t k, size_t b, double *flops) {
+/* Seconds for the BLAS products of one batch (the calls pca_cpu.c makes:
+ * scores, Gram matrix, new components, and with robust E = S V at each of
+ * the T = iters steps), best of reps. */
+static double blas_rate(size_t P, size_t k, size_t b, int iters, int reps, double *flops) {
   size_t m = k + b + 1;
   float *M = malloc(m * P * sizeof *M), *R = malloc(b * P * sizeof *R), *V = malloc(k * P * sizeof *V);
   float *S = malloc(b * k * sizeof *S), *G = malloc(m * m * sizeof *G), *W = malloc(k * m * sizeof *W);
@@ -74,12 +89,15 @@ static double blas_rate(size_t P, size_t k, size_t b, double *flops) {
     V[i] = (float)urand();
   for (size_t i = 0; i < k * m; i++)
     W[i] = (float)urand();
-  *flops = (2.0 * b * k + (double)m * (m + 1) + 2.0 * k * m) * (double)P;
+  *flops = (2.0 * b * k + (double)m * (m + 1) + 2.0 * k * m + iters * 2.0 * b * k) * (double)P;
   double best = 1e30;
-  for (int rep = 0; rep < 5; rep++) {
+  for (int rep = 0; rep < reps; rep++) {
     uint64_t t0 = now_ns();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)b, (int)k, (int)P, 1.0f, R, (int)P, V, (int)P,
                 0.0f, S, (int)k);
+    for (int t = 0; t < iters; t++)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)b, (int)P, (int)k, 1.0f, S, (int)k, V, (int)P,
+                  0.0f, R, (int)P);
     cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, (int)m, (int)P, 1.0f, M, (int)P, 0.0f, G, (int)m);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)k, (int)P, (int)m, 1.0f, W, (int)m, M, (int)P,
                 0.0f, V, (int)P);
@@ -90,10 +108,14 @@ static double blas_rate(size_t P, size_t k, size_t b, double *flops) {
   return best;
 }
 
-static int run_case(uint32_t side, uint32_t k, uint32_t b, size_t nframes) {
+#define ITERS 3 /* robust_iterations, the default */
+
+static int run_case(uint32_t side, uint32_t k, uint32_t b, size_t nframes, int robust) {
   char yaml[256];
   snprintf(yaml, sizeof yaml,
-           "{name: p, kind: pca, components: %u, batch: %u, denoised_rate: 0, publish_every: 1000000000}", k, b);
+           "{name: p, kind: pca, components: %u, batch: %u, denoised_rate: 0, publish_every: 1000000000, "
+           "robust: %s, robust_iterations: %d}",
+           k, b, robust ? "true" : "false", ITERS);
   beam_cfg_errs_t errs = {0};
   beam_cnode_t *cfg = beam_yaml_parse(yaml, strlen(yaml), "<bench>", &errs);
   const beam_stage_kind_t *kind = beam_stage_kind_find("pca");
@@ -126,15 +148,19 @@ static int run_case(uint32_t side, uint32_t k, uint32_t b, size_t nframes) {
   }
   beam_emit_t e = {&em, em_get, em_put, em_drop};
   size_t P = (size_t)side * side;
-  beam_frame_t *bank = calloc(NBANK, sizeof *bank);
+  int nbank = NBANK;
+  while (nbank > 8 && (size_t)nbank * P * sizeof(uint16_t) > ((size_t)256 << 20))
+    nbank /= 2;
+  beam_frame_t *bank = calloc(nbank, sizeof *bank);
   float *pat = malloc(3 * P * sizeof *pat);
   for (size_t i = 0; i < 3 * P; i++)
     pat[i] = (float)(50 * urand());
-  for (int f = 0; f < NBANK; f++) {
+  for (int f = 0; f < nbank; f++) {
     uint16_t *px = malloc(P * sizeof *px);
     double a[3] = {urand(), urand(), urand()};
     for (size_t i = 0; i < P; i++)
-      px[i] = (uint16_t)(100 + a[0] * pat[i] + a[1] * pat[P + i] + a[2] * pat[2 * P + i] + 10 * urand());
+      px[i] = (uint16_t)(100 + a[0] * pat[i] + a[1] * pat[P + i] + a[2] * pat[2 * P + i] + 10 * urand() +
+                         (robust && urand() < 1e-3 ? 5000 : 0));
     bank[f].data = px;
     bank[f].dtype = BEAM_DT_U16;
     bank[f].ndim = 2;
@@ -144,25 +170,28 @@ static int run_case(uint32_t side, uint32_t k, uint32_t b, size_t nframes) {
   }
   /* One batch to build the first model (that batch is not scored). */
   for (uint32_t i = 0; i < b; i++)
-    st.ops->process(&st, &bank[i % NBANK], &e);
+    st.ops->process(&st, &bank[i % nbank], &e);
   nframes = (nframes + b - 1) / b * b;
-  uint64_t t0 = now_ns();
+  uint64_t t0 = now_ns(), c0 = cpu_ns();
   for (size_t i = 0; i < nframes; i++) {
-    if (st.ops->process(&st, &bank[i % NBANK], &e) < 0) {
+    if (st.ops->process(&st, &bank[i % nbank], &e) < 0) {
       fprintf(stderr, "pca: process: %s\n", st.diag.msg);
       return -1;
     }
   }
-  double t = (double)(now_ns() - t0) * 1e-9;
-  double flops, tb = blas_rate(P, k, b, &flops);
-  double fps = (double)nframes / t, per_frame_flops = flops / b;
-  printf("%4ux%-4u k=%-2u b=%-3u  %8.0f frames/s  %8.1f us/frame  %6.1f MFLOP/frame  stage %6.1f GFLOP/s  "
-         "BLAS alone %6.1f GFLOP/s (%6.0f frames/s)\n",
-         side, side, k, b, fps, 1e6 / fps, per_frame_flops * 1e-6, per_frame_flops * fps * 1e-9,
-         flops / tb * 1e-9, b / tb);
+  double t = (double)(now_ns() - t0) * 1e-9, tc = (double)(cpu_ns() - c0) * 1e-9;
+  /* The stage's buffers go before the BLAS-alone run allocates its own. */
   st.ops->end(&st, &e);
   st.ops->destroy(&st);
-  for (int f = 0; f < NBANK; f++)
+  double flops, tb = blas_rate(P, k, b, robust ? ITERS : 0, P >= ((size_t)1 << 22) ? 1 : 5, &flops);
+  double fps = (double)nframes / t, per_frame_flops = flops / b;
+  printf("%4ux%-4u k=%-2u b=%-3u %-6s %5zu fr  %8.1f frames/s  %9.1f us/frame (cpu %9.1f)  %7.1f MFLOP/frame  "
+         "stage %6.1f GFLOP/s  BLAS alone %6.1f GFLOP/s (%8.1f frames/s)  ratio %.2f\n",
+         side, side, k, b, robust ? "robust" : "plain", nframes, fps, 1e6 / fps, 1e6 * tc / (double)nframes,
+         per_frame_flops * 1e-6,
+         per_frame_flops * fps * 1e-9, flops / tb * 1e-9, b / tb, fps * tb / b);
+  fflush(stdout);
+  for (int f = 0; f < nbank; f++)
     free(bank[f].data);
   free(bank);
   free(pat);
@@ -174,29 +203,45 @@ static int run_case(uint32_t side, uint32_t k, uint32_t b, size_t nframes) {
 }
 
 int main(int argc, char **argv) {
-  size_t frames = 2048;
-  const char *cases = "256:8:64,512:16:64";
+  size_t frames = 1024;
+  const char *cases = "256:8:64,512:16:64,2048:32:64";
+  int modes = 3; /* bit 0 plain, bit 1 robust */
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--frames") == 0 && i + 1 < argc)
       frames = (size_t)strtoull(argv[++i], NULL, 10);
     else if (strcmp(argv[i], "--cases") == 0 && i + 1 < argc)
       cases = argv[++i];
-    else {
-      fprintf(stderr, "usage: pca [--frames N] [--cases side:k:batch,...]\n");
+    else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+      openblas_set_num_threads(atoi(argv[++i]));
+    else if (strcmp(argv[i], "--robust") == 0 && i + 1 < argc) {
+      const char *m = argv[++i];
+      modes = strcmp(m, "off") == 0 ? 1 : strcmp(m, "on") == 0 ? 2 : strcmp(m, "both") == 0 ? 3 : 0;
+      if (!modes) {
+        fprintf(stderr, "pca: --robust off|on|both\n");
+        return 2;
+      }
+    } else {
+      fprintf(stderr, "usage: pca [--frames N] [--cases side:k:batch[:frames],...] [--robust off|on|both] "
+                      "[--threads N]\n");
       return 2;
     }
   }
-  printf("pca stage, CPU backend (OpenBLAS, %d threads); BLAS alone = the batch's sgemm/ssyrk calls\n",
-         openblas_get_num_threads());
+  printf("pca stage, CPU backend (OpenBLAS, %d threads); BLAS alone = the batch's sgemm/ssyrk calls "
+         "(robust: + %d sgemm b x P x k); ratio = stage / BLAS alone\n",
+         openblas_get_num_threads(), ITERS);
   char *list = strdup(cases);
   for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
     unsigned side, k, b;
-    if (sscanf(tok, "%u:%u:%u", &side, &k, &b) != 3) {
-      fprintf(stderr, "pca: bad case \"%s\" (side:k:batch)\n", tok);
+    unsigned long long nf = 0;
+    int got = sscanf(tok, "%u:%u:%u:%llu", &side, &k, &b, &nf);
+    if (got < 3) {
+      fprintf(stderr, "pca: bad case \"%s\" (side:k:batch[:frames])\n", tok);
       return 2;
     }
-    if (run_case(side, k, b, frames) < 0)
-      return 1;
+    size_t n = got == 4 ? (size_t)nf : (size_t)side * side >= ((size_t)1 << 22) ? (size_t)b : frames;
+    for (int r = 0; r < 2; r++)
+      if ((modes >> r & 1) && run_case(side, k, b, n, r) < 0)
+        return 1;
   }
   free(list);
   return 0;

@@ -6,6 +6,7 @@
 
 #include <lapacke.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "pipeline/kern/kern_int.h"
@@ -52,6 +53,16 @@ const beam_param_t beam_pca_params[] = {
      "Hz: at most this many low-rank (denoised) frames per second; 0 = none", NULL},
     {"publish_every", BEAM_P_INT, "1000", 0, 1, 1e12, NULL, NULL,
      "publish components, mean, singular values and explained variance every N frames (and at series end)", NULL},
+    {"robust", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
+     "split each frame into low-rank + sparse parts before the update (ORPCA-style soft threshold) so "
+     "spikes stay out of the model; adds the `sparse` output", NULL},
+    {"robust_lambda", BEAM_P_FLOAT, "5", 0, 0.5, 1000, NULL, NULL,
+     "robust: soft threshold in units of each frame's robust noise sigma (1.4826 MAD of its residual)", NULL},
+    {"robust_iterations", BEAM_P_INT, "3", 0, 1, 50, NULL, NULL,
+     "robust: alternating steps (project, soft-threshold) per batch", NULL},
+    {"robust_reject", BEAM_P_FLOAT, "6", 0, 0, 1e9, NULL, NULL,
+     "robust: frames whose robust residual z exceeds this are left out of the update (unless more "
+     "than half of the batch does); 0 = never", NULL},
     BEAM_PARAM_END};
 
 /* ---- init ----------------------------------------------------------------- */
@@ -83,6 +94,17 @@ int beam_pca_conf_load(beam_pca_conf_t *c, const beam_cnode_t *cfg, beam_diag_t 
   c->publish_every = pe < 1 ? 1 : (uint64_t)pe;
   if (!(c->anomaly_threshold >= 0) || !(c->anomaly_abs >= 0) || !(c->denoised_rate >= 0))
     return BEAM_DIAG(d, BEAM_ECONFIG, "pca: anomaly_threshold, anomaly_abs and denoised_rate must be >= 0");
+  c->robust = beam_cfg_bool(cfg, "robust", 0);
+  c->robust_lambda = beam_cfg_float(cfg, "robust_lambda", 5);
+  int64_t it = beam_cfg_int(cfg, "robust_iterations", 3);
+  c->robust_reject = beam_cfg_float(cfg, "robust_reject", 6);
+  if (!(c->robust_lambda >= 0.5 && c->robust_lambda <= 1000))
+    return BEAM_DIAG(d, BEAM_ECONFIG, "pca: robust_lambda %g outside 0.5..1000", c->robust_lambda);
+  if (it < 1 || it > 50)
+    return BEAM_DIAG(d, BEAM_ECONFIG, "pca: robust_iterations %lld outside 1..50", (long long)it);
+  if (!(c->robust_reject >= 0))
+    return BEAM_DIAG(d, BEAM_ECONFIG, "pca: robust_reject must be >= 0");
+  c->robust_iters = (uint32_t)it;
   const beam_cnode_t *bin = beam_cfg_get(cfg, "bin");
   if (bin) {
     beam_diag_t sub = {0};
@@ -131,6 +153,12 @@ void beam_pca_host_free(beam_pca_host_t *h) {
   free(h->img);
   free(h->acc);
   free(h->mub);
+  free(h->zb);
+  free(h->rej);
+  free(h->tau);
+  free(h->samp);
+  free(h->ctr);
+  free(h->colb);
   beam_pca_conf_t c = h->conf;
   memset(h, 0, sizeof *h);
   h->conf = c;
@@ -189,6 +217,11 @@ int beam_pca_host_start(beam_stage_t *self, beam_pca_host_t *h, const beam_indes
     goto nomem;
   if (host_bufs && (!(h->M = calloc(m * P, sizeof *h->M)) || !(h->mub = calloc(P, sizeof *h->mub))))
     goto nomem;
+  if (c->robust && (!(h->zb = calloc(b, sizeof *h->zb)) || !(h->rej = calloc(b, sizeof *h->rej)) ||
+                    !(h->tau = calloc(b, sizeof *h->tau)) ||
+                    !(h->samp = calloc((size_t)BEAM_PCA_NSAMP * b, sizeof *h->samp)) ||
+                    (host_bufs && (!(h->ctr = calloc(P, sizeof *h->ctr)) || !(h->colb = calloc(b, sizeof *h->colb))))))
+    goto nomem;
   /* dsyevd workspace for the largest problem, queried once. */
   double wq;
   lapack_int iwq;
@@ -218,7 +251,12 @@ int beam_pca_host_start(beam_stage_t *self, beam_pca_host_t *h, const beam_indes
   o[BEAM_PCA_OUT_SV].axes[0] = "component";
   beam__declare(&o[BEAM_PCA_OUT_EVR], "explained_variance", BEAM_DT_F32, 1, ks, "", 0);
   o[BEAM_PCA_OUT_EVR].axes[0] = "component";
-  self->nouts = BEAM_PCA_NOUTS;
+  self->nouts = BEAM_PCA_NOUTS - 1;
+  if (c->robust) {
+    beam__declare(&o[BEAM_PCA_OUT_SPARSE], "sparse", BEAM_DT_F32, 2, img, u, 0);
+    o[BEAM_PCA_OUT_SPARSE].slots = 4;
+    self->nouts = BEAM_PCA_NOUTS;
+  }
   return 0;
 nomem:
   beam_pca_host_free(h);
@@ -287,6 +325,8 @@ int beam_pca_core(beam_pca_host_t *h, uint32_t mrows, beam_diag_t *d) {
 
 /* ---- results ---------------------------------------------------------------- */
 
+static void scatter(const beam_pca_host_t *h, const float *v, float *o);
+
 static int cmp_dbl(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -319,7 +359,8 @@ double beam_pca_robust_z(const beam_pca_host_t *h, double r) {
 }
 
 void beam_pca_emit_batch(beam_pca_host_t *h, beam_emit_t *emit,
-                         void (*denoise_row)(void *ctx, uint32_t j, float *out), void *ctx) {
+                         void (*denoise_row)(void *ctx, uint32_t j, float *out),
+                         void (*sparse_row)(void *ctx, uint32_t j, float *out), void *ctx) {
   const beam_pca_conf_t *c = &h->conf;
   size_t k = c->k;
   /* The window takes the whole batch first, so the batch is judged with
@@ -332,6 +373,9 @@ void beam_pca_emit_batch(beam_pca_host_t *h, beam_emit_t *emit,
       h->nwin++;
   }
   window_stats(h);
+  if (h->zb)
+    for (uint32_t j = 0; j < h->nb; j++)
+      h->zb[j] = beam_pca_robust_z(h, h->res[j]);
   uint64_t first = h->nframes - h->nb; /* series index of row 0 */
   for (uint32_t j = 0; j < h->nb; j++) {
     if (first + j < c->warmup)
@@ -373,6 +417,13 @@ void beam_pca_emit_batch(beam_pca_host_t *h, beam_emit_t *emit,
         for (size_t i = 0; i < h->P; i++)
           o[h->keep[i]] = h->img[i];
         beam_emit_put(emit, f);
+        if (sparse_row && (f = beam_emit_get(emit, BEAM_PCA_OUT_SPARSE))) {
+          beam_frame_copy_ident(f, &h->ident[j]);
+          f->flags = flags;
+          sparse_row(ctx, j, h->img);
+          scatter(h, h->img, f->data);
+          beam_emit_put(emit, f);
+        }
         h->t_denoised_ns = now;
         h->denoised_any = 1;
       }
@@ -417,4 +468,85 @@ void beam_pca_emit_model(beam_pca_host_t *h, beam_emit_t *emit, uint32_t flags) 
     f->flags = (f->flags & ~(uint32_t)(BEAM_FLAG_META | BEAM_FLAG_PARTIAL | BEAM_FLAG_FINAL)) | flags;
     beam_emit_put(emit, f);
   }
+}
+
+/* ---- robust ------------------------------------------------------------------ */
+
+/* Wirth's selection (Algorithms + Data Structures, 1976): afterwards
+ * v[0..kth) <= v[kth] <= v(kth..n). O(n) expected, in place. */
+static float select_kth(float *v, size_t n, size_t kth) {
+  ptrdiff_t l = 0, m = (ptrdiff_t)n - 1, k = (ptrdiff_t)kth;
+  while (l < m) {
+    float x = v[k];
+    ptrdiff_t i = l, j = m;
+    do {
+      while (v[i] < x)
+        i++;
+      while (x < v[j])
+        j--;
+      if (i <= j) {
+        float t = v[i];
+        v[i] = v[j], v[j] = t;
+        i++, j--;
+      }
+    } while (i <= j);
+    if (j < k)
+      l = i;
+    if (k < i)
+      m = j;
+  }
+  return v[k];
+}
+
+float beam_pca_median(float *v, size_t n) {
+  float hi = select_kth(v, n, n / 2);
+  if (n % 2)
+    return hi;
+  /* v[0 .. n/2) now holds the lower half: its maximum is the other middle. */
+  float lo = v[0];
+  for (size_t i = 1; i < n / 2; i++)
+    lo = v[i] > lo ? v[i] : lo;
+  return 0.5f * (lo + hi);
+}
+
+float beam_pca_sigma_of(float *v, size_t n) {
+  if (n == 0)
+    return 0.0f;
+  float med = beam_pca_median(v, n);
+  double mean_abs = 0;
+  for (size_t i = 0; i < n; i++) {
+    v[i] = fabsf(v[i] - med);
+    mean_abs += v[i];
+  }
+  float mad = beam_pca_median(v, n);
+  if (mad > 0)
+    return 1.4826f * mad;
+  /* More than half the sampled residuals equal (noise-free pixels, a
+   * constant region): the mean absolute deviation still sees the rest; 0
+   * only when every sampled pixel sits on the median. */
+  return (float)(1.2533 * mean_abs / (double)n);
+}
+
+float beam_pca_sigma(size_t P, const float *e, float *scratch) {
+  size_t n = beam_pca_samp_n(P);
+  for (size_t i = 0; i < n; i++)
+    scratch[i] = e[beam_pca_samp_idx(P, i)];
+  return beam_pca_sigma_of(scratch, n);
+}
+
+uint32_t beam_pca_rejects(beam_pca_host_t *h) {
+  const beam_pca_conf_t *c = &h->conf;
+  uint32_t n = 0;
+  for (uint32_t j = 0; j < h->nb; j++) {
+    h->rej[j] = c->robust_reject > 0 && h->zb[j] > c->robust_reject;
+    n += h->rej[j];
+  }
+  /* A glitch is rare; most of a batch far off the model is the data
+   * changing, which the model must follow. */
+  if (2 * n > h->nb) {
+    memset(h->rej, 0, h->nb);
+    n = 0;
+  }
+  h->nrejected += n;
+  return n;
 }

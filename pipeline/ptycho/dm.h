@@ -18,7 +18,16 @@
  *              err_i > pbound: Phi' = Phi (A + fdev sqrt(pbound/err_i)) / (af + eps)
  *              else:           Phi' = Phi           (no FFT back needed)
  *        masked pixels (A < 0): Phi' = Phi (unconstrained)
- *        psi <- psi + beta (F^-1[Phi'] - phi)
+ *        psi <- psi + b F^-1[Phi'] + a phi - (a + b) psi
+ *          algorithm DM:   a = -beta, b = beta, i.e. psi + beta (F^-1[Phi'] - phi)
+ *                          (the NSLS-II form; beta = 1 is Thibault's DM);
+ *          algorithm RAAR: a = 1 - 2 beta, b = beta (Luke 2005, PtyPy's
+ *                          projection_update_generalized with (1-2b, b, 2)).
+ *        DM has no fixed point on noisy (inconsistent) data and its exit
+ *        waves drift: on simulated Poisson data at 1e5-1e6 photons per
+ *        frame the object error falls for ~10 iterations and then grows
+ *        without bound (docs/ptycho.md). RAAR with beta ~0.8 settles near
+ *        the solution on the same data at the same cost per iteration.
  *      Views with no photons (sum_valid A = 0) carry no information: their
  *      exit waves are set to phi (psi <- phi) and they are left out of the
  *      Fourier error.
@@ -65,6 +74,7 @@ extern "C" {
 
 typedef enum { BEAM_DM_F32 = 0, BEAM_DM_F64 = 1 } beam_dm_prec_t;
 typedef enum { BEAM_DM_CPU = 0, BEAM_DM_CUDA = 1 } beam_dm_backend_t;
+typedef enum { BEAM_DM_ALG_DM = 0, BEAM_DM_ALG_RAAR = 1 } beam_dm_alg_t;
 
 typedef struct beam_dm_conf_s {
   beam_dm_prec_t prec;
@@ -73,7 +83,7 @@ typedef struct beam_dm_conf_s {
   uint32_t obj_h, obj_w;   /* object array (object pixels) */
   uint32_t probe_modes;    /* M_P, 1..BEAM_DM_MAX_PROBE_MODES */
   uint32_t object_modes;   /* M_O, 1..BEAM_DM_MAX_OBJECT_MODES */
-  double beta;             /* DM relaxation, (0, 1]; 1 = Thibault's DM */
+  double beta;             /* relaxation, (0, 1]; DM with 1 = Thibault's DM */
   double obj_reg;          /* relative, >= 0 (see above); typical 1e-3 */
   double probe_reg;        /* relative, >= 0; typical 1e-3 */
   uint32_t probe_update_start; /* first iteration (0-based) updating P */
@@ -82,6 +92,7 @@ typedef struct beam_dm_conf_s {
   double probe_support;    /* fraction of n^2; 0 = off */
   int threads;             /* CPU threads; 0 = all online cores */
   int device;              /* CUDA device index */
+  beam_dm_alg_t algorithm; /* exit-wave update: DM (default) or RAAR */
 } beam_dm_conf_t;
 
 /* Defaults: f32, beta 1, obj_reg probe_reg 1e-3, probe_update_start 2,

@@ -14,6 +14,19 @@
 extern "C" {
 #endif
 
+/* The exit-wave update psi <- psi + b X + a phi - (a + b) psi (dm.h) as
+ * three coefficients: psi <- cpsi psi + b X + a phi. For DM cpsi is 1. */
+static inline void beam_dm_update_coefs(const beam_dm_conf_t *c, double *a, double *b,
+                                        double *cpsi) {
+  *b = c->beta;
+  *a = c->algorithm == BEAM_DM_ALG_RAAR ? 1.0 - 2.0 * c->beta : -c->beta;
+  *cpsi = 1.0 - (*a + *b);
+}
+
+/* The eps of dm.h's modulus step, Phi' = Phi (A ...) / (af + eps), in
+ * amplitude units (PtyPy's value): both backends use it. */
+#define BEAM_DM_EPS 1e-10
+
 typedef struct beam_dm_backend_s {
   const char *name; /* "cpu", "cuda" */
   size_t (*bytes)(const beam_dm_conf_t *c);

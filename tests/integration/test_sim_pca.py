@@ -370,3 +370,88 @@ def test_end_to_end_rebuild(tmp_path, procs, ports, start_beamd):
     r = run_rebuild(files[0], "-o", tmp_path / "fin.npy", "--first", E2E_B,
                     "--last", 2 * E2E_B - 1)
     assert r.returncode == 0 and "FINAL" in r.stderr and "compression" in r.stderr, r.stderr
+
+
+# ---- robust: beamd-sim spikes and outliers through two pca stages ------------
+
+RB_N = 480
+RB_B = 32
+
+
+def test_robust_stage_on_sim_spikes(tmp_path, procs, ports, zctx, start_beamd, receivers):
+    """beamd-sim --pca-spikes 0.002 (round(0.002 * 4096) = 8 spikes of 50 x
+    mean = 5e4 counts in every frame) and 3 outlier frames, into a plain
+    (pp) and a robust (pr) pca stage of one beamd.
+
+    - robust final components to the true basis: below MAX_ANGLE_DEG
+      (10 deg, the bound the clean frames' own SVD meets above); plain
+      above 45 deg: the spikes are white noise of variance
+      8 / 4096 * 5e4^2 = 4.9e6 per pixel, above the strongest component's
+      4e6, so the plain model is made of spikes;
+    - the sparse output holds the spikes (the pixels above 30 x mean, which
+      nothing else reaches: test_seed_reproducible_and_spikes) and nothing
+      else: |s| > 25 x mean, recall and precision >= 0.99 over the sparse
+      frames of non-outlier frames;
+    - the outlier frames (metadata) have the three largest robust
+      residuals and are flagged.
+    Ground truth: the same frames again from the simulator (same seed)."""
+    from conftest import Proc, Receiver, make_config
+    bfile = tmp_path / "basis.npy"
+    args = pca_args(RB_N, 21, "--pca-spikes", "0.002", "--pca-outliers", "3",
+                    "--pca-basis-file", str(bfile))
+    common = {"kind": "pca", "backend": "cpu", "components": 3, "batch": RB_B,
+              "publish_every": 100000}
+    stages = [dict(common, name="pp", denoised_rate=0),
+              dict(common, name="pr", robust=True, denoised_rate=1000)]
+    start_beamd(make_config(ports, stages, mode="pull", pool_frames=64, out_hwm=100000))
+    rx = Receiver(zctx, ports.ep_publish)
+    receivers.append(rx)
+    rx.wait_live()
+    sim = Proc("beamd-sim", [SIM, "--bind", ports.ep_input, "--socket", "push", "--quiet",
+                             "--series-id", "6"] + args, tmp_path, procs)
+    assert sim.wait(30) == 0, sim.stderr()
+    rx.wait_series_end(6, timeout=30)
+    for st in ("pp", "pr"):
+        rx.wait_for(lambda ms, st=st: any(m[0] == st + ".components" and
+                                          m[1].flags & proto.FLAG_FINAL for m in ms),
+                    timeout=10, what="final %s.components" % st)
+    meta, frames, _ = receive(args)
+    outl = meta["pca"]["outlier_frames"]
+    basis = np.load(bfile)
+
+    final, resid, flags, sparse = {}, {}, {}, {}
+    for topic, hdr, arr, _ in rx.snapshot():
+        if hdr.series_id != 6:
+            continue
+        if topic.endswith(".components") and hdr.flags & proto.FLAG_FINAL:
+            final[topic[:2]] = arr
+        elif topic == "pr.residual":
+            resid[hdr.frame_id] = float(arr[0])
+            flags[hdr.frame_id] = hdr.flags
+        elif topic == "pr.sparse":
+            sparse[hdr.frame_id] = arr
+    ang_r = principal_angles_deg(final["pr"], basis).max()
+    ang_p = principal_angles_deg(final["pp"], basis).max()
+    print("to the true basis: robust %.1f deg, plain %.1f deg" % (ang_r, ang_p))
+    assert ang_r < MAX_ANGLE_DEG
+    assert ang_p > 45.0
+
+    tp = fn = fp = n = 0
+    for i, s in sparse.items():
+        if i in outl:
+            continue
+        n += 1
+        want = frames[i] > 30 * MEAN
+        det = np.abs(s) > 25 * MEAN
+        tp += int(np.sum(want & det))
+        fn += int(np.sum(want & ~det))
+        fp += int(np.sum(~want & det))
+    print("sparse frames %d: spikes found %d, missed %d, false %d" % (n, tp, fn, fp))
+    assert n >= 3 and tp >= 7 * n
+    assert tp / (tp + fn) >= 0.99 and tp / (tp + fp) >= 0.99
+
+    top = sorted(resid, key=resid.get)[-3:]
+    print("largest robust residuals:", [(i, round(resid[i], 1)) for i in top], "outliers", outl)
+    assert sorted(top) == sorted(outl)
+    for i in outl:
+        assert flags[i] & proto.FLAG_ANOMALY, i

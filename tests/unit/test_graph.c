@@ -531,6 +531,217 @@ static void test_graph_watermark(void **state) {
   sink_free(s);
 }
 
+/* ---- the idle op: a toy iterative stage ----
+ * idle counts its calls and emits each count on output "it". grant < 0:
+ * idle always asks for more (an endless reconstruction); grant >= 0: each
+ * frame allows that many calls, the last of which returns 0. end waits
+ * (bounded) for interrupt when told to, as a long final loop polls it. */
+
+typedef struct itoy_s {
+  int grant;          /* config: calls allowed per frame; < 0 = endless */
+  int wait_interrupt; /* config: end loops until interrupt (2 s bound) */
+  int idle_us;        /* config: work per idle call */
+  atomic_int left;    /* calls left of the current grant */
+  atomic_int zeroed;  /* idle returned 0 and no frame came since */
+  atomic_int calls, spurious, frames, ends, saw_interrupt, end_aborted;
+  atomic_int calls_after_interrupt;
+} itoy_t;
+
+static itoy_t g_itoy;
+
+static int itoy_idle(beam_stage_t *self, beam_emit_t *e) {
+  itoy_t *t = self->priv;
+  if (atomic_load(&self->interrupt))
+    atomic_fetch_add(&t->calls_after_interrupt, 1);
+  if (atomic_load(&t->zeroed)) {
+    atomic_fetch_add(&t->spurious, 1); /* called again after it returned 0 */
+    return 0;
+  }
+  if (t->grant >= 0 && atomic_load(&t->left) <= 0) {
+    atomic_store(&t->zeroed, 1); /* after START, before any frame: nothing to do */
+    return 0;
+  }
+  int n = atomic_fetch_add(&t->calls, 1) + 1;
+  if (t->idle_us)
+    usleep((useconds_t)t->idle_us);
+  beam_frame_t *f = beam_emit_get(e, 0);
+  if (f) {
+    ((uint32_t *)f->data)[0] = (uint32_t)n;
+    f->flags |= BEAM_FLAG_PARTIAL;
+    beam_emit_put(e, f);
+  }
+  if (t->grant < 0)
+    return 1;
+  int more = atomic_fetch_sub(&t->left, 1) - 1 > 0;
+  if (!more)
+    atomic_store(&t->zeroed, 1);
+  return more;
+}
+
+static int itoy_init(beam_stage_t *self, beam_diag_t *d) {
+  self->priv = &g_itoy;
+  self->idle = itoy_idle;
+  return 0;
+}
+
+static int itoy_start(beam_stage_t *self, const beam_series_t *s, const beam_indesc_t *in, beam_diag_t *d) {
+  itoy_t *t = self->priv;
+  atomic_store(&t->zeroed, 0);
+  beam_outdesc_t *o = &self->outs[0];
+  snprintf(o->name, sizeof o->name, "it");
+  o->dtype = BEAM_DT_U32;
+  o->ndim = 1;
+  o->shape[0] = 1;
+  o->slots = 4;
+  self->nouts = 1;
+  return 0;
+}
+
+static int itoy_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *e) {
+  itoy_t *t = self->priv;
+  atomic_store(&t->left, t->grant);
+  atomic_store(&t->zeroed, 0);
+  atomic_fetch_add(&t->frames, 1);
+  return 0;
+}
+
+static int itoy_end(beam_stage_t *self, beam_emit_t *e) {
+  itoy_t *t = self->priv;
+  atomic_store(&t->end_aborted, self->end_aborted);
+  for (int i = 0; t->wait_interrupt && i < 2000 && !atomic_load(&self->interrupt); i++)
+    usleep(1000);
+  atomic_store(&t->saw_interrupt, atomic_load(&self->interrupt));
+  atomic_fetch_add(&t->ends, 1);
+  return 0;
+}
+
+static void itoy_destroy(beam_stage_t *self) { self->priv = NULL; }
+
+static const beam_stage_ops_t itoy_ops = {"itoy", "cpu", itoy_init, itoy_start, itoy_process, itoy_end,
+                                          itoy_destroy};
+static const beam_stage_kind_t itoy_kind = {"itoy", "idle test stage", NULL, &itoy_ops, NULL};
+
+static beam_graph_t *itoy_graph(sink_t *s, int grant, int wait_interrupt, int idle_us) {
+  memset(&g_itoy, 0, sizeof g_itoy);
+  g_itoy.grant = grant, g_itoy.wait_interrupt = wait_interrupt, g_itoy.idle_us = idle_us;
+  beam_stage_spec_t sp[] = {spec("it", "frames", 1, 8)};
+  sp[0].kind = "itoy";
+  sp[0].kind_def = &itoy_kind;
+  beam_graph_params_t gp = {8, 64, 0, 0};
+  beam_graph_hooks_t h = hooks(s);
+  beam_graph_t *g = NULL;
+  beam_diag_t d = {0};
+  assert_int_equal(beam_graph_new(&g, sp, 1, &gp, &h, &d), 0);
+  return g;
+}
+
+static void push_frame(beam_graph_t *g, uint64_t sid, uint64_t fid) {
+  while (!beam_graph_room(g))
+    usleep(50);
+  beam_frame_t *f = beam_graph_input_slot(g);
+  assert_non_null(f);
+  f->series_id = sid, f->frame_id = fid, f->ingest_idx = fid;
+  f->dtype = BEAM_DT_U32, f->ndim = 2, f->shape[0] = f->shape[1] = 4, f->nbytes = 64;
+  memset(f->data, 0, 64);
+  beam_graph_frame(g, f);
+}
+
+static void series_open(beam_graph_t *g, uint64_t sid) {
+  uint32_t shape[4] = {4, 4, 0, 0};
+  beam_graph_series_start(g, beam_series_new(sid, BEAM_DT_U32, 2, shape, NULL, 0));
+}
+
+/* Waits up to ms for *v >= want; returns the elapsed microseconds. */
+static long wait_atomic(atomic_int *v, int want, int ms) {
+  uint64_t t0 = beam_now_ns();
+  while (atomic_load(v) < want && beam_now_ns() - t0 < (uint64_t)ms * 1000000u)
+    usleep(100);
+  return (long)((beam_now_ns() - t0) / 1000);
+}
+
+static int count_topic(sink_t *s, const char *topic) {
+  pthread_mutex_lock(&s->mu);
+  int k = 0;
+  for (int i = 0; i < s->n; i++)
+    k += strcmp(s->topic[i], topic) == 0;
+  pthread_mutex_unlock(&s->mu);
+  return k;
+}
+
+/* (a) idle runs while the queue is empty during an open series, (b) frames
+ * are still handled promptly while idle work remains, (d) shutdown sets
+ * interrupt, which a long end loop sees, and idle is not called again. */
+static void test_graph_idle_endless(void **state) {
+  (void)state;
+  sink_t *s = sink_new();
+  beam_graph_t *g = itoy_graph(s, -1, 1, 1000);
+  series_open(g, 3);
+  /* (a) from the start on: the series is open and the queue empty. */
+  wait_atomic(&g_itoy.calls, 5, 2000);
+  assert_true(atomic_load(&g_itoy.calls) >= 5);
+  push_frame(g, 3, 0);
+  wait_atomic(&g_itoy.frames, 1, 2000);
+  int c0 = atomic_load(&g_itoy.calls);
+  wait_atomic(&g_itoy.calls, c0 + 20, 2000);
+  assert_true(atomic_load(&g_itoy.calls) >= c0 + 20); /* (a) */
+  /* (b): each frame waits at most for the idle call in progress (1 ms). */
+  long worst = 0;
+  for (int i = 1; i <= 20; i++) {
+    int before = atomic_load(&g_itoy.calls);
+    push_frame(g, 3, (uint64_t)i);
+    long us = wait_atomic(&g_itoy.frames, i + 1, 2000);
+    worst = us > worst ? us : worst;
+    assert_int_equal(atomic_load(&g_itoy.frames), i + 1);
+    wait_atomic(&g_itoy.calls, before + 2, 2000);
+    assert_true(atomic_load(&g_itoy.calls) >= before + 2); /* and idle resumes */
+  }
+  print_message("worst frame wait behind idle work: %ld us\n", worst);
+  assert_true(worst < 200000); /* generous for a loaded 2-core machine; typically ~1 ms */
+  assert_true(count_topic(s, "it.it") > 0);
+  /* (d) */
+  beam_graph_shutdown(g);
+  wait_for(is_finished, s);
+  assert_true(beam_graph_finished(g));
+  assert_int_equal(atomic_load(&g_itoy.ends), 1);
+  assert_int_equal(atomic_load(&g_itoy.saw_interrupt), 1);
+  assert_int_equal(atomic_load(&g_itoy.end_aborted), 1);
+  /* At most the call that was already past the worker's check when
+   * interrupt was set. */
+  assert_true(atomic_load(&g_itoy.calls_after_interrupt) <= 1);
+  beam_graph_destroy(&g);
+  sink_free(s);
+}
+
+/* (c) after idle returns 0 it is not called until the next frame, and
+ * never between series. */
+static void test_graph_idle_stops(void **state) {
+  (void)state;
+  sink_t *s = sink_new();
+  beam_graph_t *g = itoy_graph(s, 3, 0, 0);
+  series_open(g, 4);
+  usleep(20000); /* idle after START finds nothing to do and returns 0 */
+  assert_int_equal(atomic_load(&g_itoy.calls), 0);
+  push_frame(g, 4, 0);
+  wait_atomic(&g_itoy.calls, 3, 2000);
+  usleep(30000);
+  assert_int_equal(atomic_load(&g_itoy.calls), 3);
+  push_frame(g, 4, 1);
+  wait_atomic(&g_itoy.calls, 6, 2000);
+  usleep(30000);
+  assert_int_equal(atomic_load(&g_itoy.calls), 6);
+  assert_int_equal(atomic_load(&g_itoy.spurious), 0);
+  beam_graph_series_end(g, 4, 0);
+  wait_for(is_done, s);
+  assert_int_equal(atomic_load(&g_itoy.ends), 1);
+  assert_int_equal(atomic_load(&g_itoy.end_aborted), 0);
+  usleep(20000);
+  assert_int_equal(atomic_load(&g_itoy.calls), 6);
+  assert_int_equal(atomic_load(&g_itoy.spurious), 0);
+  assert_int_equal(count_topic(s, "it.it"), 6);
+  beam_graph_destroy(&g);
+  sink_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pool_basics),
@@ -544,6 +755,8 @@ int main(void) {
       cmocka_unit_test(test_graph_bad_input_name),
       cmocka_unit_test(test_graph_cuda_without_gpu),
       cmocka_unit_test(test_graph_watermark),
+      cmocka_unit_test(test_graph_idle_endless),
+      cmocka_unit_test(test_graph_idle_stops),
   };
   return cmocka_run_group_tests_name("graph", tests, NULL, NULL);
 }

@@ -30,6 +30,7 @@ const char *sim_pattern_name(sim_pattern_t p) {
   case SIM_PAT_STEM: return "stem";
   case SIM_PAT_XPCS: return "xpcs";
   case SIM_PAT_PCA: return "pca";
+  case SIM_PAT_PTYCHO: return "ptycho";
   }
   return "unknown";
 }
@@ -164,6 +165,7 @@ int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d) {
     break;
   case SIM_PAT_XPCS: /* rendered per frame; one zero frame for malformed messages */
   case SIM_PAT_PCA:
+  case SIM_PAT_PTYCHO:
     self->nelems = self->npix;
     self->nwin = 1;
     break;
@@ -185,6 +187,10 @@ int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d) {
   if (o->pattern == SIM_PAT_PCA) {
     memset(self->data, 0, self->nelems * self->esize);
     return sim_pca_new(&self->pca, o, d);
+  }
+  if (o->pattern == SIM_PAT_PTYCHO) {
+    memset(self->data, 0, self->nelems * self->esize);
+    return sim_ptycho_new(&self->ptycho, o, d);
   }
 
   if (o->pattern == SIM_PAT_FLAT) {
@@ -211,7 +217,7 @@ int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d) {
 
 int sim_bank_is_static(const sim_bank_t *self) {
   return self->pattern != SIM_PAT_STEM && self->pattern != SIM_PAT_XPCS &&
-         self->pattern != SIM_PAT_PCA;
+         self->pattern != SIM_PAT_PCA && self->pattern != SIM_PAT_PTYCHO;
 }
 
 static size_t window_offset(const sim_bank_t *self, uint64_t frame_id) {
@@ -274,6 +280,11 @@ const void *sim_bank_frame(sim_bank_t *self, uint64_t frame_id, void *dst,
     sim_pca_render(self->pca, frame_id, dst);
     return dst;
   }
+  if (self->pattern == SIM_PAT_PTYCHO) {
+    sim_ptycho_render(self->ptycho, frame_id, dst, pos);
+    *has_pos = 1;
+    return dst;
+  }
   return self->data + window_offset(self, frame_id) * self->esize;
 }
 
@@ -285,5 +296,6 @@ void sim_bank_destroy(sim_bank_t *self) {
   free(self->disk_dx);
   sim_xpcs_destroy(&self->xpcs);
   sim_pca_destroy(&self->pca);
+  sim_ptycho_destroy(&self->ptycho);
   memset(self, 0, sizeof *self);
 }

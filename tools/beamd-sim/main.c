@@ -40,7 +40,7 @@ static void usage(FILE *f) {
 "  --series K             number of series (default 1)\n"
 "  --series-id ID         first series id (default 1)\n"
 "  --codec C              raw|lz4|bslz4 (default raw)\n"
-"  --pattern P            poisson|flat|counter|stem|xpcs|pca (default poisson)\n"
+"  --pattern P            poisson|flat|counter|stem|xpcs|pca|ptycho (default poisson)\n"
 "  --mean M               poisson/stem background mean, flat value, xpcs mean\n"
 "                         counts per pixel and frame, pca mean level\n"
 "                         (default 2.0; pca 100)\n"
@@ -64,6 +64,23 @@ static void usage(FILE *f) {
 "  --pca-drift-at F       pca: from frame F on, the rotated basis\n"
 "  --pca-drift-angle DEG  pca: principal angle of that rotation (default 90)\n"
 "  --pca-basis-file PATH  pca: write the basis (float32 .npy) at start-up\n"
+"  ptycho (docs/ptycho.md; --frames = scan points, --shape defaults to n x n):\n"
+"  --ptycho-n N           diffraction pattern side, even (default min(H,W) or 64)\n"
+"  --energy EV            photon energy (default 8000)\n"
+"  --distance M           sample-detector distance (default 2.0)\n"
+"  --pixel-size M         detector pixel (default 75e-6)\n"
+"  --photons N            photons per frame through |O| = 1 (default 1e6)\n"
+"  --noise none|poisson   shot noise (default none)\n"
+"  --scan fermat|raster   Fermat spiral r = STEP sqrt(k), or jittered raster\n"
+"  --scan-step M          spiral constant / raster step (default 0.25e-6)\n"
+"  --scan-jitter F        raster jitter, fraction of the step (default 0.1)\n"
+"  --probe-modes M        incoherent probe modes (fly-scan blur; default 1)\n"
+"  --zp-diameter M        zone plate diameter (default 100e-6)\n"
+"  --zp-outer-zone M      outer zone width (default 130e-9)\n"
+"  --zp-stop M            central stop diameter (default 40e-6)\n"
+"  --defocus M            sample distance from the focus (default 1.1e-3)\n"
+"  --ptycho-object F[:/D] object from HDF5 (complex or real 2-D; centre used)\n"
+"  --write-h5 FILE        write the scan as an NXmx file with the truth, no socket\n"
 "  --meta KEY=VALUE       extra series metadata (repeatable; numbers and JSON\n"
 "                         arrays/objects are parsed, anything else is a string)\n"
 "  --quiet                no progress messages on stderr\n"
@@ -157,6 +174,7 @@ static const struct option long_opts[] = {
   {"pca-drift-at", required_argument, 0, OPT_PDRIFT},
   {"pca-drift-angle", required_argument, 0, OPT_PANGLE},
   {"pca-basis-file", required_argument, 0, OPT_PBASIS},
+  SIM_PTYCHO_LONG_OPTS
   {0, 0, 0, 0},
 };
 
@@ -193,11 +211,30 @@ static int parse_pca_noise(const char *s, sim_opts_t *o) {
                            &o->pca_sigma);
 }
 
+/* --write-h5: the scan as a file, no socket. Exit code 0 or 1. */
+static int sim_ptycho_file(const sim_opts_t *o) {
+  beam_diag_t d;
+  beam_diag_clear(&d);
+  sim_ptycho_t *p = NULL;
+  int rc = sim_ptycho_new(&p, o, &d);
+  if (rc == 0)
+    rc = sim_ptycho_write_h5(p, o, o->write_h5, &d);
+  if (rc < 0)
+    fprintf(stderr, "beamd-sim: %s\n", d.msg);
+  else if (!o->quiet)
+    fprintf(stderr, "beamd-sim: wrote %s (%llu frames)\n", o->write_h5,
+            (unsigned long long)o->frames);
+  sim_ptycho_destroy(&p);
+  json_decref(o->meta);
+  return rc < 0 ? 1 : 0;
+}
+
 /* Returns 0, 1 for --help, or -1 after printing why. */
 static int parse_args(int argc, char **argv, sim_opts_t *o) {
   int have_bind = 0, have_connect = 0, c;
   const char *xpcs_opt = NULL; /* an xpcs-only option seen, for the error */
   const char *pca_opt = NULL;  /* a pca-only option seen */
+  const char *pty_opt = NULL;  /* a ptycho-only option seen */
   uint64_t u;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
@@ -209,7 +246,7 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
       else if (!strcmp(optarg, "push")) o->sock_type = ZMQ_PUSH;
       else return tool_bad("socket", optarg, "pub or push");
       break;
-    case OPT_SHAPE: if (parse_shape(optarg, o)) return -1; break;
+    case OPT_SHAPE: if (parse_shape(optarg, o)) return -1; o->shape_set = 1; break;
     case OPT_DTYPE:
       o->dtype = beam_dtype_from_name(optarg);
       if (o->dtype != BEAM_DT_U8 && o->dtype != BEAM_DT_U16 &&
@@ -235,7 +272,8 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
       else if (!strcmp(optarg, "stem")) o->pattern = SIM_PAT_STEM;
       else if (!strcmp(optarg, "xpcs")) o->pattern = SIM_PAT_XPCS;
       else if (!strcmp(optarg, "pca")) o->pattern = SIM_PAT_PCA;
-      else return tool_bad("pattern", optarg, "poisson, flat, counter, stem, xpcs or pca");
+      else if (!strcmp(optarg, "ptycho")) o->pattern = SIM_PAT_PTYCHO;
+      else return tool_bad("pattern", optarg, "poisson, flat, counter, stem, xpcs, pca or ptycho");
       break;
     case OPT_MEAN:
       if (tool_parse_double("mean", optarg, 0, 1e9, NULL, &o->mean)) return -1;
@@ -299,7 +337,14 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
       o->pca_basis_file = optarg;
       pca_opt = "--pca-basis-file";
       break;
-    default: return tool_bad_option(argv, 1);
+    default:
+      if (c >= SIM_PTY_OPT_BASE && c < SIM_PTY_OPT_END) {
+        if (sim_ptycho_opt(c, optarg, o))
+          return -1;
+        pty_opt = argv[optind - 1];
+        break;
+      }
+      return tool_bad_option(argv, 1);
     }
   }
   if (tool_no_operands(argc, argv))
@@ -317,6 +362,12 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
     fprintf(stderr, "beamd-sim: %s applies to --pattern pca only\n", pca_opt);
     return -1;
   }
+  if (pty_opt && o->pattern != SIM_PAT_PTYCHO) {
+    fprintf(stderr, "beamd-sim: %s applies to --pattern ptycho only\n", pty_opt);
+    return -1;
+  }
+  if (o->pattern == SIM_PAT_PTYCHO && sim_ptycho_check(o))
+    return -1;
   if (o->pca_drift_angle != 90.0 && o->pca_drift_at == SIM_PCA_NO_DRIFT) {
     fprintf(stderr, "beamd-sim: --pca-drift-angle needs --pca-drift-at\n");
     return -1;
@@ -445,12 +496,15 @@ int main(int argc, char **argv) {
       .pca_drift_at = SIM_PCA_NO_DRIFT, .pca_drift_angle = 90.0,
   };
   tool_cli_init("beamd-sim");
+  sim_ptycho_defaults(&o);
   int ex = tool_args_exit(parse_args(argc, argv, &o), usage);
   if (ex >= 0) {
     json_decref(o.meta);
     return ex;
   }
   tool_catch_stop(); /* blocking sends see EINTR and the flag */
+  if (o.write_h5)
+    return sim_ptycho_file(&o);
 
   beam_diag_t d;
   beam_diag_clear(&d);

@@ -25,6 +25,7 @@ typedef enum sim_pattern_e {
   SIM_PAT_STEM,
   SIM_PAT_XPCS,
   SIM_PAT_PCA,
+  SIM_PAT_PTYCHO,
 } sim_pattern_t;
 
 #define SIM_PCA_MAX_K 32
@@ -67,6 +68,18 @@ typedef struct sim_opts_s {
   double pca_drift_angle; /* degrees */
   const char *pca_basis_file;
   int mean_set;          /* --mean given (pca has its own default) */
+  /* ptycho only (see ptycho.c and docs/ptycho.md) */
+  int shape_set;         /* --shape given (ptycho defaults to n x n) */
+  uint32_t pty_n;        /* diffraction pattern side; 0: min(H, W) or 64 */
+  double pty_energy, pty_distance, pty_pixel; /* eV, m, m */
+  double pty_photons;    /* sum |P|^2 over modes = photons per frame on |O| = 1 */
+  int pty_poisson;
+  int pty_raster;        /* 0: Fermat spiral, 1: jittered raster */
+  double pty_step, pty_jitter; /* m; fraction of the step */
+  uint32_t pty_probe_modes;
+  double pty_zp_diam, pty_zp_drn, pty_zp_cs, pty_defocus; /* m */
+  const char *pty_object_file; /* FILE.h5[:/dataset] */
+  const char *write_h5;  /* write the scan file and exit, no socket */
   int quiet;
   int stats_json;
 } sim_opts_t;
@@ -112,6 +125,58 @@ json_t *sim_pca_meta(const sim_pca_t *self, const char *basis_file);
 int sim_pca_write_basis(const sim_pca_t *self, const char *path, beam_diag_t *d);
 void sim_pca_destroy(sim_pca_t **self);
 
+/* Ptychography scan (ptycho.c): a known complex object, a zone-plate probe
+ * (optionally several incoherent modes), a Fermat-spiral or jittered-raster
+ * scan, far-field intensities sum_j |F(P_j O_window)|^2 (unitary FFT),
+ * optional Poisson noise. The command-line options are parsed there. */
+typedef struct sim_ptycho_s sim_ptycho_t;
+/* Option codes of the ptycho options; main.c splices SIM_PTYCHO_LONG_OPTS
+ * into its table and hands these codes to sim_ptycho_opt. */
+enum {
+  SIM_PTY_OPT_BASE = 1024, SIM_PTY_N = SIM_PTY_OPT_BASE, SIM_PTY_ENERGY, SIM_PTY_DISTANCE,
+  SIM_PTY_PIXEL, SIM_PTY_PHOTONS, SIM_PTY_NOISE, SIM_PTY_SCAN, SIM_PTY_STEP, SIM_PTY_JITTER,
+  SIM_PTY_MODES, SIM_PTY_ZP_DIAM, SIM_PTY_ZP_DRN, SIM_PTY_ZP_CS, SIM_PTY_DEFOCUS,
+  SIM_PTY_OBJECT, SIM_PTY_WRITE_H5, SIM_PTY_OPT_END
+};
+#define SIM_PTYCHO_LONG_OPTS                                                  \
+  {"ptycho-n", required_argument, 0, SIM_PTY_N},                              \
+  {"energy", required_argument, 0, SIM_PTY_ENERGY},                           \
+  {"distance", required_argument, 0, SIM_PTY_DISTANCE},                       \
+  {"pixel-size", required_argument, 0, SIM_PTY_PIXEL},                        \
+  {"photons", required_argument, 0, SIM_PTY_PHOTONS},                         \
+  {"noise", required_argument, 0, SIM_PTY_NOISE},                             \
+  {"scan", required_argument, 0, SIM_PTY_SCAN},                               \
+  {"scan-step", required_argument, 0, SIM_PTY_STEP},                          \
+  {"scan-jitter", required_argument, 0, SIM_PTY_JITTER},                      \
+  {"probe-modes", required_argument, 0, SIM_PTY_MODES},                       \
+  {"zp-diameter", required_argument, 0, SIM_PTY_ZP_DIAM},                     \
+  {"zp-outer-zone", required_argument, 0, SIM_PTY_ZP_DRN},                    \
+  {"zp-stop", required_argument, 0, SIM_PTY_ZP_CS},                           \
+  {"defocus", required_argument, 0, SIM_PTY_DEFOCUS},                         \
+  {"ptycho-object", required_argument, 0, SIM_PTY_OBJECT},                    \
+  {"write-h5", required_argument, 0, SIM_PTY_WRITE_H5},
+/* Sets the defaults of the ptycho fields. */
+void sim_ptycho_defaults(sim_opts_t *o);
+/* Parses one ptycho option (code from the enum). Returns 0 or -1 after
+ * printing why. */
+int sim_ptycho_opt(int code, const char *arg, sim_opts_t *o);
+/* Cross-checks after parsing (shape vs n, frames); 0 or -1 after printing. */
+int sim_ptycho_check(sim_opts_t *o);
+/* Builds object, probe, scan and FFT plan. BEAM_EINVAL / BEAM_EIO for a
+ * bad object file or geometry, BEAM_ENOMEM. */
+int sim_ptycho_new(sim_ptycho_t **out, const sim_opts_t *o, beam_diag_t *d);
+/* Renders frame `frame_id` (scan point frame_id mod count) into dst and
+ * sets pos (x, y, 0) in metres. Any order; never allocates. */
+void sim_ptycho_render(sim_ptycho_t *self, uint64_t frame_id, void *dst, double pos[3]);
+/* Adds geometry (energy, distance, pixel_size, beam_center), the scan
+ * positions and a "ptycho" summary to the series metadata m; 0 or -1. */
+int sim_ptycho_meta(const sim_ptycho_t *self, json_t *m);
+/* Writes the whole scan (frames, positions, geometry, truth) as an NXmx
+ * file beamd-replay serves and beamd-ptycho reads (ptycho_h5.c). */
+int sim_ptycho_write_h5(sim_ptycho_t *self, const sim_opts_t *o, const char *path,
+                        beam_diag_t *d);
+void sim_ptycho_destroy(sim_ptycho_t **self);
+
 /* Pre-generated pixels. Static patterns (poisson, flat, counter) hand out
  * windows into one buffer, so a frame costs no generation and can be sent
  * zero-copy; stem renders a disk on top of a poisson window into a buffer
@@ -133,6 +198,7 @@ typedef struct sim_bank_s {
   double disk_peak;
   sim_xpcs_t *xpcs; /* xpcs only */
   sim_pca_t *pca;   /* pca only */
+  sim_ptycho_t *ptycho; /* ptycho only */
 } sim_bank_t;
 
 /* Allocates and fills the bank. Returns 0 or BEAM_ENOMEM / BEAM_EINVAL. */

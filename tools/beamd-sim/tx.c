@@ -179,6 +179,10 @@ static json_t *series_meta(const sim_tx_t *self) {
     }
     json_object_set_new(m, "pca", x);
   }
+  if (o->pattern == SIM_PAT_PTYCHO && sim_ptycho_meta(b->ptycho, m) < 0) {
+    json_decref(m);
+    return NULL;
+  }
   if (o->meta)
     json_object_update(m, o->meta); /* --meta applied last: it overrides */
   return m;

@@ -1,0 +1,782 @@
+/* beamd-view page: plain JavaScript, canvas rendering, no build step.
+ *
+ * Messages (docs/viewer.md) are binary: u32 LE n, n bytes of JSON header,
+ * padding to 4, float32 payload. Drawing is latest-wins too: a message
+ * only replaces the pending one of its panel, and panels are drawn once
+ * per animation frame, so a burst of results never queues up here.
+ * window.beamdView exposes the state (what was received and drawn, and the
+ * latencies) for tests and benchmarks.
+ */
+'use strict';
+(function () {
+  const params = new URLSearchParams(location.search);
+  const TOKEN = params.get('token');
+  const STALE_S = 3;        // a topic silent this long (and 5 periods) is "stopped"
+  const HIST_N = 600;       // points kept per scalar history
+  const WINDOW = 2;         // results in flight to this page (see 'hello')
+
+  const S = {
+    hello: null, status: null, statsDoc: null, topicsMsg: null,
+    topics: new Map(),      // name -> entry from the topic list
+    panels: new Map(),      // name -> panel
+    latest: new Map(),      // name -> last {h, a} received
+    received: {}, drawn: {}, lastDrawn: {},
+    latencies: [],          // ms, published -> drawn
+    connected: false, unacked: 0, lastResultAt: 0, messages: 0, bytes: 0,
+    rates: { t: [], fps: [], rps: [], drops: [] },
+    series: [], hist: {}, closedByUser: new Set(), autoDone: new Set(),
+    errors: [],
+  };
+  window.beamdView = S;
+
+  const $ = (id) => document.getElementById(id);
+  const nowMs = () => performance.timeOrigin + performance.now();
+  const el = (tag, cls, text) => {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
+  };
+  const fmt = (v, d) => {
+    if (v === null || v === undefined || Number.isNaN(v)) return '–';
+    if (typeof v !== 'number') return String(v);
+    if (d === undefined && Number.isInteger(v) && Math.abs(v) < 1e9) return String(v);
+    const a = Math.abs(v);
+    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(d === undefined ? 3 : d);
+    return v.toFixed(d === undefined ? (a >= 100 ? 1 : 3) : d);
+  };
+
+  /* ---- colour maps: 10 anchors of matplotlib's maps, linearly interpolated */
+  const ANCHORS = {
+    viridis: ['440154', '482878', '3e4989', '31688e', '26828e', '1f9e89', '35b779', '6ece58', 'b5de2b', 'fde725'],
+    magma: ['000004', '180f3d', '440f76', '721f81', '9e2f7f', 'cd4071', 'f1605d', 'fd9668', 'feca8d', 'fcfdbf'],
+    inferno: ['000004', '1b0c41', '4a0c6b', '781c6d', 'a52c60', 'cf4446', 'ed6925', 'fb9b06', 'f7d13d', 'fcffa4'],
+    gray: ['000000', 'ffffff'],
+    hot: ['000000', 'e60000', 'ffd200', 'ffffff'],
+    hsv: ['ff0000', 'ffff00', '00ff00', '00ffff', '0000ff', 'ff00ff', 'ff0000'],
+  };
+  const LUTS = {};
+  for (const [name, hex] of Object.entries(ANCHORS)) {
+    const rgb = hex.map((h) => [0, 2, 4].map((i) => parseInt(h.substr(i, 2), 16)));
+    const lut = new Uint32Array(256);
+    for (let i = 0; i < 256; i++) {
+      const x = (i / 255) * (rgb.length - 1), k = Math.min(Math.floor(x), rgb.length - 2), f = x - k;
+      const c = [0, 1, 2].map((j) => Math.round(rgb[k][j] * (1 - f) + rgb[k + 1][j] * f));
+      lut[i] = (255 << 24) | (c[2] << 16) | (c[1] << 8) | c[0]; // little-endian RGBA
+    }
+    LUTS[name] = lut;
+  }
+  const NAN_RGBA = (255 << 24) | (60 << 16) | (0 << 8) | 60;
+  const CURVE_COLOURS = ['#4f8cc9', '#f28e2b', '#59a14f', '#e15759', '#b07aa1', '#76b7b2',
+    '#edc948', '#ff9da7', '#9c755f', '#bab0ac'];
+
+  /* ---- message decoding ------------------------------------------------- */
+  function decode(buf) {
+    const dv = new DataView(buf);
+    const n = dv.getUint32(0, true);
+    const h = JSON.parse(new TextDecoder().decode(new Uint8Array(buf, 4, n)));
+    const off = 4 + n + ((4 - ((4 + n) % 4)) % 4);
+    const a = buf.byteLength > off ? new Float32Array(buf, off, (buf.byteLength - off) >> 2) : null;
+    return { h, a };
+  }
+
+  /* ---- what a topic is: the view chosen from its descriptor -------------- */
+  function isLagAxis(name) { return /^(lag|tau|delay|dt)$/i.test(name || ''); }
+  function viewKind(t) {
+    if (!t) return 'raw';
+    if (!t.ok) return 'raw';
+    if (t.topic === 'beamd.stats' || t.topic === 'beamd.series') return 'doc';
+    if (t.msg_type && t.msg_type !== 'RESULT') return 'doc';
+    const shape = t.shape || [];
+    const n = shape.reduce((x, y) => x * y, 1);
+    const d = t.desc || {};
+    const axes = d.axes || [];
+    if (shape.length === 0) return 'raw';
+    if (n === 1) return 'scalar';
+    if (shape.length === 1) {
+      if (d.per_frame && n <= 16) return 'scalars';
+      if (Array.isArray(d.labels) && d.labels.length === n && typeof d.labels[0] === 'string') return 'table';
+      if (n <= 8 && !isLagAxis(axes[0])) return 'table';
+      return 'curve';
+    }
+    if (shape.length === 2 && (axes.some(isLagAxis) || Math.min(shape[0], shape[1]) <= 16)) return 'curves';
+    return 'image';
+  }
+  function describe(t) {
+    const d = t.desc;
+    const parts = [];
+    if (t.dtype) parts.push(t.dtype + '[' + (t.shape || []).join('×') + ']');
+    if (d && d.axes && d.axes.length) parts.push('axes ' + d.axes.join(', '));
+    if (d && d.units) parts.push(d.units);
+    if (d && d.kind) parts.push(d.kind);
+    return parts.join(' · ');
+  }
+  /* x values of a curve: the sibling "<stage>.lags" topic, else numeric
+   * labels of the axis, else the index. */
+  function xValues(name, axisName, n) {
+    const d = (S.topics.get(name) || {}).desc || {};
+    const stage = name.split('.')[0];
+    if (isLagAxis(axisName)) {
+      for (const sib of [stage + '.lags', stage + '.tau', stage + '.lag']) {
+        const l = S.latest.get(sib);
+        if (l && l.a && l.a.length >= n) {
+          const u = ((S.topics.get(sib) || {}).desc || {}).units || '';
+          return { x: l.a.subarray(0, n), label: 'τ' + (u ? ' (' + u + ')' : ''), log: true };
+        }
+      }
+    }
+    const lab = d.labels && !Array.isArray(d.labels) ? d.labels[axisName] : null;
+    if (Array.isArray(lab) && lab.length >= n && typeof lab[0] === 'number')
+      return { x: Float32Array.from(lab.slice(0, n)), label: axisName, log: isLagAxis(axisName) };
+    const x = new Float32Array(n);
+    for (let i = 0; i < n; i++) x[i] = i;
+    return { x, label: axisName || 'index', log: false };
+  }
+  function curveNames(name, axisName, k) {
+    const d = (S.topics.get(name) || {}).desc || {};
+    let lab = null;
+    if (Array.isArray(d.labels) && d.labels.length === k) lab = d.labels;
+    else if (d.labels && Array.isArray(d.labels[axisName]) && d.labels[axisName].length === k) lab = d.labels[axisName];
+    const out = [];
+    for (let i = 0; i < k; i++) out.push((axisName || 'curve') + ' ' + (lab ? lab[i] : i));
+    return out;
+  }
+
+  /* ---- panels ------------------------------------------------------------- */
+  function makePanel(name) {
+    const t = S.topics.get(name) || { topic: name };
+    const kind = viewKind(t);
+    const root = el('div', 'panel');
+    root.dataset.topic = name;
+    root.dataset.kind = kind;
+    const title = el('div', 'title');
+    title.append(el('span', 'name', name), el('span', 'dim small', kind));
+    const close = el('span', 'close', '✕');
+    close.title = 'hide';
+    close.onclick = () => { S.closedByUser.add(name); removePanel(name); };
+    title.append(close);
+    const info = el('div', 'info');
+    root.append(title, info);
+    const p = { name, kind, root, info, pending: null, drawn: 0, hist: null, opts: {} };
+    if (kind === 'image') buildImage(p);
+    else if (kind === 'curves' || kind === 'curve' || kind === 'scalar' || kind === 'scalars') buildPlot(p);
+    else { p.pre = el('pre'); root.append(p.pre); }
+    $('panels').append(root);
+    S.panels.set(name, p);
+    const last = S.latest.get(name);
+    if (last) p.pending = last;
+    sendSubscribe();
+    return p;
+  }
+  function removePanel(name) {
+    const p = S.panels.get(name);
+    if (!p) return;
+    p.root.remove();
+    S.panels.delete(name);
+    sendSubscribe();
+    renderTopics();
+  }
+
+  function control(p, label, input) {
+    const l = el('label');
+    l.append(label + ' ', input);
+    p.controls.append(l);
+    return input;
+  }
+
+  function buildImage(p) {
+    p.controls = el('div', 'controls');
+    const cm = el('select');
+    for (const k of Object.keys(LUTS)) cm.append(new Option(k, k));
+    p.opts.cmap = control(p, 'colours', cm);
+    const auto = el('input'); auto.type = 'checkbox'; auto.checked = true;
+    p.opts.auto = control(p, 'autoscale', auto);
+    const lo = el('input'); lo.type = 'number'; lo.step = 'any';
+    const hi = el('input'); hi.type = 'number'; hi.step = 'any';
+    p.opts.lo = control(p, 'min', lo);
+    p.opts.hi = control(p, 'max', hi);
+    const logc = el('input'); logc.type = 'checkbox';
+    p.opts.log = control(p, 'log', logc);
+    const part = el('select');
+    part.append(new Option('magnitude', '0'), new Option('phase', '1'));
+    p.opts.part = control(p, 'part', part);
+    p.opts.part.parentNode.style.display = 'none';
+    const reset = el('button', '', 'reset view');
+    p.controls.append(reset);
+    p.canvas = el('canvas', 'view');
+    p.canvas.width = 438; p.canvas.height = 340;
+    p.cbar = el('canvas', 'cbar'); p.cbar.width = 256; p.cbar.height = 1;
+    p.cbarLabels = el('div', 'cbarlabels');
+    p.cbarLo = el('span'); p.cbarHi = el('span');
+    p.cbarLabels.append(p.cbarLo, p.cbarHi);
+    p.root.append(p.controls, p.canvas, p.cbar, p.cbarLabels);
+    p.off = document.createElement('canvas');
+    p.zoom = { s: 0, x: 0, y: 0 }; // s = 0: fit
+    const redraw = () => { if (p.last) p.pending = p.last; };
+    for (const c of [cm, auto, lo, hi, logc, part]) c.onchange = () => {
+      if (c === lo || c === hi) auto.checked = false;
+      redraw();
+    };
+    reset.onclick = () => { p.zoom = { s: 0, x: 0, y: 0 }; redraw(); };
+    p.canvas.addEventListener('wheel', (ev) => {
+      ev.preventDefault();
+      fitIfNeeded(p);
+      const r = p.canvas.getBoundingClientRect();
+      const mx = (ev.clientX - r.left) * p.canvas.width / r.width;
+      const my = (ev.clientY - r.top) * p.canvas.height / r.height;
+      const f = ev.deltaY < 0 ? 1.25 : 0.8;
+      p.zoom.x = mx - (mx - p.zoom.x) * f;
+      p.zoom.y = my - (my - p.zoom.y) * f;
+      p.zoom.s *= f;
+      redraw();
+    }, { passive: false });
+    let drag = null;
+    p.canvas.onmousedown = (ev) => { fitIfNeeded(p); drag = { x: ev.clientX, y: ev.clientY, zx: p.zoom.x, zy: p.zoom.y }; };
+    window.addEventListener('mouseup', () => { drag = null; });
+    p.canvas.addEventListener('mousemove', (ev) => {
+      const r = p.canvas.getBoundingClientRect();
+      const sx = p.canvas.width / r.width, sy = p.canvas.height / r.height;
+      if (drag) {
+        p.zoom.x = drag.zx + (ev.clientX - drag.x) * sx;
+        p.zoom.y = drag.zy + (ev.clientY - drag.y) * sy;
+        redraw();
+        return;
+      }
+      hover(p, (ev.clientX - r.left) * sx, (ev.clientY - r.top) * sy);
+    });
+  }
+  function fitIfNeeded(p) {
+    if (p.zoom.s || !p.img) return;
+    const s = Math.min(p.canvas.width / p.img.w, p.canvas.height / p.img.h);
+    p.zoom = { s, x: (p.canvas.width - p.img.w * s) / 2, y: (p.canvas.height - p.img.h * s) / 2 };
+  }
+  function hover(p, cx, cy) {
+    if (!p.img || !p.zoom.s) return;
+    const ix = Math.floor((cx - p.zoom.x) / p.zoom.s), iy = Math.floor((cy - p.zoom.y) / p.zoom.s);
+    if (ix < 0 || iy < 0 || ix >= p.img.w || iy >= p.img.h) { p.hoverText = ''; return; }
+    const v = p.img.plane[iy * p.img.w + ix];
+    const f = p.img.factor;
+    p.hoverText = 'x ' + ix * f[1] + ', y ' + iy * f[0] + ': ' + fmt(v);
+    p.info.textContent = p.infoText + '  |  ' + p.hoverText;
+  }
+
+  function drawImage(p, m) {
+    const h = m.h, data = h.data || {}, shape = data.shape || [];
+    const H = shape[0], W = shape[1];
+    if (!m.a || !H || !W) { p.info.textContent = 'no data'; return false; }
+    const arrays = data.arrays || [];
+    const cplx = arrays.length > 1;
+    p.opts.part.parentNode.style.display = cplx ? '' : 'none';
+    const k = cplx ? +p.opts.part.value : 0;
+    const plane = m.a.subarray(k * H * W, (k + 1) * H * W);
+    const st = arrays[k] || {};
+    let lo, hi;
+    const logs = p.opts.log.checked;
+    if (p.opts.auto.checked) {
+      lo = st.min; hi = st.max;
+      if (k === 1) { lo = -Math.PI; hi = Math.PI; }
+      if (logs) {
+        lo = Infinity;
+        for (let i = 0; i < plane.length; i++) { const v = plane[i]; if (v > 0 && v < lo) lo = v; }
+        if (!Number.isFinite(lo)) lo = 1;
+      }
+      if (lo !== null && lo !== undefined) p.opts.lo.value = +lo.toPrecision(5);
+      if (hi !== null && hi !== undefined) p.opts.hi.value = +hi.toPrecision(5);
+    } else {
+      lo = parseFloat(p.opts.lo.value); hi = parseFloat(p.opts.hi.value);
+    }
+    if (!Number.isFinite(lo) || !Number.isFinite(hi)) { lo = 0; hi = 1; }
+    const cmap = k === 1 && p.opts.cmap.value === 'viridis' ? 'hsv' : p.opts.cmap.value;
+    const lut = LUTS[cmap];
+    if (p.off.width !== W || p.off.height !== H) {
+      p.off.width = W; p.off.height = H;
+      p.imgData = null;
+      if (p.img && (p.img.w !== W || p.img.h !== H)) p.zoom = { s: 0, x: 0, y: 0 };
+    }
+    const octx = p.off.getContext('2d');
+    if (!p.imgData) p.imgData = octx.createImageData(W, H);
+    const px = new Uint32Array(p.imgData.data.buffer);
+    let a = logs ? Math.log10(lo > 0 ? lo : 1e-30) : lo;
+    const b = logs ? Math.log10(hi > 0 ? hi : 1e-30) : hi;
+    const scale = b > a ? 255 / (b - a) : 0;
+    if (!(b > a)) a = a - 0.5;
+    for (let i = 0, n = W * H; i < n; i++) {
+      let v = plane[i];
+      if (v !== v) { px[i] = NAN_RGBA; continue; }
+      if (logs) v = v > 0 ? Math.log10(v) : a;
+      let j = (v - a) * scale;
+      j = j < 0 ? 0 : j > 255 ? 255 : j | 0;
+      px[i] = lut[j];
+    }
+    octx.putImageData(p.imgData, 0, 0);
+    p.img = { w: W, h: H, plane, factor: data.factor || [1, 1] };
+    fitIfNeeded(p);
+    const ctx = p.canvas.getContext('2d');
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.fillStyle = '#000';
+    ctx.fillRect(0, 0, p.canvas.width, p.canvas.height);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(p.off, p.zoom.x, p.zoom.y, W * p.zoom.s, H * p.zoom.s);
+    const cb = p.cbar.getContext('2d');
+    const cbd = cb.createImageData(256, 1);
+    new Uint32Array(cbd.data.buffer).set(lut);
+    cb.putImageData(cbd, 0, 0);
+    const u = ((h.desc || {}).units) || '';
+    p.cbarLo.textContent = fmt(lo) + (logs ? ' (log)' : '');
+    p.cbarHi.textContent = fmt(hi) + (u ? ' ' + u : '');
+    const f = data.factor || [1, 1];
+    p.infoText = 'series ' + h.series_id + ' frame ' + h.frame_id + ' · ' + (h.shape || []).join('×') +
+      (f[0] > 1 || f[1] > 1 ? ' shown ' + W + '×' + H + ' (' + data.downsample + ' of ' + f[0] + '×' + f[1] + ')' : '') +
+      (data.planes > 1 ? ' · plane 0 of ' + data.planes : '') +
+      (st.nonfinite ? ' · ' + st.nonfinite + ' NaN/Inf' : '') + (h.desc ? '' : ' · no descriptor (raw)');
+    p.info.textContent = p.infoText + (p.hoverText ? '  |  ' + p.hoverText : '');
+    return true;
+  }
+
+  function buildPlot(p) {
+    p.controls = el('div', 'controls');
+    const lx = el('input'); lx.type = 'checkbox';
+    const ly = el('input'); ly.type = 'checkbox';
+    p.opts.logx = control(p, 'log x', lx);
+    p.opts.logy = control(p, 'log y', ly);
+    p.opts.logxAuto = true;
+    lx.onchange = () => { p.opts.logxAuto = false; if (p.last) p.pending = p.last; };
+    ly.onchange = () => { if (p.last) p.pending = p.last; };
+    p.canvas = el('canvas', 'view');
+    p.canvas.width = 438; p.canvas.height = 340;
+    p.root.append(p.controls, p.canvas);
+  }
+
+  /* Line plot of curves [{x, y, name}] with axes; log axes drop values <= 0. */
+  function plot(canvas, curves, o) {
+    const ctx = canvas.getContext('2d');
+    const W = canvas.width, H = canvas.height, L = 62, R = 10, T = 10, B = 36;
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.fillStyle = '#0d0f12';
+    ctx.fillRect(0, 0, W, H);
+    const tx = o.logx ? (v) => (v > 0 ? Math.log10(v) : NaN) : (v) => v;
+    const ty = o.logy ? (v) => (v > 0 ? Math.log10(v) : NaN) : (v) => v;
+    let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
+    for (const c of curves) for (let i = 0; i < c.y.length; i++) {
+      const X = tx(c.x[i]), Y = ty(c.y[i]);
+      if (!Number.isFinite(X) || !Number.isFinite(Y)) continue;
+      if (X < x0) x0 = X; if (X > x1) x1 = X; if (Y < y0) y0 = Y; if (Y > y1) y1 = Y;
+    }
+    if (!(x1 >= x0) || !(y1 >= y0)) {
+      ctx.fillStyle = '#9aa0a6'; ctx.fillText('no finite values', L + 10, T + 20); return 0;
+    }
+    if (x1 === x0) { x0 -= 0.5; x1 += 0.5; }
+    if (y1 === y0) { y0 -= 0.5; y1 += 0.5; }
+    const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
+    const sx = (W - L - R) / (x1 - x0), sy = (H - T - B) / (y1 - y0);
+    const X = (v) => L + (v - x0) * sx, Y = (v) => H - B - (v - y0) * sy;
+    ctx.strokeStyle = '#2e323a'; ctx.fillStyle = '#9aa0a6'; ctx.font = '11px sans-serif';
+    ctx.lineWidth = 1;
+    const ticks = (a, b, log, px) => {
+      const out = [], want = Math.max(2, Math.floor(px / 70));
+      if (log) {
+        for (let e = Math.floor(a); e <= Math.ceil(b); e++) if (e >= a && e <= b) out.push([e, '1e' + e]);
+        if (out.length >= 2) return out;
+      }
+      const step = Math.pow(10, Math.floor(Math.log10((b - a) / want || 1)));
+      const r = (b - a) / step;
+      const m = [1, 2, 5, 10].find((k) => r / k <= want) || 10;
+      const d = step * m;
+      for (let i = Math.ceil(a / d); i * d <= b; i++) {
+        const v = Math.abs(i) < 1e-9 ? 0 : i * d; // no -2.8e-17 for zero
+        out.push([v, log ? fmt(Math.pow(10, v), 2) : fmt(v, d >= 1 ? 0 : undefined)]);
+      }
+      return out;
+    };
+    for (const [v, s] of ticks(x0, x1, o.logx, W - L - R)) {
+      ctx.beginPath(); ctx.moveTo(X(v), T); ctx.lineTo(X(v), H - B); ctx.stroke();
+      ctx.fillText(s, X(v) - 12, H - B + 13);
+    }
+    for (const [v, s] of ticks(y0, y1, o.logy, (H - T - B) * 2)) {
+      ctx.beginPath(); ctx.moveTo(L, Y(v)); ctx.lineTo(W - R, Y(v)); ctx.stroke();
+      ctx.fillText(s, 4, Y(v) + 4);
+    }
+    ctx.fillText(o.xlabel || '', W / 2 - 20, H - 6);
+    ctx.fillText(o.ylabel || '', L + 4, T + 12);
+    let drawnPts = 0;
+    curves.forEach((c, k) => {
+      ctx.strokeStyle = CURVE_COLOURS[k % CURVE_COLOURS.length];
+      ctx.fillStyle = ctx.strokeStyle;
+      ctx.lineWidth = 1.5;
+      ctx.beginPath();
+      let pen = false;
+      for (let i = 0; i < c.y.length; i++) {
+        const xv = tx(c.x[i]), yv = ty(c.y[i]);
+        if (!Number.isFinite(xv) || !Number.isFinite(yv)) { pen = false; continue; }
+        if (pen) ctx.lineTo(X(xv), Y(yv)); else ctx.moveTo(X(xv), Y(yv));
+        pen = true; drawnPts++;
+        if (c.y.length <= 64) ctx.fillRect(X(xv) - 1.5, Y(yv) - 1.5, 3, 3);
+      }
+      ctx.stroke();
+      if (curves.length > 1 || c.name) ctx.fillText(c.name || '', W - R - 110, T + 12 + 13 * k);
+    });
+    return drawnPts;
+  }
+
+  function drawPlot(p, m) {
+    const h = m.h, a = m.a, data = h.data || {}, shape = data.shape || [];
+    const d = h.desc || {};
+    const axes = d.axes || [];
+    const units = d.units || '';
+    let curves = [], xl = '', logx = false;
+    if (!a) { p.info.textContent = 'no data'; return false; }
+    if (p.kind === 'scalar' || p.kind === 'scalars') {
+      const hist = S.hist[h.topic] || { t: [], v: [] };
+      const t0 = hist.t.length ? hist.t[hist.t.length - 1] : 0;
+      const x = Float32Array.from(hist.t, (v) => v - t0);
+      const k = a.length;
+      const names = k > 1 ? curveNames(h.topic, axes[0], k) : [''];
+      for (let j = 0; j < k; j++) curves.push({ x, y: Float32Array.from(hist.v, (v) => v[j]), name: names[j] });
+      xl = 'seconds (0 = latest)';
+      p.infoText = 'latest ' + Array.from(a.slice(0, 4), (v) => fmt(v)).join(', ') + (units ? ' ' + units : '') +
+        ' · frame ' + h.frame_id;
+    } else if (shape.length === 1) {
+      const xv = xValues(h.topic, axes[0], a.length);
+      curves.push({ x: xv.x, y: a, name: '' });
+      xl = xv.label; logx = xv.log;
+      p.infoText = a.length + ' points · series ' + h.series_id + ' frame ' + h.frame_id;
+    } else {
+      /* 2-D: one curve per column (axis 1) when axis 0 is the lag axis, else per row. */
+      let [n0, n1] = shape;
+      const lagFirst = isLagAxis(axes[0]) || (!isLagAxis(axes[1]) && n1 <= n0);
+      const nx = lagFirst ? n0 : n1, k = lagFirst ? n1 : n0;
+      const xAxis = lagFirst ? axes[0] : axes[1], cAxis = lagFirst ? axes[1] : axes[0];
+      const xv = xValues(h.topic, xAxis, nx);
+      const names = curveNames(h.topic, cAxis || 'roi', k);
+      for (let j = 0; j < k; j++) {
+        const y = new Float32Array(nx);
+        for (let i = 0; i < nx; i++) y[i] = lagFirst ? a[i * n1 + j] : a[j * n1 + i];
+        curves.push({ x: xv.x, y, name: names[j] });
+      }
+      xl = xv.label; logx = xv.log;
+      p.infoText = k + ' curves × ' + nx + ' points · series ' + h.series_id + ' frame ' + h.frame_id +
+        (h.flags & 16 ? ' · final' : h.flags & 8 ? ' · partial' : '');
+    }
+    if (p.opts.logxAuto) p.opts.logx.checked = logx;
+    const n = plot(p.canvas, curves, {
+      logx: p.opts.logx.checked, logy: p.opts.logy.checked, xlabel: xl,
+      ylabel: (h.topic.split('.')[1] || h.topic) + (units ? ' (' + units + ')' : ''),
+    });
+    p.curves = curves.length;
+    p.points = n;
+    p.info.textContent = p.infoText + (h.desc ? '' : ' · no descriptor (raw)');
+    return n > 0;
+  }
+
+  function drawText(p, m) {
+    const h = m.h;
+    if (h.type === 'raw') {
+      p.pre.textContent = 'cannot decode: ' + h.why + '\npart sizes: ' + (h.part_sizes || []).join(', ') +
+        '\nfirst bytes: ' + (h.head_hex || '').replace(/(..)/g, '$1 ');
+      p.info.textContent = 'raw';
+    } else if (h.type === 'doc') {
+      p.pre.textContent = JSON.stringify(h.doc, null, 1);
+      p.info.textContent = (h.msg_type || '') + ' series ' + h.series_id;
+    } else {
+      const d = h.desc || {};
+      const lab = Array.isArray(d.labels) ? d.labels : null;
+      const rows = [];
+      for (let i = 0; m.a && i < m.a.length && i < 256; i++) rows.push(String(lab ? lab[i] : i).padEnd(14) + fmt(m.a[i]));
+      p.pre.textContent = rows.join('\n');
+      p.info.textContent = 'series ' + h.series_id + ' frame ' + h.frame_id + (h.desc ? '' : ' · no descriptor (raw)');
+    }
+    return true;
+  }
+
+  /* ---- drawing loop: newest message per panel, once per frame ---------------- */
+  function frame() {
+    for (const p of S.panels.values()) {
+      const m = p.pending;
+      if (!m) continue;
+      p.pending = null;
+      p.last = m;
+      let ok = false;
+      try {
+        if (p.kind === 'image') ok = drawImage(p, m);
+        else if (p.canvas) ok = drawPlot(p, m);
+        else ok = drawText(p, m);
+      } catch (e) {
+        S.errors.push(String(e));
+        p.info.textContent = 'cannot draw: ' + e;
+      }
+      if (ok && m.fresh) {
+        m.fresh = false;
+        p.drawn++;
+        S.drawn[p.name] = (S.drawn[p.name] || 0) + 1;
+        const t = nowMs();
+        S.lastDrawn[p.name] = { series_id: m.h.series_id, frame_id: m.h.frame_id, seq: m.h.seq, at: t };
+        if (m.h.t_send_ns) {
+          S.latencies.push({ topic: p.name, ms: t - m.h.t_send_ns / 1e6, viewer_ms: t - m.h.t_tx_ns / 1e6 });
+          if (S.latencies.length > 5000) S.latencies.splice(0, 1000);
+        }
+        p.root.dataset.drawn = p.drawn;
+      }
+    }
+    if (S.unacked > 0 && S.ws && S.ws.readyState === 1) {
+      S.ws.send(JSON.stringify({ ack: S.unacked }));
+      S.unacked = 0;
+    }
+    requestAnimationFrame(frame);
+  }
+
+  /* ---- topics, status, series --------------------------------------------------- */
+  function renderTopics() {
+    const ul = $('topics');
+    ul.textContent = '';
+    for (const t of S.topics.values()) {
+      const li = el('li');
+      li.dataset.topic = t.topic;
+      const kind = viewKind(t);
+      li.dataset.kind = kind;
+      if (S.panels.has(t.topic)) li.classList.add('shown');
+      /* Series events are rare by nature; only data topics go stale. */
+      const stale = t.topic !== 'beamd.series' && t.age_s > Math.max(STALE_S, t.rate > 0 ? 5 / t.rate : 0);
+      if (stale) li.classList.add('stale');
+      const name = el('span', 'name', t.topic);
+      li.append(name);
+      if (t.raw) {
+        const b = el('span', 'raw', 'raw');
+        b.title = t.ok ? 'no result descriptor received (yet)' : t.why;
+        li.append(b);
+      }
+      li.append(el('span', 'kind', kind));
+      li.append(el('div', 'what', t.ok ? describe(t) : 'cannot decode: ' + t.why));
+      li.append(el('div', 'what age', fmt(t.rate, 1) + '/s · ' + t.count + ' received · last ' +
+        fmt(t.age_s, 1) + ' s ago' + (stale ? ' (stopped)' : '')));
+      li.onclick = () => {
+        if (S.panels.has(t.topic)) { S.closedByUser.add(t.topic); removePanel(t.topic); }
+        else { S.closedByUser.delete(t.topic); makePanel(t.topic); renderTopics(); }
+      };
+      ul.append(li);
+    }
+    const m = S.topicsMsg;
+    if (m) {
+      $('subs').textContent = (m.subs || []).map((s) => s.endpoint + ': ' + s.messages + ' messages, ' +
+        s.gaps + ' lost, ' + s.malformed + ' malformed' +
+        (s.age_s === null ? ', nothing yet' : ', last ' + fmt(s.age_s, 1) + ' s ago')).join('; ') +
+        (m.topics_overflow ? '; ' + m.topics_overflow + ' messages over the topic limit' : '');
+    }
+  }
+
+  /* The panels opened without asking: images, lag curves, histories. */
+  function autoOpen() {
+    const want = params.get('topics');
+    const order = { image: 0, curves: 1, scalars: 2, scalar: 3, curve: 4, table: 5 };
+    const cands = [];
+    for (const t of S.topics.values()) {
+      if (S.autoDone.has(t.topic)) continue;
+      const k = viewKind(t);
+      if (want) {
+        if (want.split(',').includes(t.topic)) cands.push([0, t.topic]);
+      } else if (k in order && t.topic.split('.')[1] !== 'lags') {
+        cands.push([order[k], t.topic]);
+      }
+      if (k !== 'raw' || !t.ok) S.autoDone.add(t.topic);
+    }
+    cands.sort((a, b) => a[0] - b[0]);
+    for (const [, name] of cands) {
+      if (S.panels.size >= 6) break;
+      if (!S.panels.has(name) && !S.closedByUser.has(name)) makePanel(name);
+    }
+  }
+
+  function onTopics(h) {
+    S.topicsMsg = h;
+    for (const t of h.topics) {
+      const old = S.topics.get(t.topic);
+      S.topics.set(t.topic, t);
+      /* A descriptor that arrived later can change the view. */
+      const p = S.panels.get(t.topic);
+      if (p && old && viewKind(old) !== viewKind(t)) { removePanel(t.topic); makePanel(t.topic); }
+    }
+    autoOpen();
+    renderTopics();
+    updateStream();
+  }
+
+  function updateStream() {
+    const b = $('stream');
+    let newest = Infinity, n = 0;
+    for (const t of S.topics.values()) {
+      if (t.topic.startsWith('beamd.')) continue;
+      n++;
+      if (t.age_s >= 0 && t.age_s < newest) newest = t.age_s;
+    }
+    if (!S.connected) return;
+    if (!n) { b.textContent = 'waiting for results'; b.className = 'badge'; return; }
+    const since = newest + (nowMs() - S.topicsAt) / 1000;
+    if (since > STALE_S) {
+      b.textContent = 'stream stopped (last result ' + fmt(since, 0) + ' s ago)';
+      b.className = 'badge warn';
+    } else {
+      b.textContent = 'live';
+      b.className = 'badge ok';
+    }
+  }
+
+  function onStatus(h) {
+    S.status = h;
+    const div = $('status');
+    div.textContent = '';
+    if (!h.ok) {
+      div.append(el('p', 'err', 'control endpoint: ' + h.error));
+      if (h.last_ok_age_s !== null) div.append(el('p', 'dim', 'last answer ' + fmt(h.last_ok_age_s, 0) + ' s ago'));
+      return;
+    }
+    const st = h.status || {}, s = h.stats || {}, inp = s.input || {};
+    const lines = [
+      ['state', st.state + ' · up ' + fmt(st.uptime_s, 0) + ' s · pid ' + st.pid],
+      ['input', (st.mode || '') + ' ' + (st.input || '') + ' · ' + fmt(inp.rate_fps, 1) + ' frames/s · ' +
+        fmt(inp.rate_mbps, 1) + ' MB/s'],
+      ['drops', (inp.dropped_total || 0) + ' dropped · ' + (inp.gaps || 0) + ' gaps · ' +
+        (inp.malformed || 0) + ' malformed' + (inp.paused ? ' · paused' : '')],
+      ['results', (s.results || 0) + ' · ' + fmt(s.results_per_s, 1) + '/s'],
+      ['latency', s.latency ? 'p50 ' + fmt(s.latency.p50_us / 1000, 2) + ' ms · p99 ' +
+        fmt(s.latency.p99_us / 1000, 2) + ' ms' : '–'],
+      ['gpu', st.gpu || '–'],
+    ];
+    const info = el('table');
+    for (const [k, v] of lines) {
+      const tr = el('tr');
+      tr.append(el('td', 'dim', k), el('td', '', v));
+      tr.lastChild.style.textAlign = 'left';
+      info.append(tr);
+    }
+    div.append(info);
+    const tab = el('table');
+    const hr = el('tr');
+    for (const c of ['stage', 'in', 'out', 'queue', 'p50 ms', 'err']) hr.append(el('th', '', c));
+    tab.append(hr);
+    for (const g of s.stages || []) {
+      const tr = el('tr');
+      tr.dataset.stage = g.name;
+      const q = el('td');
+      const bar = el('span', 'qbar');
+      bar.style.width = Math.round(40 * (g.queue_cap ? g.queue_depth / g.queue_cap : 0)) + 'px';
+      q.append(bar, ' ' + g.queue_depth + '/' + g.queue_cap);
+      tr.append(el('td', '', g.name + ' (' + g.kind + ', ' + g.backend + ')'), el('td', '', g.frames_in),
+        el('td', '', g.frames_out), q, el('td', '', fmt((g.latency || {}).p50_us / 1000, 2)),
+        el('td', g.errors ? 'err' : '', g.errors + g.rejected));
+      tab.append(tr);
+    }
+    div.append(tab);
+    /* Rates over time. */
+    const R = S.rates, t = h.t_tx_ns / 1e9;
+    const prev = S.prevDrops;
+    const drops = (inp.dropped_total || 0) + Object.values(s.outputs || {}).reduce((x, o) => x + (o.dropped || 0), 0);
+    const dt = S.prevT ? t - S.prevT : 0;
+    R.t.push(t); R.fps.push(inp.rate_fps || 0); R.rps.push(s.results_per_s || 0);
+    R.drops.push(dt > 0 && prev !== undefined ? Math.max(0, (drops - prev) / dt) : 0);
+    S.prevDrops = drops; S.prevT = t;
+    if (R.t.length > 300) for (const k of Object.keys(R)) R[k].shift();
+    const x = Float32Array.from(R.t, (v) => v - t);
+    const c = $('ratesplot');
+    c.width = 300; c.height = 120;
+    plot(c, [{ x, y: Float32Array.from(R.fps), name: '' }, { x, y: Float32Array.from(R.rps), name: '' },
+      { x, y: Float32Array.from(R.drops), name: '' }], { xlabel: 's', ylabel: '' });
+  }
+
+  function onSeries(h) {
+    const d = h.doc || {};
+    S.series.unshift((h.msg_type === 'SERIES_START' ? 'start ' : 'end ') + h.series_id +
+      (d.detector ? ' · ' + d.detector : '') + (d.nframes ? ' · ' + d.nframes + ' frames' : '') +
+      (h.flags & 128 ? ' · aborted' : ''));
+    S.series.length = Math.min(S.series.length, 20);
+    const ul = $('series');
+    ul.textContent = '';
+    for (const s of S.series) ul.append(el('li', '', s));
+  }
+
+  /* ---- connection --------------------------------------------------------------- */
+  function sendSubscribe() {
+    if (!S.ws || S.ws.readyState !== 1) return;
+    const want = new Set();
+    for (const name of S.panels.keys()) {
+      want.add(name);
+      want.add(name.split('.')[0] + '.lags'); // x values of lag curves
+    }
+    /* Histories need every value, not only while shown. */
+    for (const t of S.topics.values()) {
+      const k = viewKind(t);
+      if (k === 'scalar' || k === 'scalars') want.add(t.topic);
+    }
+    S.ws.send(JSON.stringify({ subscribe: Array.from(want) }));
+  }
+
+  function onMessage(ev) {
+    S.messages++;
+    S.bytes += ev.data.byteLength;
+    let m;
+    try { m = decode(ev.data); } catch (e) { S.errors.push('bad message: ' + e); return; }
+    const h = m.h;
+    switch (h.type) {
+      case 'hello':
+        S.hello = h;
+        /* Flow control: results are acknowledged once the drawing loop
+         * took them, so they wait in the viewer (where newer ones replace
+         * them), not in this page's socket queue. */
+        S.ws.send(JSON.stringify({ window: WINDOW }));
+        S.unacked = 0;
+        sendSubscribe();
+        return;
+      case 'topics': S.topicsAt = nowMs(); onTopics(h); return;
+      case 'status': onStatus(h); return;
+      default: break;
+    }
+    const name = h.topic;
+    S.received[name] = (S.received[name] || 0) + 1;
+    S.unacked++;
+    m.fresh = true;
+    S.latest.set(name, m);
+    S.lastResultAt = nowMs();
+    if (name === 'beamd.series') onSeries(h);
+    const p = S.panels.get(name);
+    if (p) p.pending = m;
+    /* Lag values redraw the curves that use them. */
+    if (name.endsWith('.lags')) {
+      for (const q of S.panels.values())
+        if (q.kind === 'curves' && q.name.split('.')[0] === name.split('.')[0] && q.last && !q.pending) q.pending = q.last;
+    }
+    /* Histories grow per message (not per drawing), shown or not. */
+    const k = viewKind(S.topics.get(name));
+    if ((k === 'scalar' || k === 'scalars') && m.a) {
+      const hist = S.hist[name] || (S.hist[name] = { t: [], v: [] });
+      hist.t.push((h.t_send_ns || h.t_rx_ns) / 1e9);
+      hist.v.push(Float32Array.from(m.a));
+      if (hist.t.length > HIST_N) { hist.t.shift(); hist.v.shift(); }
+    }
+  }
+
+  function connect() {
+    const proto = location.protocol === 'https:' ? 'wss:' : 'ws:';
+    const url = proto + '//' + location.host + '/ws' + (TOKEN ? '?token=' + encodeURIComponent(TOKEN) : '');
+    const ws = new WebSocket(url, 'beamd-view');
+    ws.binaryType = 'arraybuffer';
+    S.ws = ws;
+    ws.onopen = () => {
+      S.connected = true;
+      $('conn').textContent = 'connected';
+      $('conn').className = 'badge ok';
+    };
+    ws.onmessage = onMessage;
+    ws.onclose = () => {
+      S.connected = false;
+      $('conn').textContent = 'viewer disconnected, retrying';
+      $('conn').className = 'badge bad';
+      setTimeout(connect, 2000);
+    };
+  }
+
+  setInterval(() => {
+    updateStream();
+    $('counters').textContent = S.messages + ' messages · ' + fmt(S.bytes / 1e6, 1) + ' MB';
+  }, 500);
+  S.topicsAt = nowMs();
+  connect();
+  requestAnimationFrame(frame);
+})();
