@@ -130,7 +130,8 @@ $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 # per-pixel kernels need the full vectoriser (measured: correct 3.2x).
 $(BUILD)/pipeline/kern/%.o: CFLAGS += -O3
 # The DM engine's per-view loops are OpenMP parallel (threads = conf.threads).
-$(BUILD)/pipeline/ptycho/%.o: CFLAGS += -O3 -fopenmp
+# No errno from sqrt and no FP traps: lets the modulus loop vectorise.
+$(BUILD)/pipeline/ptycho/%.o: CFLAGS += -O3 -fopenmp -fno-math-errno -fno-trapping-math
 $(BUILD)/tools/beamd-ptycho/%.o: CFLAGS += $(MPI_CFLAGS)
 $(BUILD)/tools/beamd-view/%.o: CFLAGS += $(LWS_CFLAGS)
 
@@ -151,7 +152,7 @@ ifeq ($(CUDA),1)
 LINK += -lstdc++
 endif
 
-$(BUILD)/beamd-ptycho: LDLIBS_EXTRA = $(MPI_LIBS)
+$(BUILD)/beamd-ptycho: LDLIBS_EXTRA = $(MPI_LIBS) -lpng
 $(BUILD)/beamd-view: LDLIBS_EXTRA = $(LWS_LIBS)
 
 $(BUILD)/beamd: $(BUILD)/daemon/main.o $(LIBBEAMD) $(LIBBEAM)
@@ -209,6 +210,9 @@ install: all
 	install -m 755 $(BUILD)/beamd $(TOOL_BIN) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 systemd/beamd.service $(DESTDIR)/lib/systemd/system/beamd.service
 	[ -f $(DESTDIR)/etc/beamd/beamd.yaml ] || install -m 644 etc/beamd.yaml $(DESTDIR)/etc/beamd/beamd.yaml
+	# beamd-view's page; the binary finds it at ../share/beamd-view/www
+	install -d $(DESTDIR)$(PREFIX)/share/beamd-view/www
+	install -m 644 tools/beamd-view/www/* $(DESTDIR)$(PREFIX)/share/beamd-view/www/
 
 print-config:
 	@echo "CC=$(CC)"; echo "CUDA=$(CUDA) NVCC=$(or $(NVCC),none) CUDA_ARCH=$(CUDA_ARCH)"

@@ -7,7 +7,10 @@
  * one read into one reused buffer. `--decode` reads each frame with H5Dread
  * through the filter pipeline instead (the plugin must be on
  * HDF5_PLUGIN_PATH), which shows what decompressing on the reading side
- * would cost. Passes over the file repeat until --min-seconds have passed, so
+ * would cost. `--beam-decode` reads the chunk as stored and decodes it with
+ * beamd's own decoder (beam_codec_decode, the codec taken from the
+ * dataset's filter: 32004 lz4, 32008 bslz4), one thread: what one beamd
+ * stage thread pays per frame for lazy decode. Passes over the file repeat until --min-seconds have passed, so
  * a file that sits in the page cache still gives a steady figure.
  *
  * Prints one JSON line: frames, passes, stored and decoded bytes, seconds
@@ -21,6 +24,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "proto/proto.h"
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -28,7 +33,7 @@ static double now_s(void) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: h5chunkread FILE [--dataset PATH] [--min-seconds S] [--decode]\n"
+  fprintf(f, "usage: h5chunkread FILE [--dataset PATH] [--min-seconds S] [--decode | --beam-decode]\n"
              "Reads every frame chunk of FILE (default dataset /entry/data/data) and prints\n"
              "one JSON line with frames/s and GB/s.\n");
 }
@@ -36,7 +41,8 @@ static void usage(FILE *f) {
 typedef struct {
   const char *file, *dataset;
   double min_s;
-  int decode;
+  int decode;      /* H5Dread through the filter */
+  int beam_decode; /* H5Dread_chunk + beam_codec_decode */
 } opts_t;
 
 static int parse(int argc, char **argv, opts_t *o) {
@@ -44,6 +50,7 @@ static int parse(int argc, char **argv, opts_t *o) {
   o->dataset = "/entry/data/data";
   o->min_s = 1.0;
   o->decode = 0;
+  o->beam_decode = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help")) {
@@ -60,6 +67,8 @@ static int parse(int argc, char **argv, opts_t *o) {
       }
     } else if (!strcmp(a, "--decode")) {
       o->decode = 1;
+    } else if (!strcmp(a, "--beam-decode")) {
+      o->beam_decode = 1;
     } else if (a[0] != '-' && !o->file) {
       o->file = a;
     } else {
@@ -69,6 +78,10 @@ static int parse(int argc, char **argv, opts_t *o) {
   }
   if (!o->file) {
     fprintf(stderr, "h5chunkread: no FILE given\n");
+    return -1;
+  }
+  if (o->decode && o->beam_decode) {
+    fprintf(stderr, "h5chunkread: --decode and --beam-decode exclude each other\n");
     return -1;
   }
   return 0;
@@ -82,7 +95,7 @@ int main(int argc, char **argv) {
   }
   int rc = 1;
   hid_t f = -1, d = -1, space = -1, dcpl = -1, type = -1, mspace = -1;
-  void *buf = NULL;
+  void *buf = NULL, *pix = NULL, *scratch = NULL;
   double t0 = now_s();
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our messages name the file and dataset */
   if ((f = H5Fopen(o.file, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0) {
@@ -123,6 +136,26 @@ int main(int argc, char **argv) {
     fprintf(stderr, "h5chunkread: out of memory (%zu bytes)\n", cap);
     goto out;
   }
+  beam_codec_t codec = BEAM_CODEC_RAW;
+  if (o.beam_decode) {
+    int nf = H5Pget_nfilters(dcpl);
+    unsigned flags, cd[8];
+    size_t ncd = 8;
+    H5Z_filter_t id = nf == 1 ? H5Pget_filter2(dcpl, 0, &flags, &ncd, cd, 0, NULL, NULL) : -1;
+    if (id == 32004)
+      codec = BEAM_CODEC_LZ4;
+    else if (id == 32008 && ncd >= 5 && cd[4] == 2)
+      codec = BEAM_CODEC_BSLZ4;
+    else {
+      fprintf(stderr, "h5chunkread: %s:%s: --beam-decode needs exactly one lz4 (32004) or "
+                      "bitshuffle-lz4 (32008) filter\n", o.file, o.dataset);
+      goto out;
+    }
+    if (!(pix = malloc(frame_bytes)) || !(scratch = malloc(frame_bytes))) {
+      fprintf(stderr, "h5chunkread: out of memory (%zu bytes)\n", frame_bytes);
+      goto out;
+    }
+  }
   hsize_t one[3] = {1, dims[1], dims[2]};
   mspace = H5Screate_simple(3, one, NULL);
   uint64_t frames = 0, stored = 0, passes = 0;
@@ -148,6 +181,13 @@ int main(int argc, char **argv) {
           goto out;
         }
         stored += nb;
+        const char *why = NULL;
+        if (o.beam_decode &&
+            beam_codec_decode(codec, buf, (size_t)nb, pix, frame_bytes, elem, scratch, &why) < 0) {
+          fprintf(stderr, "h5chunkread: %s:%s: frame %llu: %s\n", o.file, o.dataset,
+                  (unsigned long long)k, why ? why : "cannot decode");
+          goto out;
+        }
       }
       frames++;
     }
@@ -157,13 +197,15 @@ int main(int argc, char **argv) {
   double secs = t1 - t0;
   printf("{\"file\":\"%s\",\"mode\":\"%s\",\"frames\":%llu,\"passes\":%llu,\"frame_bytes\":%zu,"
          "\"stored_bytes\":%llu,\"seconds\":%.6f,\"fps\":%.3f,\"gbps\":%.4f,\"stored_gbps\":%.4f}\n",
-         o.file, o.decode ? "decode" : "chunk", (unsigned long long)frames,
+         o.file, o.decode ? "decode" : o.beam_decode ? "beam_decode" : "chunk", (unsigned long long)frames,
          (unsigned long long)passes, frame_bytes, (unsigned long long)stored, secs,
          (double)frames / secs, (double)frames * (double)frame_bytes / secs / 1e9,
          (double)stored / secs / 1e9);
   rc = 0;
 out:
   free(buf);
+  free(pix);
+  free(scratch);
   if (mspace >= 0)
     H5Sclose(mspace);
   if (type >= 0)

@@ -348,6 +348,32 @@ stages:
         with open(path) as f:
             return json.load(f)
 
+    def ptycho_bench(self):
+        # bench/ptycho.c: DM iteration of the CPU engine beside its FFTs alone
+        path = os.path.join(self.tmp, "ptycho.json")
+        exe = os.path.join(self.build, "bench", "ptycho")
+        p = subprocess.run([exe, "--threads", "2", "--json", path], capture_output=True,
+                           text=True, timeout=600)
+        sys.stdout.write(p.stdout)
+        if p.returncode != 0:
+            raise RuntimeError("ptycho failed: " + p.stderr.strip())
+        with open(path) as f:
+            return json.load(f)
+
+    def ptycho_gpu_bench(self):
+        # bench/ptycho_gpu.c: the CUDA DM engine at the seed scale (10000
+        # views, 50 iterations); prints "skipped: ..." and exits 0 without a GPU
+        path = os.path.join(self.tmp, "ptycho_gpu.json")
+        exe = os.path.join(self.build, "bench", "ptycho_gpu")
+        p = subprocess.run([exe, "--json", path], capture_output=True, text=True, timeout=1200)
+        sys.stdout.write(p.stdout)
+        if p.returncode != 0:
+            raise RuntimeError("ptycho_gpu failed: " + p.stderr.strip())
+        if p.stdout.startswith("skipped"):
+            return {"skipped": p.stdout.strip()}
+        with open(path) as f:
+            return json.load(f)
+
 
 def summary(res):
     m = res["machine"]
@@ -421,6 +447,24 @@ def summary(res):
     if res.get("xpcs"):
         import xpcs
         L.extend(xpcs.summary_lines(res["xpcs"]))
+    if res.get("ptycho"):
+        L.append("DM ptychography, CPU engine, %d threads (median of %d iterations)" %
+                 (res["ptycho"]["threads"], res["ptycho"]["iters"]))
+        for r in res["ptycho"]["results"]:
+            L.append("  %5d views %dx%d %d mode(s) %s: %.3f s/iteration, FFTs alone %.3f s, "
+                     "ratio %.2f" % (r["views"], r["n"], r["n"], r["modes"], r["prec"],
+                                     r["s_per_iter"], r["fft_only_s"], r["ratio"]))
+    if res.get("ptycho_gpu"):
+        g = res["ptycho_gpu"]
+        if "skipped" in g:
+            L.append("DM ptychography, CUDA engine: " + g["skipped"])
+        else:
+            L.append("DM ptychography, CUDA engine on %s" % g["device"])
+            for r in g["cases"]:
+                L.append("  %5d views %dx%d %d mode(s) %s: %.4f s/iteration (%d: %.2f s), FFTs "
+                         "alone %.4f s, device %.0f MiB" %
+                         (r["views"], r["n"], r["n"], r["modes"], r["prec"], r["s_per_iter"],
+                          r["iters"], r["total_s"], r["fft_s_per_iter"], r["dev_mib"]))
     for e in res.get("errors", []):
         L.append("ERROR: " + e)
     L.append("JSON: " + res["json_path"])
@@ -442,11 +486,13 @@ def main():
     ap.add_argument("--kernel-runs", type=int, default=7)
     ap.add_argument("--replay-pass-mib", type=int, default=512,
                     help="replay: decoded frame bytes per pass, MiB (default 512)")
-    ap.add_argument("--only", choices=["throughput", "latency", "kernels", "replay", "xpcs"],
+    ap.add_argument("--only", choices=["throughput", "latency", "kernels", "replay", "xpcs", "view",
+                                        "ptycho", "ptycho_gpu"],
                     action="append",
                     help="run only these figures (repeatable; latency includes memory)")
     a = ap.parse_args()
-    only = set(a.only or ["throughput", "latency", "kernels", "replay", "xpcs"])
+    only = set(a.only or ["throughput", "latency", "kernels", "replay", "xpcs", "view",
+                          "ptycho", "ptycho_gpu"])
     a.json = a.json or os.path.join(a.build, "bench-results.json")
 
     b = Bench(a)
@@ -469,7 +515,15 @@ def main():
              ("replay", "HDF5 replay (beamd-replay -> beamd -> beamd-record vs H5Dread_chunk)",
               lambda: res.__setitem__("replay", b.replay_bench())),
              ("xpcs", "XPCS multi-tau (bench/xpcs.py: stage kernel, daemon end to end)",
-              lambda: res.__setitem__("xpcs", __import__("xpcs").run(a.build)))]
+              lambda: res.__setitem__("xpcs", __import__("xpcs").run(a.build))),
+             ("view", "live viewer (bench/view.py: viewer CPU, published -> drawn latency, "
+              "daemon throughput with and without a viewer)",
+              lambda: res.__setitem__("view", __import__("view").run(a.build))),
+             ("ptycho", "DM ptychography engine (bench/ptycho.c: s/iteration vs FFTs alone)",
+              lambda: res.__setitem__("ptycho", b.ptycho_bench())),
+             ("ptycho_gpu", "DM ptychography, CUDA engine (bench/ptycho_gpu.c: 10000 views, "
+              "50 iterations, vs FFTs alone)",
+              lambda: res.__setitem__("ptycho_gpu", b.ptycho_gpu_bench()))]
     try:
         for key, title, fn in steps:
             if key not in only:

@@ -9,7 +9,11 @@
  * cblas_?syrk of [T, P] (T^2 P flops: the stage's product in mode full)
  * and cblas_?gemm [T, P] x [P, T] (2 T^2 P flops).
  *
- *   twotime [--frames T] [--pixels P] [--float32]
+ * With --rows N the stage also publishes c2 row blocks of N rows while
+ * the frames arrive (publish_rows): the process time then includes them,
+ * and their total is printed beside the final products.
+ *
+ *   twotime [--frames T] [--pixels P] [--float32] [--rows N]
  *
  * Prints one table. Memory: T x P x 8 bytes (plus R T^2 x 8 for c2). */
 #include <cblas.h>
@@ -45,23 +49,26 @@ static void em_drop(void *ctx, beam_frame_t *f) { (void)ctx, (void)f; }
 
 int main(int argc, char **argv) {
   size_t T = 2000, P = 50000;
+  size_t rows = 0;
   int f32 = 0;
-  static const struct option lo[] = {
-      {"frames", 1, 0, 't'}, {"pixels", 1, 0, 'p'}, {"float32", 0, 0, 'f'}, {0, 0, 0, 0}};
-  for (int c; (c = getopt_long(argc, argv, "t:p:f", lo, NULL)) != -1;) {
+  static const struct option lo[] = {{"frames", 1, 0, 't'}, {"pixels", 1, 0, 'p'}, {"float32", 0, 0, 'f'},
+                                     {"rows", 1, 0, 'r'},   {0, 0, 0, 0}};
+  for (int c; (c = getopt_long(argc, argv, "t:p:fr:", lo, NULL)) != -1;) {
     if (c == 't')
       T = strtoull(optarg, NULL, 10);
     else if (c == 'p')
       P = strtoull(optarg, NULL, 10);
     else if (c == 'f')
       f32 = 1;
+    else if (c == 'r')
+      rows = strtoull(optarg, NULL, 10);
     else {
-      fprintf(stderr, "usage: twotime [--frames T] [--pixels P] [--float32]\n");
+      fprintf(stderr, "usage: twotime [--frames T] [--pixels P] [--float32] [--rows N]\n");
       return 2;
     }
   }
-  if (T < 2 || T > BEAM_X2T_MAX_FRAMES || P < 1 || P > 100000000) {
-    fprintf(stderr, "twotime: frames must be 2..%u, pixels 1..1e8\n", BEAM_X2T_MAX_FRAMES);
+  if (T < 2 || T > BEAM_X2T_MAX_FRAMES || P < 1 || P > 100000000 || rows > T) {
+    fprintf(stderr, "twotime: frames must be 2..%u, pixels 1..1e8, rows 0..frames\n", BEAM_X2T_MAX_FRAMES);
     return 2;
   }
   /* a disk of about P pixels, centred in a square frame */
@@ -70,8 +77,8 @@ int main(int argc, char **argv) {
   char yaml[512];
   snprintf(yaml, sizeof yaml,
            "{name: tt, kind: xpcs_twotime, backend: cpu, mode: full, max_frames: %zu, memory_limit: 1024Gi, "
-           "precision: %s, rois: {center: [%.1f, %.1f], radii: [0, %.6f]}}",
-           T, f32 ? "float32" : "float64", side / 2.0, side / 2.0, rad);
+           "precision: %s, publish_rows: %zu, rois: {center: [%.1f, %.1f], radii: [0, %.6f]}}",
+           T, f32 ? "float32" : "float64", rows, side / 2.0, side / 2.0, rad);
   beam_cfg_errs_t errs = {0};
   beam_cnode_t *cfg = beam_yaml_parse(yaml, strlen(yaml), "<twotime>", &errs);
   const beam_stage_kind_t *k = beam_stage_kind_find("xpcs_twotime");
@@ -157,7 +164,11 @@ int main(int argc, char **argv) {
   double t_gemm = now_s() - a;
   printf("xpcs_twotime full, %s, T = %zu frames, one ROI of %zu pixels (%ux%u uint16 frames)\n",
          f32 ? "float32" : "float64", T, Pr, side, side);
-  printf("  %-34s %9.3f s  (%.1f us/frame)\n", "stage process (gather, all frames)", t_frames, 1e6 * t_frames / n);
+  if (rows)
+    printf("  %-34s %9.3f s  (%zu blocks of %zu rows)\n", "stage process (gather, row blocks)", t_frames,
+           (T + rows - 1) / rows, rows);
+  else
+    printf("  %-34s %9.3f s  (%.1f us/frame)\n", "stage process (gather, all frames)", t_frames, 1e6 * t_frames / n);
   printf("  %-34s %9.3f s  (%.1f GFLOP/s as syrk)\n", "stage end (products, c2, g2)", t_end, flops_syrk / t_end * 1e-9);
   printf("  %-34s %9.3f s  (%.1f GFLOP/s)\n", "cblas syrk [T,P] same buffer", t_syrk, flops_syrk / t_syrk * 1e-9);
   printf("  %-34s %9.3f s  (%.1f GFLOP/s)\n", "cblas gemm [T,P]x[P,T]", t_gemm, flops_gemm / t_gemm * 1e-9);

@@ -7,13 +7,19 @@
  *         896 frames), 1000 frames
  *   skb   128x128, 8 rings, levels 7, buffers 16, 1000 frames: the size
  *         scikit-beam's multi_tau_auto_corr is usually timed at
- * Reports frames/s and ns per ROI pixel per frame pair (pairs counted
- * from the stage's own pair counters), for normalization roi and
- * per_pixel. Each case also prints a `json: {...}` line (bench/xpcs.py
- * reads those). Not a test: no pass/fail.
+ * Reports frames/s (wall clock) and the process CPU seconds per frame,
+ * ns per ROI pixel per frame pair (pairs counted from the stage's own
+ * pair counters), for normalization roi and per_pixel, at `threads` 1 and
+ * 2, and the 1-minute load average before each case (this machine is
+ * shared: wall-clock figures under load understate what the code does,
+ * CPU time per frame does not). Also the pool's handoff: empty fork-join
+ * phases per second at 2 threads (the fixed cost every frame pays once).
+ * Each case also prints a `json: {...}` line (bench/xpcs.py reads those).
+ * Not a test: no pass/fail.
  *
- *   xpcs_multitau [--quick | --big N] */
+ *   xpcs_multitau [--quick | --big N [THREADS]] */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +29,7 @@
 #include "daemon/config.h"
 #include "pipeline/emit_int.h"
 #include "pipeline/kern/xpcs_multitau.h"
+#include "pipeline/kern/xpcs_pool.h"
 #include "pipeline/stage.h"
 
 typedef struct emitter_s {
@@ -42,20 +49,37 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static double cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double load1(void) {
+  double l = -1;
+  FILE *f = fopen("/proc/loadavg", "r");
+  if (f) {
+    if (fscanf(f, "%lf", &l) != 1)
+      l = -1;
+    fclose(f);
+  }
+  return l;
+}
+
 static uint64_t rng_next(uint64_t *s) {
   *s = *s * 6364136223846793005ull + 1442695040888963407ull;
   return *s >> 33;
 }
 
 static int run(const char *name, uint32_t H, uint32_t W, int rings, int levels, int nb, int nframes,
-               const char *norm) {
+               const char *norm, int threads) {
   char yaml[512];
   double rmax = hypot(H / 2.0, W / 2.0) + 1;
   /* rings from the centre to beyond the corners: every pixel in an ROI */
   int n = snprintf(yaml, sizeof yaml,
                    "{name: b, kind: xpcs_multitau, levels: %d, buffers: %d, publish_every: 0, "
-                   "normalization: %s, rois: {center: [%.1f, %.1f], radii: [",
-                   levels, nb, norm, (W - 1) / 2.0, (H - 1) / 2.0);
+                   "normalization: %s, threads: %d, rois: {center: [%.1f, %.1f], radii: [",
+                   levels, nb, norm, threads, (W - 1) / 2.0, (H - 1) / 2.0);
   for (int k = 0; k <= rings; k++)
     n += snprintf(yaml + n, sizeof yaml - (size_t)n, "%s%.3f", k ? ", " : "",
                   k == 0 ? 0.0 : k == 1 ? 1.0 : rmax * k / rings);
@@ -106,7 +130,8 @@ static int run(const char *name, uint32_t H, uint32_t W, int rings, int levels, 
     for (size_t p = 0; p < (size_t)H * W; p++) /* ~Poisson(20): sum of 40 Bernoulli(1/2) */
       v[p] = (uint16_t)__builtin_popcountll(rng_next(&seed) << 31 ^ rng_next(&seed)) % 41;
   }
-  double t0 = now_s();
+  double la = load1();
+  double t0 = now_s(), c0 = cpu_s();
   for (int i = 0; i < nframes; i++) {
     f[i % BANK].frame_id = (uint64_t)i;
     if (st.ops->process(&st, &f[i % BANK], &e) < 0) {
@@ -114,7 +139,7 @@ static int run(const char *name, uint32_t H, uint32_t W, int rings, int levels, 
       return -1;
     }
   }
-  double t1 = now_s();
+  double t1 = now_s(), c1 = cpu_s();
   st.ops->end(&st, &e);
   double t2 = now_s();
   beam_xmt_t *x = st.priv;
@@ -122,16 +147,19 @@ static int run(const char *name, uint32_t H, uint32_t W, int rings, int levels, 
   for (size_t t = 0; t < x->nlags; t++)
     pairs += x->npairs[t];
   double sec = t1 - t0;
-  printf("%-4s %-9s %4ux%-4u rois %2zu levels %d buffers %2d pixels %7zu: %8.1f frames/s, %6.3f ms/frame, "
-         "%.2f pairs/frame, %.3f ns per ROI pixel per frame pair; publish %.1f ms\n",
-         name, norm, H, W, x->R, levels, nb, x->P, nframes / sec, 1e3 * sec / nframes,
-         (double)pairs / nframes, 1e9 * sec / ((double)pairs * (double)x->P), 1e3 * (t2 - t1));
+  printf("%-4s %-9s %4ux%-4u rois %2zu levels %d buffers %2d pixels %7zu threads %d: %8.1f frames/s, "
+         "%6.3f ms/frame, cpu %6.3f ms/frame, %.2f pairs/frame, %.3f ns per ROI pixel per frame pair; "
+         "publish %.1f ms; load %.2f\n",
+         name, norm, H, W, x->R, levels, nb, x->P, threads, nframes / sec, 1e3 * sec / nframes,
+         1e3 * (c1 - c0) / nframes, (double)pairs / nframes, 1e9 * sec / ((double)pairs * (double)x->P),
+         1e3 * (t2 - t1), la);
   printf("json: {\"case\":\"%s\",\"normalization\":\"%s\",\"h\":%u,\"w\":%u,\"rois\":%zu,"
-         "\"levels\":%d,\"buffers\":%d,\"pixels\":%zu,\"frames\":%d,\"fps\":%.2f,"
-         "\"ms_per_frame\":%.4f,\"pairs_per_frame\":%.3f,\"ns_per_pixel_pair\":%.4f,"
-         "\"publish_ms\":%.3f}\n",
-         name, norm, H, W, x->R, levels, nb, x->P, nframes, nframes / sec, 1e3 * sec / nframes,
-         (double)pairs / nframes, 1e9 * sec / ((double)pairs * (double)x->P), 1e3 * (t2 - t1));
+         "\"levels\":%d,\"buffers\":%d,\"pixels\":%zu,\"threads\":%d,\"frames\":%d,\"fps\":%.2f,"
+         "\"ms_per_frame\":%.4f,\"cpu_ms_per_frame\":%.4f,\"pairs_per_frame\":%.3f,"
+         "\"ns_per_pixel_pair\":%.4f,\"publish_ms\":%.3f,\"load1\":%.2f}\n",
+         name, norm, H, W, x->R, levels, nb, x->P, threads, nframes, nframes / sec, 1e3 * sec / nframes,
+         1e3 * (c1 - c0) / nframes, (double)pairs / nframes, 1e9 * sec / ((double)pairs * (double)x->P),
+         1e3 * (t2 - t1), la);
   fflush(stdout);
   st.ops->destroy(&st);
   for (int b = 0; b < BANK; b++)
@@ -143,15 +171,67 @@ static int run(const char *name, uint32_t H, uint32_t W, int rings, int levels, 
   return 0;
 }
 
+/* A rendezvous: each task waits until every task of the run has started,
+ * so a phase cannot complete on the caller alone (which claims tasks too)
+ * and the time is the helpers' wake-up, claim and join. */
+static void meet(void *ctx, unsigned k) {
+  _Atomic unsigned *arrived = ctx;
+  (void)k;
+  atomic_fetch_add(arrived, 1);
+  while (atomic_load(arrived) < 2)
+    ;
+}
+
+/* Empty phases through the pool: the handoff cost alone. */
+static int handoff(int threads, int n) {
+  beam_xpcs_pool_t *p;
+  beam_diag_t d = {0};
+  if (beam_xpcs_pool_new(&p, (unsigned)threads, "bench", &d) < 0) {
+    fprintf(stderr, "%s\n", d.msg);
+    return -1;
+  }
+  double la = load1(), t0 = now_s(), c0 = cpu_s();
+  _Atomic unsigned arrived;
+  for (int i = 0; i < n; i++) {
+    atomic_store(&arrived, 0);
+    beam_xpcs_pool_run(p, 2, meet, &arrived);
+  }
+  double t1 = now_s(), c1 = cpu_s();
+  /* the same after 1 ms idle: the helper has gone to sleep (futex) */
+  double slept = 0;
+  int ns = n / 20;
+  for (int i = 0; i < ns; i++) {
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+    double a = now_s();
+    atomic_store(&arrived, 0);
+    beam_xpcs_pool_run(p, 2, meet, &arrived);
+    slept += now_s() - a;
+  }
+  beam_xpcs_pool_destroy(&p);
+  printf("pool handoff, threads %d: %.2f us per phase of 2 tasks that wait for each other, back to back "
+         "(%.2f us cpu); %.2f us after 1 ms idle (helper asleep); load %.2f\n",
+         threads, 1e6 * (t1 - t0) / n, 1e6 * (c1 - c0) / n, 1e6 * slept / ns, la);
+  printf("json: {\"case\":\"handoff\",\"threads\":%d,\"phases\":%d,\"us_per_phase\":%.3f,"
+         "\"cpu_us_per_phase\":%.3f,\"us_after_idle\":%.3f,\"load1\":%.2f}\n",
+         threads, n, 1e6 * (t1 - t0) / n, 1e6 * (c1 - c0) / n, 1e6 * slept / ns, la);
+  fflush(stdout);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
   if (argc > 1 && strcmp(argv[1], "--big") == 0) /* for perf: the big case alone */
-    return run("big", 1000, 1000, 16, 8, 8, argc > 2 ? atoi(argv[2]) : 1000, "roi") ? 1 : 0;
-  int rc = 0;
-  rc |= run("big", 1000, 1000, 16, 8, 8, quick ? 100 : 1000, "roi");
-  rc |= run("skb", 128, 128, 8, 7, 16, 1000, "roi");
-  rc |= run("skb", 128, 128, 8, 7, 16, 1000, "per_pixel");
-  if (!quick)
-    rc |= run("big", 1000, 1000, 16, 8, 8, 300, "per_pixel");
+    return run("big", 1000, 1000, 16, 8, 8, argc > 2 ? atoi(argv[2]) : 1000, "roi", argc > 3 ? atoi(argv[3]) : 1)
+               ? 1
+               : 0;
+  int rc = handoff(2, 20000);
+  for (int th = 1; th <= 2; th++) {
+    rc |= run("big", 1000, 1000, 16, 8, 8, quick ? 100 : 1000, "roi", th);
+    rc |= run("skb", 128, 128, 8, 7, 16, 1000, "roi", th);
+    rc |= run("skb", 128, 128, 8, 7, 16, 1000, "per_pixel", th);
+    if (!quick)
+      rc |= run("big", 1000, 1000, 16, 8, 8, 300, "per_pixel", th);
+  }
   return rc ? 1 : 0;
 }

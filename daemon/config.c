@@ -97,6 +97,8 @@ static const beam_param_t pool_params[] = {
      "bytes per slot: the largest decoded frame", NULL},
     {"pinned", BEAM_P_ENUM, "auto", 0, 0, 0, "auto|yes|no", NULL,
      "page-locked slots for fast GPU copies; auto = when a stage may run on CUDA", NULL},
+    {"prefault", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
+     "write every slot once at start-up so no frame pays first-touch page faults", NULL},
     BEAM_PARAM_END};
 
 static const beam_param_t control_params[] = {
@@ -413,6 +415,7 @@ static int fill(beam_config_t *c, beam_cfg_errs_t *errs) {
   c->pool.pinned = pinned && !strcmp(pinned, "yes") ? 1
                    : pinned && !strcmp(pinned, "no") ? 0
                                                      : may_cuda;
+  c->pool.prefault = beam_cfg_bool(pool, "prefault", 0);
   return 0;
 }
 

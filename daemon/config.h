@@ -50,6 +50,7 @@ typedef struct beam_config_s {
     unsigned frames;     /* input slots */
     uint64_t frame_bytes; /* bytes per slot (largest decoded frame) */
     int pinned;          /* 1 when CUDA is used (auto) */
+    int prefault;        /* touch every slot at start-up */
   } pool;
   struct {
     char endpoint[BEAM_ENDPOINT_MAX]; /* "" = no control socket */

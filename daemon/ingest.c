@@ -171,6 +171,35 @@ static int borrow_payload(beamd_t *d, const beam_msg_t *m, beam_frame_t *f) {
   return 0;
 }
 
+/* Lazy decode: an lz4 or bslz4 payload stays encoded in its ZeroMQ message
+ * (borrowed as above) and is decoded by the first stage that reads the
+ * frame, on that stage's thread (beam_frame_decode), so the loop thread,
+ * which owns every socket, never decompresses. Not for pinned pools (CUDA
+ * stages want the pixels in page-locked memory, decoded here as before).
+ * The framing is checked by the decoder; a bad payload reaches the stages
+ * as a CORRUPT frame and is reported as a stage error. */
+static int borrow_encoded(beamd_t *d, const beam_msg_t *m, beam_frame_t *f) {
+  beamd_ingest_t *in = &d->in;
+  if ((m->hdr.codec != BEAM_CODEC_LZ4 && m->hdr.codec != BEAM_CODEC_BSLZ4) || m->npayload != 1 ||
+      !in->cur_zparts || !f->user || beam_graph_input_pinned(d->graph))
+    return 0;
+  zmq_msg_t *z = in->cur_zparts;
+  for (size_t k = 0; k < in->cur_nz; k++)
+    if (zmq_msg_data(&z[k]) == m->payload[0].data) {
+      zmq_msg_t *keep = f->user;
+      zmq_msg_init(keep);
+      zmq_msg_move(keep, &z[k]);
+      f->data = zmq_msg_data(keep);
+      f->release = release_zmsg;
+      f->release_ctx = NULL;
+      f->codec = m->hdr.codec;
+      f->enc_size = m->payload[0].size;
+      atomic_store(&f->dec_state, BEAM_DEC_PENDING);
+      return 1;
+    }
+  return 0;
+}
+
 static void on_frame(beamd_t *d, const beam_msg_t *m, uint64_t t_recv) {
   beamd_ingest_t *in = &d->in;
   const beam_hdr_t *h = &m->hdr;
@@ -202,7 +231,7 @@ static void on_frame(beamd_t *d, const beam_msg_t *m, uint64_t t_recv) {
   if (corrupt) {
     f->nbytes = 0;
     atomic_fetch_add(&in->corrupt, 1);
-  } else if (borrow_payload(d, m, f)) {
+  } else if (borrow_payload(d, m, f) || borrow_encoded(d, m, f)) {
     f->nbytes = h->raw_size;
   } else if (beam_msg_payload(m, f->data, in->scratch, &why) < 0) {
     atomic_fetch_add(&in->malformed, 1);

@@ -131,11 +131,27 @@ void beamd_replay_pump(beamd_t *d) {
   replay_t *r = R(d);
   if (!r || r->waiting || r->eof || d->state != BEAMD_RUNNING || d->in.stopped)
     return;
-  unsigned room = beam_graph_room_count(d->graph);
-  unsigned credit = d->cfg->input.credit < room ? d->cfg->input.credit : room;
-  if (credit == 0) {
-    beamd_ingest_pause(d); /* on_room resumes us */
-    return;
+  /* Batching: when the stages are the bottleneck, room comes back a slot at
+   * a time, and asking at once would make a round trip per frame. Wait for
+   * a quarter of the pool (or the credit) unless nothing of ours is in the
+   * graph, in which case this room is all there will be. Every input slot
+   * comes back (stages never keep frames), so the wait always ends. */
+  unsigned slots = beam_graph_input_slots(d->graph);
+  unsigned want = slots / 4 ? slots / 4 : 1;
+  want = want < d->cfg->input.credit ? want : d->cfg->input.credit;
+  unsigned credit = 0;
+  for (int again = 0;; again = 1) {
+    unsigned room = beam_graph_room_count(d->graph); /* at 0 it asks for on_room itself */
+    credit = d->cfg->input.credit < room ? d->cfg->input.credit : room;
+    if (credit >= want || (credit > 0 && beam_graph_input_free(d->graph) == slots))
+      break;
+    if (credit == 0 || again) {
+      beamd_ingest_pause(d); /* on_room resumes us */
+      return;
+    }
+    /* Then count again: a slot released before the flag was set would
+     * not call on_room. */
+    beam_graph_want_room(d->graph, want);
   }
   /* max_bytes keeps one reply to a size the allocator reuses instead of
    * mapping afresh (a 256 MiB reply of 2048x2048 frames cost 5x in page

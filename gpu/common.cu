@@ -77,6 +77,23 @@ extern "C" void beam_host_free(void *p, int pinned) {
   free(p);
 }
 
+extern "C" int beam_gpu_mem_info(int dev, size_t *free_b, size_t *total_b) {
+  *free_b = *total_b = 0;
+  int cur = 0;
+  if (beam_gpu_count(NULL, 0) <= dev || cudaGetDevice(&cur) != cudaSuccess || cudaSetDevice(dev) != cudaSuccess) {
+    cudaGetLastError();
+    return BEAM_ENOTSUP;
+  }
+  cudaError_t e = cudaMemGetInfo(free_b, total_b);
+  cudaSetDevice(cur);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    *free_b = *total_b = 0;
+    return BEAM_ECUDA;
+  }
+  return 0;
+}
+
 const char *beam__cufft_name(cufftResult r) {
   switch (r) {
   case CUFFT_SUCCESS: return "CUFFT_SUCCESS";

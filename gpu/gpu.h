@@ -7,6 +7,7 @@
 #define BEAM_GPU_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "pipeline/err.h"
 #include "pipeline/stage.h"
@@ -28,6 +29,18 @@ void beam_gpu_describe(char *buf, size_t len);
 void *beam_host_alloc(size_t bytes, int pinned);
 void beam_host_free(void *p, int pinned);
 
+/* Free and total memory of device dev (cudaMemGetInfo): 0, or < 0 with
+ * no device / no CUDA (both set to 0 then). */
+int beam_gpu_mem_info(int dev, size_t *free_b, size_t *total_b);
+
+/* The FFT floor of the DM engine's CUDA backend (gpu/dm_cuda.cu): seconds
+ * per iteration of only its forward + inverse batched FFTs over nviews
+ * views with conf c's shape, batching and precision (mean of iters
+ * iterations after one warm-up). BEAM_ENOTSUP without CUDA or device. */
+struct beam_dm_conf_s;
+int beam_dm_cuda_fft_seconds(const struct beam_dm_conf_s *c, uint32_t nviews, int iters,
+                             double *sec_per_iter, beam_diag_t *d);
+
 /* CUDA backends of the stage kinds (stubs without CUDA). */
 extern const beam_stage_ops_t beam_correct_cuda_ops;
 extern const beam_stage_ops_t beam_roi_sum_cuda_ops;
@@ -36,6 +49,7 @@ extern const beam_stage_ops_t beam_preview_cuda_ops;
 extern const beam_stage_ops_t beam_xpcs_multitau_cuda_ops;
 extern const beam_stage_ops_t beam_xpcs_twotime_cuda_ops;
 extern const beam_stage_ops_t beam_pca_cuda_ops;
+extern const beam_stage_ops_t beam_ptycho_dm_cuda_ops;
 
 #ifdef __cplusplus
 }

@@ -15,7 +15,17 @@
  * S, the residuals, G and the row sums come back per batch (a few KB);
  * V and mu only when the model is published. Results agree with the CPU
  * backend to float32 GEMM rounding in another order, not bit for bit
- * (tests/gpu/test_xcheck_pca.c states the tolerances). */
+ * (tests/gpu/test_xcheck_pca.c states the tolerances).
+ *
+ * robust (pca.h): the CPU backend's steps on the device. R = X - mu,
+ * A0 = V R^T; per step S = A0 - V E^T (Sgemm), E = V^T S^T (Sgemm,
+ * beta 0), the subsample of e = X - mu - E per frame to the host for the
+ * noise scale (beam_pca_sigma_of, the same function as the CPU's), then
+ * E = soft(X - mu - E, tau) (soft_kernel); finally S = A0 - V E^T,
+ * X -= E (X now holds y), and the residuals of y as in the plain path.
+ * The first batch is split against the per-pixel median (median_kernel,
+ * the same selection as the host's, so the same value). Frames left out
+ * of the update are removed by moving the later rows of M up. */
 #include "gpu/cuda_int.h"
 
 #include <math.h>
@@ -94,6 +104,83 @@ __global__ void center_kernel(float *__restrict__ X, size_t P, size_t nb, float 
   }
 }
 
+/* ---- robust -------------------------------------------------------------------- */
+
+/* out[j, i] = X[j, p] - c[p] - (E ? E[j, p] : 0) at subsample pixel i
+ * (pca.h's beam_pca_samp_idx, written out: that one is host code). */
+__global__ void samp_kernel(const float *__restrict__ X, const float *__restrict__ c, const float *__restrict__ E,
+                            size_t P, size_t nb, size_t ns, float *__restrict__ out) {
+  size_t n = nb * ns, seg = P / (BEAM_PCA_NSAMP / BEAM_PCA_SAMP_RUN);
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x) {
+    size_t j = t / ns, i = t % ns, r = i / BEAM_PCA_SAMP_RUN;
+    size_t p = P <= BEAM_PCA_NSAMP
+                   ? i
+                   : r * seg + (size_t)((uint32_t)(r * 2654435761u) % (uint32_t)(seg - BEAM_PCA_SAMP_RUN + 1)) +
+                         i % BEAM_PCA_SAMP_RUN;
+    size_t q = j * P + p;
+    out[t] = X[q] - c[p] - (E ? E[q] : 0.0f);
+  }
+}
+
+/* E[j, p] = soft(X[j, p] - c[p] - (sub ? E[j, p] : 0), tau[j]): each
+ * element read and written by one thread, so in place is safe. */
+__global__ void soft_kernel(const float *__restrict__ X, const float *__restrict__ c, float *E, int sub, size_t P,
+                            size_t nb, const float *__restrict__ tau) {
+  size_t n = nb * P;
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x) {
+    float e = X[t] - c[t % P] - (sub ? E[t] : 0.0f);
+    float a = fabsf(e) - tau[t / P];
+    E[t] = a > 0 ? copysignf(a, e) : 0.0f;
+  }
+}
+
+/* X -= E over nb rows: y = x - s. */
+__global__ void sub_kernel(float *__restrict__ X, const float *__restrict__ E, size_t n) {
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x)
+    X[t] -= E[t];
+}
+
+/* Per pixel: the median of the nb rows of X at p, selected in place in
+ * column p of W (a b x P scratch; rows j * P + p, so neighbouring threads
+ * touch neighbouring words). Wirth's selection and the even-n rule of
+ * beam_pca_median: the same order statistic, so the same float. */
+__global__ void median_kernel(const float *__restrict__ X, size_t P, size_t nb, float *W, float *__restrict__ med) {
+  for (size_t p = blockIdx.x * (size_t)blockDim.x + threadIdx.x; p < P; p += (size_t)gridDim.x * blockDim.x) {
+    float *v = W + p;
+    for (size_t j = 0; j < nb; j++)
+      v[j * P] = X[j * P + p];
+    long l = 0, m = (long)nb - 1, k = (long)(nb / 2);
+    while (l < m) {
+      float x = v[k * P];
+      long i = l, j = m;
+      do {
+        while (v[i * P] < x)
+          i++;
+        while (x < v[j * P])
+          j--;
+        if (i <= j) {
+          float t = v[i * P];
+          v[i * P] = v[j * P], v[j * P] = t;
+          i++, j--;
+        }
+      } while (i <= j);
+      if (j < k)
+        l = i;
+      if (k < i)
+        m = j;
+    }
+    float hi = v[k * P];
+    if (nb % 2) {
+      med[p] = hi;
+    } else {
+      float lo = v[0];
+      for (long i = 1; i < k; i++)
+        lo = v[i * P] > lo ? v[i * P] : lo;
+      med[p] = 0.5f * (lo + hi);
+    }
+  }
+}
+
 /* ---- stage ------------------------------------------------------------------ */
 
 typedef struct cuda_s {
@@ -103,6 +190,7 @@ typedef struct cuda_s {
   void *d_in;
   size_t d_in_cap;
   float *d_img, *d_M, *d_R, *d_V, *d_mu, *d_S, *d_G, *d_W, *d_den;
+  float *d_E, *d_A0, *d_tau, *d_samp, *d_med; /* robust only */
   uint32_t *d_keep;
   unsigned *d_bad;
   double *d_red; /* row sums / norms, m doubles */
@@ -112,7 +200,8 @@ typedef struct cuda_s {
 static void free_dev(cuda_t *s) {
   void **p[] = {(void **)&s->d_img, (void **)&s->d_M, (void **)&s->d_R, (void **)&s->d_V, (void **)&s->d_mu,
                 (void **)&s->d_S,   (void **)&s->d_G, (void **)&s->d_W, (void **)&s->d_den, (void **)&s->d_keep,
-                (void **)&s->d_bad, (void **)&s->d_red};
+                (void **)&s->d_bad, (void **)&s->d_red,  (void **)&s->d_E, (void **)&s->d_A0, (void **)&s->d_tau,
+                (void **)&s->d_samp, (void **)&s->d_med};
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
     if (*p[i])
       cudaFree(*p[i]);
@@ -188,6 +277,13 @@ static int cu_start(beam_stage_t *self, const beam_series_t *series, const beam_
   DALLOC(s->d_keep, P);
   DALLOC(s->d_bad, 1);
   DALLOC(s->d_red, m);
+  if (h->conf.robust) {
+    DALLOC(s->d_E, b * P);
+    DALLOC(s->d_A0, b * k);
+    DALLOC(s->d_tau, b);
+    DALLOC(s->d_samp, b * (size_t)BEAM_PCA_NSAMP);
+    DALLOC(s->d_med, P);
+  }
   BEAM_CUDA_TRY(d, cudaMemcpy(s->d_keep, h->keep, P * sizeof *h->keep, cudaMemcpyHostToDevice));
   BEAM_CUDA_TRY(d, cudaMemset(s->d_V, 0, k * P * sizeof(float)));
   BEAM_CUDA_TRY(d, cudaMemset(s->d_mu, 0, P * sizeof(float)));
@@ -300,6 +396,137 @@ static int update(cuda_t *s, beam_diag_t *d) {
   return 0;
 }
 
+/* tau_j = lambda sigma_j from the subsample of e = X - c - E (E may be
+ * NULL) of every frame: gathered on the device, the MAD on the host. */
+static int robust_tau(cuda_t *s, const float *c, const float *E, beam_diag_t *d) {
+  beam_pca_host_t *h = &s->h;
+  size_t P = h->P, nb = h->nb, ns = beam_pca_samp_n(P);
+  samp_kernel<<<beam__grid_for(nb * ns, THREADS), THREADS, 0, s->cx.stream>>>(s->d_M + (size_t)h->conf.k * P, c, E,
+                                                                              P, nb, ns, s->d_samp);
+  BEAM_CUDA_LAUNCHED(d, "samp_kernel");
+  BEAM_CUDA_TRY(d, cudaMemcpyAsync(h->samp, s->d_samp, nb * ns * sizeof(float), cudaMemcpyDeviceToHost, s->cx.stream));
+  BEAM_CUDA_TRY(d, cudaStreamSynchronize(s->cx.stream));
+  for (size_t j = 0; j < nb; j++)
+    h->tau[j] = (float)h->conf.robust_lambda * beam_pca_sigma_of(h->samp + j * ns, ns);
+  BEAM_CUDA_TRY(d, cudaMemcpyAsync(s->d_tau, h->tau, nb * sizeof(float), cudaMemcpyHostToDevice, s->cx.stream));
+  /* h->tau is read by the async copy: the next write is a batch later,
+   * after this stream's syncs. */
+  return 0;
+}
+
+/* S = A0 - V E^T: the scores of x - s. */
+static int robust_scores(cuda_t *s, beam_diag_t *d) {
+  beam_pca_host_t *h = &s->h;
+  int P = (int)h->P, k = (int)h->conf.k, nb = (int)h->nb;
+  const float one = 1.0f, minus = -1.0f;
+  BEAM_CUDA_TRY(d, cudaMemcpyAsync(s->d_S, s->d_A0, (size_t)nb * k * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   s->cx.stream));
+  BEAM_CUBLAS_TRY(d, cublasSgemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, k, nb, P, &minus, s->d_V, P, s->d_E, P, &one,
+                                 s->d_S, k));
+  return 0;
+}
+
+/* The split of pca.h against the model, then the scores and residuals of
+ * y (the plain score()'s outputs, for y instead of x). */
+static int robust_score(cuda_t *s, beam_diag_t *d) {
+  beam_pca_host_t *h = &s->h;
+  int P = (int)h->P, k = (int)h->conf.k, nb = (int)h->nb, rc;
+  const float one = 1.0f, zero = 0.0f, minus = -1.0f;
+  float *X = s->d_M + (size_t)k * P;
+  unsigned gn = beam__grid_for((size_t)P * nb, THREADS);
+  sub_mean_kernel<<<gn, THREADS, 0, s->cx.stream>>>(X, s->d_mu, (size_t)P, (size_t)nb, s->d_R);
+  BEAM_CUDA_LAUNCHED(d, "sub_mean_kernel");
+  BEAM_CUBLAS_TRY(d, cublasSgemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, k, nb, P, &one, s->d_V, P, s->d_R, P, &zero,
+                                 s->d_A0, k));
+  for (uint32_t t = 0; t < h->conf.robust_iters; t++) {
+    if (t == 0)
+      BEAM_CUDA_TRY(d, cudaMemcpyAsync(s->d_S, s->d_A0, (size_t)nb * k * sizeof(float), cudaMemcpyDeviceToDevice,
+                                       s->cx.stream));
+    else if ((rc = robust_scores(s, d)) < 0)
+      return rc;
+    BEAM_CUBLAS_TRY(d, cublasSgemm(s->blas, CUBLAS_OP_N, CUBLAS_OP_N, P, nb, k, &one, s->d_V, P, s->d_S, k, &zero,
+                                   s->d_E, P));
+    if ((rc = robust_tau(s, s->d_mu, s->d_E, d)) < 0)
+      return rc;
+    soft_kernel<<<gn, THREADS, 0, s->cx.stream>>>(X, s->d_mu, s->d_E, 1, (size_t)P, (size_t)nb, s->d_tau);
+    BEAM_CUDA_LAUNCHED(d, "soft_kernel");
+  }
+  if ((rc = robust_scores(s, d)) < 0)
+    return rc;
+  sub_kernel<<<gn, THREADS, 0, s->cx.stream>>>(X, s->d_E, (size_t)P * nb);
+  BEAM_CUDA_LAUNCHED(d, "sub_kernel");
+  /* Residuals of y: R = y - mu - V^T S^T. */
+  sub_mean_kernel<<<gn, THREADS, 0, s->cx.stream>>>(X, s->d_mu, (size_t)P, (size_t)nb, s->d_R);
+  BEAM_CUDA_LAUNCHED(d, "sub_mean_kernel");
+  BEAM_CUBLAS_TRY(d, cublasSgemm(s->blas, CUBLAS_OP_N, CUBLAS_OP_N, P, nb, k, &minus, s->d_V, P, s->d_S, k, &one,
+                                 s->d_R, P));
+  row_reduce_kernel<<<nb, THREADS, 0, s->cx.stream>>>(s->d_R, (size_t)P, 1, s->d_red);
+  BEAM_CUDA_LAUNCHED(d, "row_reduce_kernel");
+  BEAM_CUDA_TRY(d, cudaMemcpyAsync(h->S, s->d_S, (size_t)nb * k * sizeof(float), cudaMemcpyDeviceToHost, s->cx.stream));
+  BEAM_CUDA_TRY(d, cudaMemcpyAsync(h->G, s->d_red, (size_t)nb * sizeof(double), cudaMemcpyDeviceToHost, s->cx.stream));
+  BEAM_CUDA_TRY(d, cudaStreamSynchronize(s->cx.stream));
+  double isp = 1.0 / sqrt((double)P);
+  for (int j = 0; j < nb; j++)
+    h->res[j] = (float)(sqrt(h->G[j]) * isp);
+  return 0;
+}
+
+/* The first batch: one split against the per-pixel median (no model). */
+static int robust_first(cuda_t *s, beam_diag_t *d) {
+  beam_pca_host_t *h = &s->h;
+  size_t P = h->P, nb = h->nb;
+  float *X = s->d_M + (size_t)h->conf.k * P;
+  median_kernel<<<beam__grid_for(P, THREADS), THREADS, 0, s->cx.stream>>>(X, P, nb, s->d_E, s->d_med);
+  BEAM_CUDA_LAUNCHED(d, "median_kernel");
+  int rc = robust_tau(s, s->d_med, NULL, d);
+  if (rc < 0)
+    return rc;
+  unsigned gn = beam__grid_for(P * nb, THREADS);
+  soft_kernel<<<gn, THREADS, 0, s->cx.stream>>>(X, s->d_med, s->d_E, 0, P, nb, s->d_tau);
+  BEAM_CUDA_LAUNCHED(d, "soft_kernel");
+  sub_kernel<<<gn, THREADS, 0, s->cx.stream>>>(X, s->d_E, P * nb);
+  BEAM_CUDA_LAUNCHED(d, "sub_kernel");
+  return 0;
+}
+
+/* Rows marked in h->rej leave the batch (later rows of M moved up). */
+static int robust_drop(cuda_t *s, beam_diag_t *d) {
+  beam_pca_host_t *h = &s->h;
+  size_t P = h->P;
+  float *X = s->d_M + (size_t)h->conf.k * P;
+  uint32_t w = 0;
+  for (uint32_t j = 0; j < h->nb; j++) {
+    if (h->rej[j])
+      continue;
+    if (w != j)
+      BEAM_CUDA_TRY(d, cudaMemcpyAsync(X + (size_t)w * P, X + (size_t)j * P, P * sizeof(float),
+                                       cudaMemcpyDeviceToDevice, s->cx.stream));
+    w++;
+  }
+  h->nb = w;
+  return 0;
+}
+
+static int sparse_(cuda_t *s, uint32_t j, float *out, beam_diag_t *d) {
+  size_t P = s->h.P;
+  BEAM_CUDA_TRY(d, cudaMemcpyAsync(out, s->d_E + (size_t)j * P, P * sizeof(float), cudaMemcpyDeviceToHost,
+                                   s->cx.stream));
+  BEAM_CUDA_TRY(d, cudaStreamSynchronize(s->cx.stream));
+  return 0;
+}
+
+static void sparse_row(void *ctx, uint32_t j, float *out) {
+  den_ctx_t *c = (den_ctx_t *)ctx;
+  beam_diag_t d;
+  memset(&d, 0, sizeof d);
+  int rc = sparse_(c->s, j, out, &d);
+  if (rc < 0) {
+    for (size_t i = 0; i < c->s->h.P; i++)
+      out[i] = NAN;
+    c->rc = rc;
+  }
+}
+
 static int pull_model(cuda_t *s, beam_diag_t *d) {
   beam_pca_host_t *h = &s->h;
   if (!h->have_model)
@@ -316,15 +543,20 @@ static int batch(beam_stage_t *self, cuda_t *s, beam_emit_t *emit) {
   int rc;
   if (h->nb == 0)
     return 0;
+  int robust = h->conf.robust;
+  if (robust && !h->have_model && (rc = robust_first(s, &self->diag)) < 0)
+    return rc;
   if (h->have_model) {
-    if ((rc = score(s, &self->diag)) < 0)
+    if ((rc = robust ? robust_score(s, &self->diag) : score(s, &self->diag)) < 0)
       return rc;
     den_ctx_t dc = {s, 0};
-    beam_pca_emit_batch(h, emit, denoise_row, &dc);
+    beam_pca_emit_batch(h, emit, denoise_row, robust ? sparse_row : NULL, &dc);
     if (dc.rc < 0)
-      return BEAM_DIAG(&self->diag, dc.rc, "pca: copying a denoised frame from the GPU failed");
+      return BEAM_DIAG(&self->diag, dc.rc, "pca: copying a denoised or sparse frame from the GPU failed");
+    if (robust && beam_pca_rejects(h) > 0 && (rc = robust_drop(s, &self->diag)) < 0)
+      return rc;
   }
-  rc = update(s, &self->diag);
+  rc = h->nb > 0 ? update(s, &self->diag) : 0;
   h->nb = 0;
   if (rc < 0)
     return rc;

@@ -58,3 +58,28 @@ STUB_OPS(preview)
 STUB_OPS(xpcs_multitau)
 STUB_OPS(xpcs_twotime)
 STUB_OPS(pca)
+STUB_OPS(ptycho_dm)
+
+/* The DM ptychography engine's CUDA backend (pipeline/ptycho/dm_int.h). */
+#include "pipeline/ptycho/dm_int.h"
+
+static size_t dm_stub_bytes(const beam_dm_conf_t *c) { return 0; }
+static int dm_stub_create(beam_dm_t *e, beam_diag_t *d) {
+  return BEAM_DIAG(d, BEAM_ENOTSUP, "ptycho: this beamd was " NO_CUDA
+                   " (rebuild with CUDA=1, or use the cpu backend)");
+}
+const beam_dm_backend_t_ beam_dm_cuda_backend = {"cuda", dm_stub_bytes, dm_stub_create,
+                                                 NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+
+int beam_gpu_mem_info(int dev, size_t *free_b, size_t *total_b) {
+  (void)dev;
+  *free_b = *total_b = 0;
+  return BEAM_ENOTSUP;
+}
+
+int beam_dm_cuda_fft_seconds(const struct beam_dm_conf_s *c, uint32_t nviews, int iters,
+                             double *sec_per_iter, beam_diag_t *d) {
+  (void)c, (void)nviews, (void)iters;
+  *sec_per_iter = 0;
+  return BEAM_DIAG(d, BEAM_ENOTSUP, "ptycho: " NO_CUDA);
+}

@@ -140,11 +140,17 @@ static int cu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *e
     return rc;
   if ((rc = beam_x2t_push(x, bad ? NULL : in->data, bad, &self->diag)) < 0)
     return rc;
-  if (x->conf.publish_every && x->nframes % x->conf.publish_every == 0) {
-    if ((rc = beam__cuda_ctx_use(&c->cx, &self->diag)) < 0)
-      return rc;
+  int rows = x->conf.publish_rows && x->nframes % x->conf.publish_rows == 0;
+  int every = x->conf.publish_every && x->nframes % x->conf.publish_every == 0;
+  if (!rows && !every)
+    return 0;
+  if ((rc = beam__cuda_ctx_use(&c->cx, &self->diag)) < 0)
+    return rc;
+  /* a row block uploads the buffer once (prepare), as a publish does */
+  if (rows && (rc = beam_x2t_publish_rows(x, &blas_cuda, c, emit, &self->diag)) < 0)
+    return rc;
+  if (every)
     return beam_x2t_publish(x, &blas_cuda, c, emit, BEAM_FLAG_PARTIAL, &self->diag);
-  }
   return 0;
 }
 

@@ -6,6 +6,7 @@
 #include "pipeline/frame.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 #include <time.h>
 
@@ -84,6 +85,7 @@ beam_pool_t *beam_pool_new(unsigned nslots, size_t slot_bytes, int pinned, beam_
     f->cap = slot_bytes;
     f->pool = p;
     atomic_init(&f->refs, 0);
+    atomic_init(&f->dec_state, BEAM_DEC_NONE);
     p->free_list[i] = f;
   }
   return p;
@@ -102,6 +104,13 @@ int beam_pool_set_user(beam_pool_t *p, size_t bytes) {
   for (unsigned i = 0; i < p->nslots; i++)
     p->frames[i].user = (char *)m + (size_t)i * stride;
   return 0;
+}
+
+void beam_pool_prefault(beam_pool_t *p) {
+  if (p->pinned)
+    return;
+  size_t stride = (p->slot_bytes + 63) & ~(size_t)63;
+  memset(p->mem, 0, (stride ? stride : 64) * p->nslots);
 }
 
 void beam_pool_close(beam_pool_t **pp) {
@@ -209,6 +218,9 @@ void beam_frame_unref(beam_frame_t *f) {
     f->release = NULL;
     f->data = f->own_data;
   }
+  f->codec = BEAM_CODEC_RAW;
+  f->enc_size = 0;
+  atomic_store(&f->dec_state, BEAM_DEC_NONE);
   beam_pool_t *p = f->pool;
   pthread_mutex_lock(&p->mu);
   p->free_list[p->nfree++] = f;
@@ -221,6 +233,49 @@ void beam_frame_unref(beam_frame_t *f) {
     pool_free(p);
   else if (cb)
     cb(ctx);
+}
+
+int beam_frame_decode(beam_frame_t *f, void *scratch, const char **why) {
+  int st = atomic_load(&f->dec_state);
+  if (st == BEAM_DEC_PENDING && atomic_compare_exchange_strong(&f->dec_state, &st, BEAM_DEC_BUSY)) {
+    const char *w = NULL;
+    size_t es = beam_dtype_size(f->dtype);
+    int rc = f->nbytes > f->cap ? BEAM_EPROTO : 0;
+    if (rc < 0)
+      w = "decoded frame larger than its slot";
+    else
+      rc = beam_codec_decode((beam_codec_t)f->codec, f->data, f->enc_size, f->own_data, f->nbytes,
+                             es ? es : 1, scratch, &w);
+    /* The encoded bytes are not needed any more: give the ZeroMQ message
+     * back now rather than when the frame's last reference goes. */
+    if (f->release) {
+      f->release(f, f->release_ctx);
+      f->release = NULL;
+    }
+    f->data = f->own_data;
+    f->codec = BEAM_CODEC_RAW;
+    f->enc_size = 0;
+    if (rc < 0) {
+      f->dec_why = w ? w : "undecodable payload";
+      f->nbytes = 0;
+      f->flags |= BEAM_FLAG_CORRUPT;
+    }
+    atomic_store(&f->dec_state, rc < 0 ? BEAM_DEC_FAILED : BEAM_DEC_DONE);
+    st = rc < 0 ? BEAM_DEC_FAILED : BEAM_DEC_DONE;
+  }
+  /* Another stage thread is decoding this frame (well under a millisecond
+   * at 512x512, ~10 ms at 2048x2048): yield rather than block on a
+   * condition, which would cost every frame a mutex for the rare case. */
+  while (st == BEAM_DEC_BUSY) {
+    sched_yield();
+    st = atomic_load(&f->dec_state);
+  }
+  if (st == BEAM_DEC_FAILED) {
+    if (why)
+      *why = f->dec_why;
+    return BEAM_EPROTO;
+  }
+  return 0;
 }
 
 void beam_frame_copy_ident(beam_frame_t *dst, const beam_frame_t *src) {

@@ -60,7 +60,20 @@ struct beam_frame_s {
   void *release_ctx;
   void *own_data;
   void *user; /* per-slot scratch for the pool's user (beam_pool_set_user) */
+  /* Lazy decode. An input frame may enter the graph still in its wire
+   * codec (lz4 or bslz4, borrowed from the ZeroMQ message): then
+   * dec_state is BEAM_DEC_PENDING, codec says which, data holds enc_size
+   * encoded bytes and nbytes is the decoded size. beam_frame_decode turns
+   * it into pixels in the slot's own storage, once, on the first stage
+   * thread that needs them, so decompression never runs on the loop
+   * thread. Every other frame has dec_state BEAM_DEC_NONE and codec RAW. */
+  atomic_int dec_state;
+  uint8_t codec;      /* beam_codec_t of data while pending */
+  size_t enc_size;    /* encoded bytes in data while pending */
+  const char *dec_why; /* static reason when the decode failed */
 };
+
+enum { BEAM_DEC_NONE = 0, BEAM_DEC_PENDING, BEAM_DEC_BUSY, BEAM_DEC_DONE, BEAM_DEC_FAILED };
 
 /* Metadata of a series, immutable once created and shared by reference. */
 typedef struct beam_series_s {
@@ -93,6 +106,11 @@ beam_pool_t *beam_pool_new(unsigned nslots, size_t slot_bytes, int pinned, beam_
 /* Gives every slot `bytes` of zeroed, 16-byte aligned user storage (the
  * ingest keeps a ZeroMQ message there). Call before the first get. */
 int beam_pool_set_user(beam_pool_t *p, size_t bytes);
+/* Writes every slot once, so the pages are resident before the first frame
+ * (the kernel maps anonymous memory at first touch, which in a VM costs
+ * as much as decoding the frame). For the input pool, whose slots lazy
+ * decode and ingest fill in any order. Pinned pools are resident already. */
+void beam_pool_prefault(beam_pool_t *p);
 /* Owner's release: no more gets; freed when the last frame comes back. */
 void beam_pool_close(beam_pool_t **p);
 /* A free slot with refs = 1, or NULL when none is free. */
@@ -117,6 +135,16 @@ const char *beam_pool_desc(const beam_pool_t *p);
 
 void beam_frame_ref(beam_frame_t *f, int n);
 void beam_frame_unref(beam_frame_t *f);
+/* Decodes a frame left in its wire codec (dec_state BEAM_DEC_PENDING) into
+ * the slot's own storage and drops the borrowed encoded buffer; a no-op
+ * for frames with pixels. Safe to call from several threads on one frame
+ * (fan-out): one decodes, the others wait for it. scratch must hold the
+ * slot's bytes (bitshuffle's per-block buffer). On a bad payload the frame
+ * becomes CORRUPT (nbytes 0, flag BEAM_FLAG_CORRUPT, as a frame the source
+ * could not read) and BEAM_EPROTO is returned with *why set; every caller
+ * sees the same outcome. Returns 0 otherwise. */
+int beam_frame_decode(beam_frame_t *f, void *scratch, const char **why);
+
 /* Copies identity (ids, times, flags, pos) from src, not pixels or shape. */
 void beam_frame_copy_ident(beam_frame_t *dst, const beam_frame_t *src);
 

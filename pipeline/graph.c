@@ -87,6 +87,7 @@ struct node_s {
   uint64_t cur_idx;
   uint64_t last_idx;     /* of the last frame processed (for end results) */
   uint64_t last_fid;     /* its frame_id: end results carry it */
+  void *dec_scratch;     /* stages reading "frames": lazy decode (beam_frame_decode) */
   atomic_uint_fast64_t frames_in, frames_out, results, rejected, errors, nseries, busy_ns;
   beam_hist_t lat;
 };
@@ -191,7 +192,12 @@ static unsigned queue_frame_space(queue_t *q) {
 /* ---- helpers ------------------------------------------------------------ */
 
 static void room_maybe(beam_graph_t *g) {
-  if (atomic_exchange(&g->want_room, 0) && g->hooks.on_room)
+  /* want_room > 1 (beam_graph_want_room): not before that many input
+   * slots are free, so a caller waiting for a batch is woken once. */
+  int w = atomic_load(&g->want_room);
+  if (w > 1 && beam_pool_free_count(g->input) < (unsigned)w)
+    return;
+  if (w && atomic_exchange(&g->want_room, 0) && g->hooks.on_room)
     g->hooks.on_room(g->hooks.ctx);
 }
 
@@ -417,6 +423,15 @@ static void on_frame(node_t *nd, beam_frame_t *f) {
   beam_emit_t e = {&ec, emit_get, emit_put, emit_drop};
   beam_diag_clear(&nd->stage.diag);
   uint64_t t0 = beam_now_ns();
+  const char *why = NULL;
+  if (atomic_load(&f->dec_state) != BEAM_DEC_NONE && beam_frame_decode(f, nd->dec_scratch, &why) < 0) {
+    /* Passed on as CORRUPT, as a frame the source could not read: the
+     * stage keeps its per-frame accounting (a NaN row, a skipped frame). */
+    atomic_fetch_add(&nd->errors, 1);
+    char msg[160];
+    snprintf(msg, sizeof msg, "undecodable payload (%s); processed as CORRUPT", why ? why : "?");
+    report(nd, f->series_id, f->frame_id, msg);
+  }
   int rc = nd->stage.ops->process(&nd->stage, f, &e);
   uint64_t dt = beam_now_ns() - t0;
   atomic_fetch_add(&nd->busy_ns, dt);
@@ -646,7 +661,19 @@ int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
     rc = BEAM_ENOMEM;
     goto fail;
   }
+  if (gp->prefault)
+    beam_pool_prefault(g->input);
   beam_pool_on_release(g->input, input_released, g);
+  /* Input frames may arrive still compressed (ingest's lazy decode); the
+   * stages that read them decode on their own thread into this. */
+  for (unsigned i = 0; i < g->nroots; i++) {
+    g->roots[i]->dec_scratch = malloc(gp->frame_bytes ? gp->frame_bytes : 1);
+    if (!g->roots[i]->dec_scratch) {
+      rc = BEAM_DIAG(d, BEAM_ENOMEM, "graph: cannot allocate %zu bytes of decode scratch",
+                     (size_t)gp->frame_bytes);
+      goto fail;
+    }
+  }
   if (gp->slot_user_bytes && beam_pool_set_user(g->input, gp->slot_user_bytes) < 0) {
     rc = BEAM_DIAG(d, BEAM_ENOMEM, "graph: out of memory");
     goto fail;
@@ -761,6 +788,10 @@ unsigned beam_graph_room_count(beam_graph_t *g) {
   return n;
 }
 
+void beam_graph_want_room(beam_graph_t *g, unsigned n) {
+  atomic_store(&g->want_room, n > 1 ? (int)n : 1);
+}
+
 /* The smallest ingest_idx a node still has to handle: the frame it is
  * processing or the first frame in its queue, else whatever its upstream
  * may still send it. Upstreams are snapshotted before their consumers, so
@@ -862,6 +893,7 @@ void beam_graph_destroy(beam_graph_t **gp) {
         series_done(g, it.tracker);
     }
     queue_free(&nd->q);
+    free(nd->dec_scratch);
   }
   beam_series_unref(&g->open);
   beam_pool_close(&g->input);

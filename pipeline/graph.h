@@ -58,6 +58,7 @@ typedef struct beam_graph_params_s {
   size_t frame_bytes;    /* input slot size */
   int pinned;
   size_t slot_user_bytes; /* per input slot scratch for the ingest (0 = none) */
+  int prefault;           /* write the input pool once now (resident at once) */
 } beam_graph_params_t;
 
 /* Builds the graph: resolves backends (auto -> cuda when a GPU is present),
@@ -93,6 +94,12 @@ void beam_graph_frame(beam_graph_t *g, beam_frame_t *f);         /* takes the re
 void beam_graph_series_end(beam_graph_t *g, uint64_t series_id, int aborted);
 /* How many frames frame() can take now without blocking (0 = none). */
 unsigned beam_graph_room_count(beam_graph_t *g);
+/* Asks for one on_room call once at least n input slots are free (n <= 1:
+ * at the next released slot or queue place), although there is some room
+ * now: a caller that waits for more, to ask a replay server for a fuller
+ * batch. The call may come with less room than n when queue places, not
+ * slots, are short; the caller counts again. */
+void beam_graph_want_room(beam_graph_t *g, unsigned n);
 /* Every input frame with ingest_idx < the returned value has been processed
  * by every stage, with its results handed to on_result. fed_next is the
  * ingest_idx the next input frame will get. Loop thread only. */

@@ -26,11 +26,14 @@ static const beam_stage_kind_t k_xpcs_twotime = {
 static const beam_stage_kind_t k_pca = {
     "pca", "streaming PCA (incremental SVD): scores, anomaly residual, components",
     beam_pca_params, &beam_pca_cpu_ops, &beam_pca_cuda_ops};
+static const beam_stage_kind_t k_ptycho_dm = {
+    "ptycho_dm", "live difference-map ptychography: object, probe and error while the scan runs",
+    beam_ptycho_dm_params, &beam_ptycho_dm_cpu_ops, &beam_ptycho_dm_cuda_ops};
 
 /* Built-in kinds first; kinds that need libraries pipeline/ must not use
  * (HDF5 for `record`) are registered by the daemon at start-up. */
 #define MAX_KINDS 32
-static const beam_stage_kind_t *kinds[MAX_KINDS + 1] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, &k_xpcs_multitau, &k_xpcs_twotime, &k_pca, NULL};
+static const beam_stage_kind_t *kinds[MAX_KINDS + 1] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, &k_xpcs_multitau, &k_xpcs_twotime, &k_pca, &k_ptycho_dm, NULL};
 
 const beam_stage_kind_t *const *beam_stage_kinds(void) { return kinds; }
 

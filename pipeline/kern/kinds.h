@@ -19,5 +19,7 @@ extern const beam_param_t beam_xpcs_twotime_params[];
 extern const beam_stage_ops_t beam_xpcs_twotime_cpu_ops;
 extern const beam_param_t beam_pca_params[];
 extern const beam_stage_ops_t beam_pca_cpu_ops;
+extern const beam_param_t beam_ptycho_dm_params[];
+extern const beam_stage_ops_t beam_ptycho_dm_cpu_ops;
 
 #endif

@@ -29,7 +29,10 @@ const beam_param_t beam_xpcs_multitau_params[] = {
      "also publish G, IP and IF as outputs g_num, ip, if (numerator, past and future intensities)", NULL},
     {"normalization", BEAM_P_ENUM, "roi", 0, 0, 0, "roi|per_pixel", NULL,
      "roi: G/(IP IF) of ROI means (scikit-beam); per_pixel: per-pixel G/(IP IF) averaged over the ROI, "
-     "with standard errors as output g2_err (APS boost_corr, xpcs-eigen)", NULL},
+     "with standard errors as output g2_err (the per-pixel statistic of APS boost_corr's errors)", NULL},
+    {"threads", BEAM_P_INT, "1", 0, 0, BEAM_XMT_MAX_THREADS, NULL, NULL,
+     "cpu backend: threads sharing each frame's work over pixel tiles (0 = one per online core, at most 16)",
+     NULL},
     BEAM_PARAM_END};
 
 #define WHO "xpcs_multitau"
@@ -54,8 +57,6 @@ void beam_xmt_free(beam_xmt_t *x) {
   free(x->lmax);
   free(x->bnd);
   free(x->lv16);
-  free(x->wide);
-  free(x->scratch);
   free(x->run_src);
   free(x->run_len);
   memset(x, 0, sizeof *x);
@@ -78,6 +79,10 @@ int beam_xmt_init(beam_xmt_t *x, const beam_cnode_t *cfg, beam_diag_t *d) {
   if (norm && strcmp(norm, "roi") != 0 && strcmp(norm, "per_pixel") != 0)
     return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": normalization must be roi or per_pixel, got \"%s\"", norm);
   x->conf.per_pixel = norm && strcmp(norm, "per_pixel") == 0;
+  int64_t th = beam_cfg_int(cfg, "threads", 1);
+  if (th < 0 || th > BEAM_XMT_MAX_THREADS)
+    return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": threads must be 0..%d, got %lld", BEAM_XMT_MAX_THREADS, (long long)th);
+  x->conf.threads = (unsigned)th;
   return beam_xpcs_rois_init(&x->rois, beam_cfg_get(cfg, "rois"), WHO, d);
 }
 
@@ -146,9 +151,9 @@ int beam_xmt_start(beam_stage_t *self, beam_xmt_t *x, const beam_series_t *s, co
   free(x->lag_steps), free(x->lvl), free(x->lsum), free(x->bad), free(x->nlev), free(x->chunk);
   free(x->G), free(x->IP), free(x->IF), free(x->npairs);
   free(x->pG), free(x->pIP), free(x->pIF), free(x->lmax), free(x->bnd);
-  free(x->lv16), free(x->wide), free(x->scratch), free(x->run_src), free(x->run_len);
+  free(x->lv16), free(x->run_src), free(x->run_len);
   x->pG = x->pIP = x->pIF = NULL, x->lmax = NULL, x->bnd = NULL;
-  x->lv16 = NULL, x->wide = NULL, x->scratch = NULL, x->run_src = x->run_len = NULL, x->nruns = 0;
+  x->lv16 = NULL, x->run_src = x->run_len = NULL, x->nruns = 0;
   size_t ls = beam_xmt_lvl_size(x), as = beam_xmt_acc_size(x);
   x->lag_steps = malloc(x->nlags * sizeof *x->lag_steps);
   x->lvl = malloc(L * nb * x->P * ls);
@@ -170,10 +175,7 @@ int beam_xmt_start(beam_stage_t *self, beam_xmt_t *x, const beam_series_t *s, co
     memset(x->lvl, 0, L * nb * x->P * ls);
   if (x->exact && !x->conf.per_pixel && x->cpu_narrow) {
     x->lv16 = calloc(L * nb * x->P, sizeof *x->lv16);
-    x->wide = calloc(L * nb, 1);
-    x->lmax = calloc(L * nb, sizeof *x->lmax);
-    x->scratch = calloc(nb, sizeof *x->scratch);
-    if (!x->lv16 || !x->wide || !x->lmax || !x->scratch)
+    if (!x->lv16)
       return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": cannot allocate %zu levels x %zu buffers x %zu pixels (int16)", L,
                        nb, x->P);
     /* Rings and label images give long raster runs: the gather then

@@ -21,7 +21,8 @@
  * Output rows stop before the first row where any ROI has IPs == 0
  * (scikit-beam's g_max).
  *
- * normalization: per_pixel (the APS codes, boost_corr / xpcs-eigen) keeps
+ * normalization: per_pixel (per-pixel g2, the statistic of APS codes'
+ * errors; docs/xpcs.md compares conventions) keeps
  * the same level rings but accumulates per PIXEL instead of per ROI:
  * pG[t][p] = sum over pairs of x_k[p] x_{k+i}[p], pIP, pIF likewise (int64
  * for integer input, double otherwise). Publishing folds them into the
@@ -60,7 +61,12 @@ typedef struct beam_xmt_conf_s {
   uint64_t publish_every; /* 0 = at series end only */
   int with_sums;          /* also publish G, IP, IF */
   int per_pixel;          /* normalization: per_pixel (APS) instead of roi */
+  unsigned threads;       /* CPU: threads over pixel tiles (0 = online cores,
+                           * at most BEAM_XMT_AUTO_THREADS); CUDA ignores it */
 } beam_xmt_conf_t;
+
+#define BEAM_XMT_MAX_THREADS 64  /* the schema's bound (BEAM_XPCS_POOL_MAX) */
+#define BEAM_XMT_AUTO_THREADS 16 /* threads: 0 takes at most this many cores */
 
 typedef struct beam_xmt_s {
   beam_xmt_conf_t conf;
@@ -82,16 +88,16 @@ typedef struct beam_xmt_s {
   uint64_t nframes, nbad;
   /* per_pixel mode only (NULL otherwise). */
   void *pG, *pIP, *pIF; /* [nlags][P] int64_t (exact) or double */
-  uint64_t *lmax;       /* [levels][nb] max |pixel| of each slot (exact;
-                         * per_pixel or narrow) */
-  /* CPU, integer input, roi mode (cpu_narrow set before start): a slot
-   * whose values all fit |v| <= 32767 is kept as int16 in lv16 instead of
-   * int64 in lvl (wide[slot] = 0), so the dots stream a quarter of the
-   * bytes and use 16-bit multiply-adds; still exact. NULL otherwise. */
+  uint64_t *lmax;       /* [levels][nb] max |pixel| of each slot (exact,
+                         * per_pixel) */
+  /* CPU, integer input, roi mode (cpu_narrow set before start): where a
+   * slot's values all fit |v| <= 32767 they are kept as int16 in lv16
+   * instead of int64 in lvl, so the dots stream a quarter of the bytes
+   * and use 16-bit multiply-adds; still exact. Which form each pixel tile
+   * of a slot has is the CPU backend's (xpcs_multitau_cpu.c). NULL
+   * otherwise. */
   int cpu_narrow;       /* set by the CPU backend's init */
   int16_t *lv16;        /* [levels][nb][P] */
-  uint8_t *wide;        /* [levels][nb] 1: the slot is in lvl, 0: in lv16 */
-  beam_i128 *scratch;   /* [nb] per-lag partial dots */
   uint32_t *run_src, *run_len; /* rois.idx as runs of consecutive raster
                                 * indices (narrow mode, when they are long
                                 * enough to pay: nruns <= P/4), else NULL */
@@ -140,7 +146,8 @@ size_t beam_xmt_rows(const beam_xmt_t *x, int64_t *dark_label);
 int beam_xmt_publish(beam_xmt_t *x, beam_emit_t *emit, uint32_t flag);
 
 /* CPU backend, one input frame (frame NULL when bad): gather, levels,
- * pairs. Exposed for the GPU cross-check and the benchmark. Returns 0, or
+ * pairs, over the stage's pixel tiles and threads. x must be the state of
+ * a stage made with beam_xpcs_multitau_cpu_ops (self->priv). Returns 0, or
  * BEAM_ELIMIT once a per_pixel int64 bound was passed (x->ovf_row). */
 int beam_xmt_push_cpu(beam_xmt_t *x, const void *frame, int bad);
 

@@ -6,55 +6,104 @@
  * with the buffered frames of lag channels i_min..min(n, nb)-1 to the
  * per-row, per-ROI accumulators.
  *
+ * Tiles and threads. The compact pixels are cut into blocks of at most
+ * BLK pixels that never straddle an ROI, and the blocks into
+ * TILES_PER_THREAD x `threads` contiguous tiles of about equal pixel
+ * counts (one tile for threads 1). Every per-pixel step of a frame
+ * (gather, level sums, the dots of each pair) touches only the pixels of
+ * one tile, so whichever thread claims a tile runs the whole level/pair
+ * recurrence of the frame on it, in one fork-join phase per frame
+ * (xpcs_pool.h: no thread creation, no allocation, one handoff). A tile
+ * writes one partial sum per block: the ROI sums of each new level frame
+ * and the dot of each pair. The calling thread then folds the partials
+ * into the ROI accumulators in block order. Blocks do not depend on the
+ * thread count, so the sums are the same numbers in the same order for
+ * any `threads`: integer results are exact (and equal to the CUDA
+ * backend's), float results bit-identical between thread counts. What a
+ * tile cannot know before the phase is decided after it: a NaN pixel
+ * (float input) makes the frame bad when folding, and the pairs already
+ * computed with it are dropped then.
+ *
  * Integer input: int64 level sums; products summed in int64 over chunks
  * short enough that no partial sum can overflow (x->chunk[L], from the
  * dtype's range), then into 128-bit accumulators: exact, and the chunked
- * inner loop vectorises. Float input: double throughout, one accumulator
- * per dot in index order (the CUDA backend sums in another order, so float
- * results agree to round-off only; integer results are bit-identical).
- * Narrow slots (roi mode, integer input): a level frame whose values all
- * fit |v| <= 32767, which is every level frame of photon-counting data up
- * to high levels, is stored as int16 (x->lv16) instead of int64, and the
- * dots of two narrow frames run blocked over pixels (a 4096-pixel chunk of
- * the new frame stays in L1 while every lag's old frame streams past it)
- * with 16-bit multiply-adds into int32 partial sums short enough not to
- * overflow (from the slots' actual maxima), compiled for AVX2 (and baseline) by
- * function multiversioning. Same exact integers, a quarter of the memory
- * traffic; wide slots take the int64 path above.
+ * inner loop vectorises. Float input: double throughout (the CUDA backend
+ * sums in another order, so float results agree with it to round-off).
+ * Narrow tiles (roi mode, integer input): a tile of a level frame whose
+ * values all fit |v| <= 32767, which is every level frame of
+ * photon-counting data up to high levels, is stored as int16 (x->lv16)
+ * instead of int64; the form is chosen per (tile, slot) from the tile's
+ * own maxima, so no thread waits for another to choose it. The dots of
+ * two narrow tiles run per block (a block of the new frame stays in L1
+ * while every lag's old frame streams past it) with 16-bit multiply-adds
+ * into int32 sums short enough not to overflow, compiled for AVX2 (and
+ * baseline) by function multiversioning. Same exact integers, a quarter of
+ * the memory traffic; wide tiles take the int64 path above.
  * normalization per_pixel: the same rings, but each pair adds into
- * per-pixel accumulators [row][pixel] (plain streams over all ROI pixels),
- * with the int64 overflow bound of xpcs_multitau.h checked per pair.
- * Single-threaded: one stage, one worker. */
+ * per-pixel accumulators [row][pixel]. Its int64 overflow bound
+ * (xpcs_multitau.h) needs the maxima of a level frame before its pairs,
+ * so a per_pixel frame runs one phase per level it touches. */
 #include <math.h>
 #include <string.h>
 
 #include "pipeline/kern/kern_int.h"
 #include "pipeline/kern/kinds.h"
 #include "pipeline/kern/xpcs_multitau.h"
+#include "pipeline/kern/xpcs_pool.h"
 
-#define GATHER_CASE(T, DT)                                                     \
-  case DT: {                                                                   \
-    const T *restrict px = frame;                                              \
-    if (x->exact) {                                                            \
-      int64_t *restrict o = dst;                                               \
-      for (size_t p = 0; p < n; p++)                                           \
-        o[p] = (int64_t)px[idx[p]];                                            \
-    } else {                                                                   \
-      double *restrict o = dst;                                                \
-      for (size_t p = 0; p < n; p++)                                           \
-        o[p] = (double)px[idx[p]];                                             \
-    }                                                                          \
-    break;                                                                     \
-  }
+#define NARROW_MAX 32767
+#define BLK 4096 /* pixels per block: 8 KiB of an int16 frame stays in L1 */
+#define WHO "xpcs_multitau"
+#define TILES_PER_THREAD 4
+#define MAX_TILES (TILES_PER_THREAD * BEAM_XPCS_POOL_MAX)
 
-static void gather(const beam_xmt_t *x, const void *frame, void *dst) {
-  const uint32_t *restrict idx = x->rois.idx;
-  size_t n = x->P;
-  switch (x->in.dtype) {
-    BEAM__REAL_DTYPES(GATHER_CASE)
-  default: BEAM_ASSERT(!"xpcs_multitau: dtype not accepted at start");
-  }
-}
+/* A block partial: int128 (integer input) or double. */
+typedef union acc_u {
+  beam_i128 i;
+  double f;
+} acc_t;
+
+typedef struct tile_s {
+  size_t b0, b1; /* blocks */
+  size_t p0, p1; /* compact pixels */
+  size_t j0, j1; /* pixel runs overlapping [p0, p1) (x->run_src) */
+} tile_t;
+
+enum { OP_GATHER, OP_COMBINE, OP_PAIRS };
+
+/* One step of a frame, run by every tile in order. */
+typedef struct op_s {
+  int kind;
+  unsigned L;   /* level of the frame made (GATHER 0, COMBINE) or paired */
+  size_t s;     /* its slot */
+  size_t a, b;  /* COMBINE: the level L-1 halves */
+  size_t j0, nj; /* PAIRS: pairs j0..j0+nj-1 of po/pt */
+} op_t;
+
+#define MAX_OPS (2 * BEAM_XMT_MAX_LEVELS + 1)
+
+typedef struct cpu_s {
+  beam_xmt_t x; /* first: self->priv is also the beam_xmt_t */
+  beam_xpcs_pool_t *pool;
+  /* Per series. */
+  size_t nblk, ntiles, LN; /* LN = levels * nb slots */
+  uint64_t *boff;          /* [nblk + 1] block b = compact pixels boff[b]..boff[b+1] */
+  uint64_t *rblk;          /* [R + 1] ROI r = blocks rblk[r]..rblk[r+1] */
+  uint64_t *rpos;          /* [nruns] compact position of run j */
+  tile_t tile[MAX_TILES];
+  uint8_t *tw;             /* [ntiles][LN] narrow: 1 = the tile of the slot is int64 */
+  uint64_t *tmax;          /* [ntiles][LN] narrow: max |v| of the tile of the slot */
+  uint64_t *nmax;          /* [ntiles][levels] per_pixel: max |v| of the tile of
+                            * the level-L frame made in this phase */
+  acc_t *bsum;             /* [levels][nblk] block sums of the level-L frame made */
+  acc_t *part;             /* [nlags][nblk] block dots of pair j */
+  uint16_t *po, *pt;       /* [nlags] pair j: old slot, row */
+  op_t ops[MAX_OPS];
+  size_t nops, npair;
+  const void *frame;       /* during a phase */
+} cpu_t;
+
+/* ---- per-tile kernels ----------------------------------------------------- */
 
 static inline void *lvl_at(const beam_xmt_t *x, unsigned L, size_t slot) {
   return (char *)x->lvl + ((size_t)L * x->conf.nb + slot) * x->P * beam_xmt_lvl_size(x);
@@ -64,39 +113,58 @@ static inline void *lsum_at(const beam_xmt_t *x, unsigned L, size_t slot) {
   return (char *)x->lsum + ((size_t)L * x->conf.nb + slot) * x->R * beam_xmt_acc_size(x);
 }
 
-#define NARROW_MAX 32767
-#define CHUNK16 4096 /* int16 pixels per block: 8 KiB of the new frame in L1 */
-
 static inline int16_t *l16_at(const beam_xmt_t *x, unsigned L, size_t slot) {
   return x->lv16 + ((size_t)L * x->conf.nb + slot) * x->P;
 }
 
-static inline int is_wide(const beam_xmt_t *x, unsigned L, size_t slot) {
-  return !x->lv16 || x->wide[(size_t)L * x->conf.nb + slot];
+#define GATHER_CASE(T, DT)                                                     \
+  case DT: {                                                                   \
+    const T *restrict px = frame;                                              \
+    if (x->exact) {                                                            \
+      int64_t *restrict o = dst;                                               \
+      for (size_t p = p0; p < p1; p++)                                         \
+        o[p] = (int64_t)px[idx[p]];                                            \
+    } else {                                                                   \
+      double *restrict o = dst;                                                \
+      for (size_t p = p0; p < p1; p++)                                         \
+        o[p] = (double)px[idx[p]];                                             \
+    }                                                                          \
+    break;                                                                     \
+  }
+
+/* Compact pixels p0..p1 of a frame into dst (int64 or double). */
+static void gather(const beam_xmt_t *x, const void *frame, void *dst, size_t p0, size_t p1) {
+  const uint32_t *restrict idx = x->rois.idx;
+  switch (x->in.dtype) {
+    BEAM__REAL_DTYPES(GATHER_CASE)
+  default: BEAM_ASSERT(!"xpcs_multitau: dtype not accepted at start");
+  }
 }
 
-/* Level-0 slot s as int16, with the extremes; exact dtypes only. By runs
- * of consecutive pixels when x->run_src exists (a vectorisable copy per
- * run), else one index per pixel. */
+/* Tile t of a level-0 slot as int16, returning max |pixel| (the copy is
+ * valid when that is <= NARROW_MAX); exact dtypes only. By runs of
+ * consecutive pixels, clipped to the tile, when x->run_src exists (a
+ * vectorisable copy per run), else one index per pixel. */
 #define GATHER16_CASE(T, DT)                                                   \
   case DT: {                                                                   \
     const T *restrict px = frame;                                              \
     T lo = 0, hi = 0;                                                          \
     if (x->run_src) {                                                          \
-      int16_t *restrict q = o;                                                 \
-      for (size_t j = 0; j < x->nruns; j++) {                                  \
-        const T *restrict src = px + x->run_src[j];                            \
-        size_t len = x->run_len[j];                                            \
-        for (size_t k = 0; k < len; k++) {                                     \
+      for (size_t j = t->j0; j < t->j1; j++) {                                 \
+        size_t a = rpos[j] > t->p0 ? rpos[j] : t->p0;                          \
+        size_t e = rpos[j] + x->run_len[j] < t->p1 ? rpos[j] + x->run_len[j]   \
+                                                   : t->p1;                    \
+        const T *restrict src = px + x->run_src[j] + (a - rpos[j]);            \
+        int16_t *restrict q = o + a;                                           \
+        for (size_t k = 0; k < e - a; k++) {                                   \
           T v = src[k];                                                        \
           q[k] = (int16_t)v; /* kept only when every value fits */             \
           lo = v < lo ? v : lo;                                                \
           hi = v > hi ? v : hi;                                                \
         }                                                                      \
-        q += len;                                                              \
       }                                                                        \
     } else {                                                                   \
-      for (size_t p = 0; p < n; p++) {                                         \
+      for (size_t p = t->p0; p < t->p1; p++) {                                 \
         T v = px[idx[p]];                                                      \
         o[p] = (int16_t)v;                                                     \
         lo = v < lo ? v : lo;                                                  \
@@ -107,12 +175,11 @@ static inline int is_wide(const beam_xmt_t *x, unsigned L, size_t slot) {
     break;                                                                     \
   }
 
-/* Returns max |pixel|; the int16 copy is valid when that is <= NARROW_MAX.
- * (Clones as for the dots below: the per-frame streams are the rest of the
- * time.) */
-__attribute__((target_clones("avx2", "default"))) static int64_t gather16(const beam_xmt_t *x, const void *frame, int16_t *restrict o) {
+/* (Clones as for the dots below: the per-frame streams are the rest of
+ * the time.) */
+__attribute__((target_clones("avx2", "default"))) static int64_t
+gather16(const beam_xmt_t *x, const uint64_t *rpos, const tile_t *t, const void *frame, int16_t *restrict o) {
   const uint32_t *restrict idx = x->rois.idx;
-  size_t n = x->P;
   int64_t m = 0;
   switch (x->in.dtype) {
     GATHER16_CASE(uint8_t, BEAM_DT_U8)
@@ -126,22 +193,42 @@ __attribute__((target_clones("avx2", "default"))) static int64_t gather16(const 
   return m;
 }
 
-/* Per-ROI sums of a narrow slot: int32 partials over 65536 pixels
- * (65536 * 32767 < 2^31, and they vectorise), int64 totals. */
-__attribute__((target_clones("avx2", "default"))) static void roi_sums16(const beam_xmt_t *x,
-                                                                         const int16_t *v,
-                                                                         beam_i128 *sums) {
-  const uint64_t *off = x->rois.off;
-  for (size_t r = 0; r < x->R; r++) {
-    int64_t t = 0;
-    for (size_t c = off[r]; c < off[r + 1]; c += 65536) {
-      size_t e = off[r + 1] - c < 65536 ? off[r + 1] : c + 65536;
-      int32_t u = 0;
-      for (size_t k = c; k < e; k++)
-        u += v[k];
-      t += u;
+/* Block sums of a tile. int16: one block's sum fits int32 (BLK * 32767). */
+__attribute__((target_clones("avx2", "default"))) static void sums16(const cpu_t *c, const tile_t *t,
+                                                                     const int16_t *v, acc_t *bs) {
+  for (size_t b = t->b0; b < t->b1; b++) {
+    int32_t u = 0;
+    for (size_t k = c->boff[b]; k < c->boff[b + 1]; k++)
+      u += v[k];
+    bs[b].i = u;
+  }
+}
+
+/* int64 block sums (128 bits per term: once per level frame, the dots
+ * cost nb times more); *vmax (may be NULL) = the tile's max |v|. */
+static void sums64(const cpu_t *c, const tile_t *t, const int64_t *v, acc_t *bs, uint64_t *vmax) {
+  for (size_t b = t->b0; b < t->b1; b++) {
+    beam_i128 s = 0;
+    for (size_t k = c->boff[b]; k < c->boff[b + 1]; k++)
+      s += v[k];
+    bs[b].i = s;
+  }
+  if (vmax) {
+    uint64_t m = 0;
+    for (size_t k = t->p0; k < t->p1; k++) {
+      uint64_t a = v[k] < 0 ? -(uint64_t)v[k] : (uint64_t)v[k];
+      m = a > m ? a : m;
     }
-    sums[r] = t;
+    *vmax = m;
+  }
+}
+
+static void sumsd(const cpu_t *c, const tile_t *t, const double *v, acc_t *bs) {
+  for (size_t b = t->b0; b < t->b1; b++) {
+    double s = 0;
+    for (size_t k = c->boff[b]; k < c->boff[b + 1]; k++)
+      s += v[k];
+    bs[b].f = s;
   }
 }
 
@@ -178,49 +265,12 @@ dot16_64(const int16_t *restrict a, const int16_t *restrict b, size_t n) {
   return t;
 }
 
-/* A narrow and a wide frame (slots straddling the 16-bit limit: rare). */
+/* A narrow and a wide tile (slots straddling the 16-bit limit: rare). */
 static beam_i128 dot_mixed(const int16_t *a, const int64_t *b, size_t n) {
   beam_i128 s = 0;
   for (size_t k = 0; k < n; k++)
     s += (beam_i128)a[k] * b[k];
   return s;
-}
-
-/* Per-ROI sums of a level frame; returns 1 when one is NaN (a NaN pixel
- * makes the frame bad, as np.isnan(img).any() does in scikit-beam).
- * per_pixel with integers: also the frame's max |pixel| into *vmax. */
-static int roi_sums(const beam_xmt_t *x, const void *v, void *sums, uint64_t *vmax) {
-  if (vmax && x->exact && x->conf.per_pixel) {
-    const int64_t *p = v;
-    uint64_t m = 0;
-    for (size_t k = 0; k < x->P; k++) {
-      uint64_t a = p[k] < 0 ? -(uint64_t)p[k] : (uint64_t)p[k];
-      m = a > m ? a : m;
-    }
-    *vmax = m;
-  }
-  const uint64_t *off = x->rois.off;
-  int nan = 0;
-  for (size_t r = 0; r < x->R; r++) {
-    size_t a = off[r], b = off[r + 1];
-    if (x->exact) {
-      /* Once per level frame (the dots cost nb times more): no need to
-       * chunk, 128 bits per term. */
-      const int64_t *p = v;
-      beam_i128 t = 0;
-      for (size_t k = a; k < b; k++)
-        t += p[k];
-      ((beam_i128 *)sums)[r] = t;
-    } else {
-      const double *p = v;
-      double s = 0;
-      for (size_t k = a; k < b; k++)
-        s += p[k];
-      ((double *)sums)[r] = s;
-      nan |= isnan(s);
-    }
-  }
-  return nan;
 }
 
 static beam_i128 dot_exact(const int64_t *restrict a, const int64_t *restrict b, size_t n, size_t chunk) {
@@ -249,13 +299,13 @@ static double dot_dbl(const double *restrict a, const double *restrict b, size_t
 }
 
 /* per_pixel: one pair (frames xo, xs) into row t's per-pixel sums. */
-static void pair_pixels(beam_xmt_t *x, size_t t, const void *vo, const void *vs) {
+static void pair_pixels(beam_xmt_t *x, size_t t, const void *vo, const void *vs, size_t p0, size_t p1) {
   size_t P = x->P;
   if (x->exact) {
     const int64_t *restrict xo = vo, *restrict xs = vs;
     int64_t *restrict g = (int64_t *)x->pG + t * P, *restrict ip = (int64_t *)x->pIP + t * P,
                       *restrict fu = (int64_t *)x->pIF + t * P;
-    for (size_t p = 0; p < P; p++) {
+    for (size_t p = p0; p < p1; p++) {
       g[p] += xo[p] * xs[p];
       ip[p] += xo[p];
       fu[p] += xs[p];
@@ -264,7 +314,7 @@ static void pair_pixels(beam_xmt_t *x, size_t t, const void *vo, const void *vs)
     const double *restrict xo = vo, *restrict xs = vs;
     double *restrict g = (double *)x->pG + t * P, *restrict ip = (double *)x->pIP + t * P,
                      *restrict fu = (double *)x->pIF + t * P;
-    for (size_t p = 0; p < P; p++) {
+    for (size_t p = p0; p < p1; p++) {
       g[p] += xo[p] * xs[p];
       ip[p] += xo[p];
       fu[p] += xs[p];
@@ -272,192 +322,386 @@ static void pair_pixels(beam_xmt_t *x, size_t t, const void *vo, const void *vs)
   }
 }
 
-/* The nn narrow pairs (new slot s, old slots ol[], rows tl[]) of level L:
- * per ROI, per 4096-pixel block of s, every old frame's dot with it. */
-static void accumulate16(beam_xmt_t *x, unsigned L, size_t s, const unsigned short *ol,
-                         const unsigned short *tl, size_t nn) {
-  size_t nb = x->conf.nb, R = x->R;
-  const uint64_t *off = x->rois.off, *mx = x->lmax + (size_t)L * nb;
-  const int16_t *xs = l16_at(x, L, s);
-  const beam_i128 *ss = lsum_at(x, L, s);
-  beam_i128 *part = x->scratch;
-  int fits32[1024];
-  for (size_t j = 0; j < nn; j++) /* |partial| <= CHUNK16 max|o| max|s| */
-    fits32[j] = (uint64_t)mx[ol[j]] * mx[s] * CHUNK16 <= (uint64_t)INT32_MAX;
-  for (size_t r = 0; r < R; r++) {
-    for (size_t j = 0; j < nn; j++)
-      part[j] = 0;
-    for (size_t c = off[r]; c < off[r + 1]; c += CHUNK16) {
-      size_t len = off[r + 1] - c < CHUNK16 ? off[r + 1] - c : CHUNK16;
-      for (size_t j = 0; j < nn; j++) {
-        const int16_t *xo = l16_at(x, L, ol[j]) + c;
-        part[j] += fits32[j] ? dot16_32(xo, xs + c, len) : dot16_64(xo, xs + c, len);
-      }
+/* The frame's level-0 slot, tile k. */
+static void tile_gather(cpu_t *c, unsigned k, const op_t *op) {
+  beam_xmt_t *x = &c->x;
+  const tile_t *t = &c->tile[k];
+  acc_t *bs = c->bsum; /* level 0 */
+  if (x->lv16) {
+    int16_t *o = l16_at(x, 0, op->s);
+    int64_t m = gather16(x, c->rpos, t, c->frame, o);
+    size_t ks = k * c->LN + op->s;
+    c->tmax[ks] = (uint64_t)m;
+    c->tw[ks] = m > NARROW_MAX;
+    if (c->tw[ks]) {
+      gather(x, c->frame, lvl_at(x, 0, op->s), t->p0, t->p1);
+      sums64(c, t, lvl_at(x, 0, op->s), bs, NULL);
+    } else {
+      sums16(c, t, o, bs);
     }
-    for (size_t j = 0; j < nn; j++) {
-      size_t k = (size_t)tl[j] * R + r;
-      ((beam_i128 *)x->G)[k] += part[j];
-      ((beam_i128 *)x->IP)[k] += ((const beam_i128 *)lsum_at(x, L, ol[j]))[r];
-      ((beam_i128 *)x->IF)[k] += ss[r];
+  } else {
+    gather(x, c->frame, lvl_at(x, 0, op->s), t->p0, t->p1);
+    if (x->exact)
+      sums64(c, t, lvl_at(x, 0, op->s), bs, x->conf.per_pixel ? &c->nmax[k * x->conf.levels] : NULL);
+    else
+      sumsd(c, t, lvl_at(x, 0, op->s), bs);
+  }
+}
+
+/* Level L slot s = level L-1 slots a + b, tile k. Narrow: int16 when both
+ * halves' tiles are narrow and their sum provably fits, else int64 from
+ * whichever form each half has. */
+static void tile_combine(cpu_t *c, unsigned k, const op_t *op) {
+  beam_xmt_t *x = &c->x;
+  const tile_t *t = &c->tile[k];
+  size_t nb = x->conf.nb, p0 = t->p0, n = t->p1 - t->p0;
+  unsigned L = op->L, H = L - 1;
+  acc_t *bs = c->bsum + (size_t)L * c->nblk;
+  if (x->lv16) {
+    size_t ka = k * c->LN + H * nb + op->a, kb = k * c->LN + H * nb + op->b, kd = k * c->LN + L * nb + op->s;
+    int aw = c->tw[ka], bw = c->tw[kb];
+    if (!aw && !bw && c->tmax[ka] + c->tmax[kb] <= NARROW_MAX) {
+      int16_t *o = l16_at(x, L, op->s);
+      c->tw[kd] = 0;
+      c->tmax[kd] = add16(l16_at(x, H, op->a) + p0, l16_at(x, H, op->b) + p0, o + p0, n);
+      sums16(c, t, o, bs);
+      return;
+    }
+    int64_t *restrict o = (int64_t *)lvl_at(x, L, op->s) + p0;
+    if (aw && bw) {
+      const int64_t *pa = (const int64_t *)lvl_at(x, H, op->a) + p0, *pb = (const int64_t *)lvl_at(x, H, op->b) + p0;
+      for (size_t p = 0; p < n; p++)
+        o[p] = pa[p] + pb[p];
+    } else if (!aw && !bw) {
+      const int16_t *pa = l16_at(x, H, op->a) + p0, *pb = l16_at(x, H, op->b) + p0;
+      for (size_t p = 0; p < n; p++)
+        o[p] = (int64_t)pa[p] + pb[p];
+    } else {
+      const int16_t *pn = l16_at(x, H, aw ? op->b : op->a) + p0;
+      const int64_t *pw = (const int64_t *)lvl_at(x, H, aw ? op->a : op->b) + p0;
+      for (size_t p = 0; p < n; p++)
+        o[p] = pn[p] + pw[p];
+    }
+    c->tw[kd] = 1;
+    c->tmax[kd] = 0; /* unused for wide tiles */
+    sums64(c, t, lvl_at(x, L, op->s), bs, NULL);
+  } else if (x->exact) {
+    const int64_t *pa = (const int64_t *)lvl_at(x, H, op->a) + p0, *pb = (const int64_t *)lvl_at(x, H, op->b) + p0;
+    int64_t *restrict o = (int64_t *)lvl_at(x, L, op->s) + p0;
+    for (size_t p = 0; p < n; p++)
+      o[p] = pa[p] + pb[p];
+    sums64(c, t, lvl_at(x, L, op->s), bs, x->conf.per_pixel ? &c->nmax[k * x->conf.levels + L] : NULL);
+  } else {
+    const double *pa = (const double *)lvl_at(x, H, op->a) + p0, *pb = (const double *)lvl_at(x, H, op->b) + p0;
+    double *restrict o = (double *)lvl_at(x, L, op->s) + p0;
+    for (size_t p = 0; p < n; p++)
+      o[p] = pa[p] + pb[p];
+    sumsd(c, t, lvl_at(x, L, op->s), bs);
+  }
+}
+
+/* The pairs of level L's new slot s with the old slots po[j], tile k:
+ * per block of s, every old frame's dot with it, into part[j][block]. */
+static void tile_pairs(cpu_t *c, unsigned k, const op_t *op) {
+  beam_xmt_t *x = &c->x;
+  const tile_t *t = &c->tile[k];
+  size_t nb = x->conf.nb, nblk = c->nblk, s = op->s;
+  unsigned L = op->L;
+  if (x->conf.per_pixel) {
+    for (size_t j = op->j0; j < op->j0 + op->nj; j++)
+      pair_pixels(x, c->pt[j], lvl_at(x, L, c->po[j]), lvl_at(x, L, s), t->p0, t->p1);
+    return;
+  }
+  if (!x->exact) {
+    const double *xs = lvl_at(x, L, s);
+    for (size_t b = t->b0; b < t->b1; b++) {
+      size_t a = c->boff[b], n = c->boff[b + 1] - a;
+      for (size_t j = op->j0; j < op->j0 + op->nj; j++)
+        c->part[j * nblk + b].f = dot_dbl((const double *)lvl_at(x, L, c->po[j]) + a, xs + a, n);
+    }
+    return;
+  }
+  BEAM_ASSERT(x->lv16); /* exact roi mode on the CPU is always narrow-capable */
+  const uint8_t *tw = c->tw + k * c->LN + (size_t)L * nb;
+  const uint64_t *mx = c->tmax + k * c->LN + (size_t)L * nb;
+  int sw = tw[s];
+  unsigned char fits32[1024]; /* |block partial| <= BLK max|o| max|s| */
+  for (size_t j = op->j0; j < op->j0 + op->nj; j++)
+    fits32[j - op->j0] = !sw && !tw[c->po[j]] && mx[c->po[j]] * mx[s] * BLK <= (uint64_t)INT32_MAX;
+  const int16_t *ns = l16_at(x, L, s);
+  const int64_t *ws = lvl_at(x, L, s);
+  for (size_t b = t->b0; b < t->b1; b++) {
+    size_t a = c->boff[b], n = c->boff[b + 1] - a;
+    for (size_t j = op->j0; j < op->j0 + op->nj; j++) {
+      size_t o = c->po[j];
+      beam_i128 v;
+      if (!sw && !tw[o])
+        v = fits32[j - op->j0] ? dot16_32(l16_at(x, L, o) + a, ns + a, n) : dot16_64(l16_at(x, L, o) + a, ns + a, n);
+      else if (sw && tw[o])
+        v = dot_exact((const int64_t *)lvl_at(x, L, o) + a, ws + a, n, x->chunk[L]);
+      else if (sw)
+        v = dot_mixed(l16_at(x, L, o) + a, ws + a, n);
+      else
+        v = dot_mixed(ns + a, (const int64_t *)lvl_at(x, L, o) + a, n);
+      c->part[j * nblk + b].i = v;
     }
   }
 }
 
-/* Level L just received its frame number n = nlev[L] (1-based): pairs with
- * the frames i back, i from i_min (0 at level 0, nb/2 above) to
+static void run_tile(void *ctx, unsigned k) {
+  cpu_t *c = ctx;
+  for (size_t i = 0; i < c->nops; i++) {
+    const op_t *op = &c->ops[i];
+    if (op->kind == OP_GATHER)
+      tile_gather(c, k, op);
+    else if (op->kind == OP_COMBINE)
+      tile_combine(c, k, op);
+    else
+      tile_pairs(c, k, op);
+  }
+}
+
+/* ---- the calling thread: plan, phase, fold --------------------------------- */
+
+/* ROI sums of the level-L frame in slot s from its block sums; returns 1
+ * when one is NaN (a NaN pixel makes the frame bad, as np.isnan(img).any()
+ * does in scikit-beam). */
+static int fold_sums(cpu_t *c, unsigned L, size_t s) {
+  beam_xmt_t *x = &c->x;
+  const acc_t *bs = c->bsum + (size_t)L * c->nblk;
+  int nan = 0;
+  for (size_t r = 0; r < x->R; r++) {
+    if (x->exact) {
+      beam_i128 v = 0;
+      for (size_t b = c->rblk[r]; b < c->rblk[r + 1]; b++)
+        v += bs[b].i;
+      ((beam_i128 *)lsum_at(x, L, s))[r] = v;
+    } else {
+      double v = 0;
+      for (size_t b = c->rblk[r]; b < c->rblk[r + 1]; b++)
+        v += bs[b].f;
+      ((double *)lsum_at(x, L, s))[r] = v;
+      nan |= isnan(v);
+    }
+  }
+  if (x->conf.per_pixel && x->exact) {
+    uint64_t m = 0;
+    for (size_t k = 0; k < c->ntiles; k++)
+      m = c->nmax[k * x->conf.levels + L] > m ? c->nmax[k * x->conf.levels + L] : m;
+    x->lmax[(size_t)L * x->conf.nb + s] = m;
+  }
+  return nan;
+}
+
+static void fold_pairs(cpu_t *c, const op_t *op) {
+  beam_xmt_t *x = &c->x;
+  size_t nb = x->conf.nb, R = x->R;
+  const uint8_t *bad = x->bad + (size_t)op->L * nb;
+  if (bad[op->s])
+    return; /* made bad by a NaN found in this phase: its pairs are void */
+  for (size_t j = op->j0; j < op->j0 + op->nj; j++) {
+    size_t o = c->po[j], t = c->pt[j];
+    x->npairs[t]++;
+    if (x->conf.per_pixel)
+      continue; /* the pixel sums are the result; ROI sums at publish */
+    const acc_t *pj = c->part + j * c->nblk;
+    if (x->exact) {
+      const beam_i128 *ss = lsum_at(x, op->L, op->s), *so = lsum_at(x, op->L, o);
+      beam_i128 *G = (beam_i128 *)x->G + t * R, *IP = (beam_i128 *)x->IP + t * R, *IF = (beam_i128 *)x->IF + t * R;
+      for (size_t r = 0; r < R; r++) {
+        beam_i128 g = 0;
+        for (size_t b = c->rblk[r]; b < c->rblk[r + 1]; b++)
+          g += pj[b].i;
+        G[r] += g;
+        IP[r] += so[r];
+        IF[r] += ss[r];
+      }
+    } else {
+      const double *ss = lsum_at(x, op->L, op->s), *so = lsum_at(x, op->L, o);
+      double *G = (double *)x->G + t * R, *IP = (double *)x->IP + t * R, *IF = (double *)x->IF + t * R;
+      for (size_t r = 0; r < R; r++) {
+        double g = 0;
+        for (size_t b = c->rblk[r]; b < c->rblk[r + 1]; b++)
+          g += pj[b].f;
+        G[r] += g;
+        IP[r] += so[r];
+        IF[r] += ss[r];
+      }
+    }
+  }
+}
+
+/* Runs the planned ops on every tile, then folds them in order. */
+static void flush(cpu_t *c) {
+  beam_xmt_t *x = &c->x;
+  size_t nb = x->conf.nb;
+  if (c->nops == 0)
+    return;
+  beam_xpcs_pool_run(c->pool, (unsigned)c->ntiles, run_tile, c);
+  for (size_t i = 0; i < c->nops; i++) {
+    const op_t *op = &c->ops[i];
+    if (op->kind == OP_GATHER) {
+      if (fold_sums(c, 0, op->s)) {
+        x->bad[op->s] = 1;
+        x->nbad++;
+      }
+    } else if (op->kind == OP_COMBINE) {
+      const uint8_t *bl = x->bad + (size_t)(op->L - 1) * nb;
+      /* a half made bad by a NaN in this phase spoils this frame too */
+      x->bad[(size_t)op->L * nb + op->s] = bl[op->a] || bl[op->b];
+      fold_sums(c, op->L, op->s);
+    } else {
+      fold_pairs(c, op);
+    }
+  }
+  c->nops = 0;
+  c->npair = 0;
+}
+
+static void add_op(cpu_t *c, int kind, unsigned L, size_t s, size_t a, size_t b) {
+  BEAM_ASSERT(c->nops < MAX_OPS);
+  op_t *op = &c->ops[c->nops++];
+  op->kind = kind, op->L = L, op->s = s, op->a = a, op->b = b, op->j0 = c->npair, op->nj = 0;
+}
+
+/* Level L just received its frame number n = nlev[L] (1-based): its pairs
+ * with the frames i back, i from i_min (0 at level 0, nb/2 above) to
  * min(n, nb) - 1 (scikit-beam's _one_time_process). */
-static int accumulate(beam_xmt_t *x, unsigned L) {
-  size_t nb = x->conf.nb, n = x->nlev[L], s = (n - 1) % nb, R = x->R;
-  size_t imin = L ? nb / 2 : 0, imax = (n < nb ? n : nb);
+static int plan_pairs(cpu_t *c, unsigned L) {
+  beam_xmt_t *x = &c->x;
+  size_t nb = x->conf.nb, n = x->nlev[L], s = (n - 1) % nb;
+  size_t imin = L ? nb / 2 : 0, imax = n < nb ? n : nb;
   const uint8_t *bad = x->bad + (size_t)L * nb;
-  const uint64_t *off = x->rois.off;
   if (bad[s])
     return 0;
-  unsigned short ol[1024], tl[1024]; /* narrow pairs, done blocked below */
-  size_t nn = 0;
-  int sw = is_wide(x, L, s);
+  add_op(c, OP_PAIRS, L, s, 0, 0);
+  op_t *op = &c->ops[c->nops - 1];
   for (size_t i = imin; i < imax; i++) {
     size_t o = (n - 1 - i) % nb, t = beam_xmt_row(x, L, (unsigned)i);
     if (bad[o])
       continue;
-    x->npairs[t]++;
-    int ow = is_wide(x, L, o);
-    if (x->exact && !x->conf.per_pixel && (!sw || !ow)) {
-      if (!sw && !ow) {
-        ol[nn] = (unsigned short)o, tl[nn] = (unsigned short)t, nn++;
-        continue;
-      }
-      /* one narrow, one wide */
-      const int16_t *xn = l16_at(x, L, sw ? o : s);
-      const int64_t *xw = lvl_at(x, L, sw ? s : o);
-      const beam_i128 *ss = lsum_at(x, L, s), *so = lsum_at(x, L, o);
-      beam_i128 *G = (beam_i128 *)x->G + t * R, *IP = (beam_i128 *)x->IP + t * R,
-                *IF = (beam_i128 *)x->IF + t * R;
-      for (size_t r = 0; r < R; r++) {
-        G[r] += dot_mixed(xn + off[r], xw + off[r], off[r + 1] - off[r]);
-        IP[r] += so[r];
-        IF[r] += ss[r];
-      }
-    } else if (x->conf.per_pixel) {
-      const uint64_t *mx = x->lmax + (size_t)L * nb;
-      /* check before adding: a wrapped int64 must never be published */
-      if (x->exact && beam_xmt_bound(x, t, mx[o], mx[s]) < 0)
-        return BEAM_ELIMIT;
-      pair_pixels(x, t, lvl_at(x, L, o), lvl_at(x, L, s));
-    } else if (x->exact) {
-      const int64_t *xs = lvl_at(x, L, s), *xo = lvl_at(x, L, o);
-      const beam_i128 *ss = lsum_at(x, L, s), *so = lsum_at(x, L, o);
-      beam_i128 *G = (beam_i128 *)x->G + t * R, *IP = (beam_i128 *)x->IP + t * R,
-                *IF = (beam_i128 *)x->IF + t * R;
-      for (size_t r = 0; r < R; r++) {
-        G[r] += dot_exact(xo + off[r], xs + off[r], off[r + 1] - off[r], x->chunk[L]);
-        IP[r] += so[r];
-        IF[r] += ss[r];
-      }
-    } else {
-      const double *xs = lvl_at(x, L, s), *xo = lvl_at(x, L, o);
-      const double *ss = lsum_at(x, L, s), *so = lsum_at(x, L, o);
-      double *G = (double *)x->G + t * R, *IP = (double *)x->IP + t * R, *IF = (double *)x->IF + t * R;
-      for (size_t r = 0; r < R; r++) {
-        G[r] += dot_dbl(xo + off[r], xs + off[r], off[r + 1] - off[r]);
-        IP[r] += so[r];
-        IF[r] += ss[r];
-      }
-    }
+    /* per_pixel: checked before adding, a wrapped int64 must never be
+     * published (the maxima are final: this level's frame was folded) */
+    if (x->conf.per_pixel && x->exact &&
+        beam_xmt_bound(x, t, x->lmax[(size_t)L * nb + o], x->lmax[(size_t)L * nb + s]) < 0)
+      return BEAM_ELIMIT;
+    c->po[c->npair] = (uint16_t)o;
+    c->pt[c->npair] = (uint16_t)t;
+    c->npair++, op->nj++;
   }
-  if (nn)
-    accumulate16(x, L, s, ol, tl, nn);
+  if (op->nj == 0)
+    c->nops--;
   return 0;
 }
 
-/* Narrow-mode combine of level-L slots a, b into level L+1 slot d: int16
- * when both halves are narrow and their sum provably fits, else int64
- * from whichever form each half has. */
-static void combine16(beam_xmt_t *x, unsigned L, size_t a, size_t b, size_t d) {
-  size_t nb = x->conf.nb, P = x->P, ka = (size_t)L * nb + a, kb = (size_t)L * nb + b,
-         kd = (size_t)(L + 1) * nb + d;
-  int aw = x->wide[ka], bw = x->wide[kb];
-  if (!aw && !bw && x->lmax[ka] + x->lmax[kb] <= NARROW_MAX) {
-    int16_t *o = l16_at(x, L + 1, d);
-    x->wide[kd] = 0;
-    x->lmax[kd] = add16(l16_at(x, L, a), l16_at(x, L, b), o, P);
-    roi_sums16(x, o, lsum_at(x, L + 1, d));
-    return;
-  }
-  int64_t *restrict o = lvl_at(x, L + 1, d);
-  if (aw && bw) {
-    const int64_t *pa = lvl_at(x, L, a), *pb = lvl_at(x, L, b);
-    for (size_t p = 0; p < P; p++)
-      o[p] = pa[p] + pb[p];
-  } else if (!aw && !bw) {
-    const int16_t *pa = l16_at(x, L, a), *pb = l16_at(x, L, b);
-    for (size_t p = 0; p < P; p++)
-      o[p] = (int64_t)pa[p] + pb[p];
-  } else {
-    const int16_t *pn = l16_at(x, L, aw ? b : a);
-    const int64_t *pw = lvl_at(x, L, aw ? a : b);
-    for (size_t p = 0; p < P; p++)
-      o[p] = pn[p] + pw[p];
-  }
-  x->wide[kd] = 1;
-  x->lmax[kd] = 0; /* unused for wide slots */
-  roi_sums(x, o, lsum_at(x, L + 1, d), NULL);
-}
-
-static uint64_t *lmax_at(const beam_xmt_t *x, unsigned L, size_t slot) {
-  return x->lmax ? x->lmax + (size_t)L * x->conf.nb + slot : NULL;
-}
-
 int beam_xmt_push_cpu(beam_xmt_t *x, const void *frame, int bad) {
-  size_t nb = x->conf.nb, P = x->P;
-  size_t s = x->nlev[0] % nb;
+  cpu_t *c = (cpu_t *)x;
+  size_t nb = x->conf.nb;
+  int pp = x->conf.per_pixel;
   if (x->ovf_row >= 0)
     return BEAM_ELIMIT; /* the series' results are withdrawn */
-  if (!bad && x->lv16) {
-    int64_t m = gather16(x, frame, l16_at(x, 0, s));
-    x->lmax[s] = (uint64_t)m;
-    x->wide[s] = m > NARROW_MAX;
-    if (x->wide[s]) {
-      gather(x, frame, lvl_at(x, 0, s));
-      roi_sums(x, lvl_at(x, 0, s), lsum_at(x, 0, s), NULL);
-    } else {
-      roi_sums16(x, l16_at(x, 0, s), lsum_at(x, 0, s));
-    }
-  } else if (!bad) {
-    gather(x, frame, lvl_at(x, 0, s));
-    bad = roi_sums(x, lvl_at(x, 0, s), lsum_at(x, 0, s), lmax_at(x, 0, s));
-  }
-  x->bad[s] = (uint8_t)bad;
+  size_t s = x->nlev[0] % nb;
+  c->frame = frame;
+  c->nops = c->npair = 0;
+  x->bad[s] = (uint8_t)(bad != 0);
   x->nframes++;
   x->nbad += bad != 0;
   x->nlev[0]++;
-  if (accumulate(x, 0) < 0)
+  if (!bad)
+    add_op(c, OP_GATHER, 0, s, 0, 0);
+  /* roi mode: the whole frame is one phase, planned as if no NaN turns
+   * up (the fold corrects). per_pixel: its pairs need the bad flag and
+   * maxima of their frames first. */
+  if (pp)
+    flush(c);
+  if (plan_pairs(c, 0) < 0)
     return BEAM_ELIMIT;
   for (unsigned L = 0; L + 1 < x->conf.levels && x->nlev[L] % 2 == 0; L++) {
     size_t n = x->nlev[L], a = (n - 2) % nb, b = (n - 1) % nb, d = x->nlev[L + 1] % nb;
     const uint8_t *bl = x->bad + (size_t)L * nb;
     /* NaN propagates through scikit-beam's means: one bad half spoils it */
     int bd = bl[a] || bl[b];
-    if (!bd && x->lv16) {
-      combine16(x, L, a, b, d);
-    } else if (!bd) {
-      if (x->exact) {
-        const int64_t *pa = lvl_at(x, L, a), *pb = lvl_at(x, L, b);
-        int64_t *o = lvl_at(x, L + 1, d);
-        for (size_t p = 0; p < P; p++)
-          o[p] = pa[p] + pb[p];
-      } else {
-        const double *pa = lvl_at(x, L, a), *pb = lvl_at(x, L, b);
-        double *o = lvl_at(x, L + 1, d);
-        for (size_t p = 0; p < P; p++)
-          o[p] = pa[p] + pb[p];
-      }
-      roi_sums(x, lvl_at(x, L + 1, d), lsum_at(x, L + 1, d), lmax_at(x, L + 1, d));
-    }
     x->bad[(size_t)(L + 1) * nb + d] = (uint8_t)bd;
     x->nlev[L + 1]++;
-    if (accumulate(x, L + 1) < 0)
+    if (!bd)
+      add_op(c, OP_COMBINE, L + 1, d, a, b);
+    if (pp)
+      flush(c);
+    if (plan_pairs(c, L + 1) < 0)
       return BEAM_ELIMIT;
+  }
+  flush(c);
+  return 0;
+}
+
+/* ---- per series: blocks and tiles ------------------------------------------ */
+
+static void tiles_free(cpu_t *c) {
+  free(c->boff), free(c->rblk), free(c->rpos), free(c->tw), free(c->tmax), free(c->nmax);
+  free(c->bsum), free(c->part), free(c->po), free(c->pt);
+  c->boff = c->rblk = c->rpos = c->tmax = c->nmax = NULL;
+  c->tw = NULL, c->bsum = c->part = NULL, c->po = c->pt = NULL;
+  c->nblk = c->ntiles = 0;
+}
+
+/* Blocks of at most BLK pixels inside each ROI; tiles of whole blocks,
+ * split where the running pixel count passes k P / threads. */
+static int tiles_start(cpu_t *c, beam_diag_t *d) {
+  beam_xmt_t *x = &c->x;
+  const uint64_t *off = x->rois.off;
+  size_t R = x->R, P = x->P, nb = x->conf.nb, L = x->conf.levels, nblk = 0;
+  tiles_free(c);
+  for (size_t r = 0; r < R; r++)
+    nblk += (off[r + 1] - off[r] + BLK - 1) / BLK;
+  c->nblk = nblk;
+  c->LN = L * nb;
+  /* More tiles than threads: a thread preempted inside a tile holds the
+   * phase up for one tile, not for 1/threads of the frame. */
+  size_t th = beam_xpcs_pool_size(c->pool), want = th > 1 ? TILES_PER_THREAD * th : 1;
+  c->ntiles = want < nblk ? want : nblk;
+  c->boff = malloc((nblk + 1) * sizeof *c->boff);
+  c->rblk = malloc((R + 1) * sizeof *c->rblk);
+  c->rpos = malloc((x->nruns + 1) * sizeof *c->rpos);
+  c->bsum = calloc(L * nblk, sizeof *c->bsum);
+  c->part = calloc(x->nlags * nblk, sizeof *c->part);
+  c->po = calloc(x->nlags, sizeof *c->po);
+  c->pt = calloc(x->nlags, sizeof *c->pt);
+  c->nmax = calloc(c->ntiles * L, sizeof *c->nmax);
+  if (x->lv16) {
+    c->tw = calloc(c->ntiles * c->LN, 1);
+    c->tmax = calloc(c->ntiles * c->LN, sizeof *c->tmax);
+  }
+  if (!c->boff || !c->rblk || !c->rpos || !c->bsum || !c->part || !c->po || !c->pt || !c->nmax ||
+      (x->lv16 && (!c->tw || !c->tmax)))
+    return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": cannot allocate %zu pixel blocks x %zu lags", nblk, x->nlags);
+  size_t b = 0;
+  for (size_t r = 0; r < R; r++) {
+    c->rblk[r] = b;
+    for (uint64_t p = off[r]; p < off[r + 1]; p += BLK)
+      c->boff[b++] = p;
+  }
+  c->rblk[R] = b;
+  c->boff[nblk] = P;
+  for (size_t j = 0, p = 0; j < x->nruns; p += x->run_len[j++])
+    c->rpos[j] = p;
+  size_t b0 = 0, j0 = 0;
+  for (size_t k = 0; k < c->ntiles; k++) {
+    tile_t *t = &c->tile[k];
+    size_t b1 = b0 + 1; /* at least one block each */
+    if (k + 1 == c->ntiles)
+      b1 = nblk;
+    else
+      while (b1 < nblk - (c->ntiles - k - 1) && c->boff[b1] * c->ntiles < (k + 1) * P)
+        b1++;
+    t->b0 = b0, t->b1 = b1, t->p0 = c->boff[b0], t->p1 = c->boff[b1];
+    /* runs: first one ending after p0, up to the first starting at p1 */
+    while (j0 < x->nruns && c->rpos[j0] + x->run_len[j0] <= t->p0)
+      j0++;
+    size_t j1 = j0;
+    while (j1 < x->nruns && c->rpos[j1] < t->p1)
+      j1++;
+    t->j0 = j0, t->j1 = j1;
+    b0 = b1;
   }
   return 0;
 }
@@ -465,21 +709,31 @@ int beam_xmt_push_cpu(beam_xmt_t *x, const void *frame, int bad) {
 /* ---- stage ops ------------------------------------------------------------ */
 
 static void cpu_destroy(beam_stage_t *self) {
-  beam_xmt_t *x = self->priv;
-  if (!x)
+  cpu_t *c = self->priv;
+  if (!c)
     return;
-  beam_xmt_free(x);
-  free(x);
+  beam_xpcs_pool_destroy(&c->pool);
+  tiles_free(c);
+  beam_xmt_free(&c->x);
+  free(c);
   self->priv = NULL;
 }
 
 static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
-  beam_xmt_t *x = calloc(1, sizeof *x);
-  if (!x)
-    return BEAM_DIAG(d, BEAM_ENOMEM, "xpcs_multitau: out of memory");
-  self->priv = x;
-  int rc = beam_xmt_init(x, self->cfg, d);
-  x->cpu_narrow = 1; /* after init, which clears x */
+  cpu_t *c = calloc(1, sizeof *c);
+  if (!c)
+    return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": out of memory");
+  self->priv = c;
+  int rc = beam_xmt_init(&c->x, self->cfg, d);
+  c->x.cpu_narrow = 1; /* after init, which clears x */
+  if (rc == 0) {
+    unsigned th = c->x.conf.threads;
+    if (th == 0) {
+      th = beam_xpcs_pool_cores();
+      th = th > BEAM_XMT_AUTO_THREADS ? BEAM_XMT_AUTO_THREADS : th;
+    }
+    rc = beam_xpcs_pool_new(&c->pool, th, WHO, d);
+  }
   if (rc < 0)
     cpu_destroy(self);
   return rc;
@@ -487,7 +741,9 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
 
 static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in,
                      beam_diag_t *d) {
-  return beam_xmt_start(self, self->priv, series, in, d);
+  cpu_t *c = self->priv;
+  int rc = beam_xmt_start(self, &c->x, series, in, d);
+  return rc < 0 ? rc : tiles_start(c, d);
 }
 
 static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *emit) {

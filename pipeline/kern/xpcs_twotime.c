@@ -31,6 +31,8 @@ const beam_param_t beam_xpcs_twotime_params[] = {
      "also publish g2_err, the standard error of each g2 diagonal mean", NULL},
     {"publish_every", BEAM_P_INT, "0", 0, 0, 1e9, NULL, NULL,
      "publish partial results over the frames so far every N frames (0 = at series end only)", NULL},
+    {"publish_rows", BEAM_P_INT, "0", 0, 0, BEAM_X2T_MAX_FRAMES, NULL, NULL,
+     "publish each block of N completed rows of c2 as output c2_rows while the series runs (0 = off)", NULL},
     BEAM_PARAM_END};
 
 #define WHO "xpcs_twotime"
@@ -71,8 +73,11 @@ double beam_x2t_bytes(const beam_x2t_t *x, size_t P, size_t R, size_t tdecl) {
   double es = (double)beam_x2t_esize(x);
   double cap = c->mode == BEAM_X2T_WINDOW ? (double)c->width : (double)tdecl;
   double lags = c->mode == BEAM_X2T_FULL ? (double)tdecl : (double)c->width;
+  /* publish_rows: two c2_rows slots of up to N rows of the widest block */
+  double nr = (double)(c->publish_rows < cap ? c->publish_rows : (size_t)cap);
+  double blocks = 2 * (double)R * nr * (c->mode == BEAM_X2T_FULL ? (double)tdecl : (double)c->width) * es;
   return cap * (double)P * es + cap * (double)R * 8 + cap + (double)R * c2_cells(c, tdecl) * es +
-         scratch_cells(c) * es + 4 * (c->errors ? 3 : 2) * lags * (double)R * 8;
+         scratch_cells(c) * es + 4 * (c->errors ? 3 : 2) * lags * (double)R * 8 + blocks;
 }
 
 int beam_x2t_init(beam_x2t_t *x, const beam_cnode_t *cfg, beam_diag_t *d) {
@@ -90,6 +95,7 @@ int beam_x2t_init(beam_x2t_t *x, const beam_cnode_t *cfg, beam_diag_t *d) {
   c->f32 = prec && strcmp(prec, "float32") == 0;
   int64_t w = beam_cfg_int(cfg, "width", 100), mf = beam_cfg_int(cfg, "max_frames", 2000);
   int64_t lim = beam_cfg_int(cfg, "memory_limit", (int64_t)2 << 30), pe = beam_cfg_int(cfg, "publish_every", 0);
+  int64_t pr = beam_cfg_int(cfg, "publish_rows", 0);
   /* The validator has checked these; a tree built by hand may not be. */
   if (w < 1 || w > BEAM_X2T_MAX_FRAMES || mf < 1 || mf > BEAM_X2T_MAX_FRAMES)
     return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": width and max_frames must be 1..%u, got %lld and %lld",
@@ -101,6 +107,16 @@ int beam_x2t_init(beam_x2t_t *x, const beam_cnode_t *cfg, beam_diag_t *d) {
   c->memory_limit = (uint64_t)lim;
   c->errors = beam_cfg_bool(cfg, "errors", 0);
   c->publish_every = pe > 0 ? (uint64_t)pe : 0;
+  if (pr < 0 || pr > BEAM_X2T_MAX_FRAMES)
+    return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": publish_rows must be 0..%u, got %lld", BEAM_X2T_MAX_FRAMES,
+                     (long long)pr);
+  /* a block's rows must all be in the ring when its last frame arrives */
+  if (c->mode == BEAM_X2T_WINDOW && (size_t)pr > c->width)
+    return BEAM_DIAG(d, BEAM_ECONFIG,
+                     WHO ": publish_rows %lld is more than width %zu: in mode window a block's first rows would "
+                     "have left the ring when it completes",
+                     (long long)pr, c->width);
+  c->publish_rows = (size_t)pr;
   /* One ROI's result alone must fit: caught here, before any series. */
   double one = c2_cells(c, c->max_frames) * (double)beam_x2t_esize(x);
   if (one > (double)c->memory_limit)
@@ -169,7 +185,7 @@ int beam_x2t_start(beam_stage_t *self, beam_x2t_t *x, const beam_series_t *s, co
   /* touch every page now: first-touch faults of a buffer this size would
    * otherwise land on the per-frame path */
   memset(x->buf, 0, x->cap * P * es);
-  x->rows = x->head = 0;
+  x->rows = x->head = x->rows_done = 0;
   x->nframes = x->nbad = x->ndropped = 0;
   x->lag_scale = s && s->frame_time_s > 0 ? s->frame_time_s : 1.0;
 
@@ -204,6 +220,23 @@ int beam_x2t_start(beam_stage_t *self, beam_x2t_t *x, const beam_series_t *s, co
       self->outs[o].axes[1] = "roi";
     }
     self->outs[o].labels_json = x->rois.labels_json;
+  }
+  if (c->publish_rows) {
+    size_t cap = x->cap, nr = c->publish_rows < cap ? c->publish_rows : cap;
+    uint32_t sr[3] = {(uint32_t)R, (uint32_t)nr, (uint32_t)(c->mode == BEAM_X2T_FULL ? tdecl : c->width)},
+             sa[1] = {BEAM_X2T_AT_N};
+    beam_outdesc_t *o = &self->outs[self->nouts];
+    x->out_rows = self->nouts;
+    /* two slots: the next block is computed while one is being sent */
+    declare(o, "c2_rows", dt, 3, sr, "", 2);
+    o->axes[0] = "roi";
+    o->axes[1] = "t1";
+    o->axes[2] = c->mode == BEAM_X2T_BAND ? "lag" : "t2";
+    o->labels_json = x->rois.labels_json;
+    declare(o + 1, "c2_rows_at", BEAM_DT_I64, 1, sa, "", 4);
+    o[1].axes[0] = "field";
+    o[1].labels_json = "[\"row0\",\"rows\",\"col0\",\"frames\"]";
+    self->nouts += 2;
   }
   return 0;
 }
@@ -305,6 +338,28 @@ size_t beam_x2t_nlags(const beam_x2t_t *x) {
   return x->conf.mode == BEAM_X2T_BAND && x->conf.width < x->rows ? x->conf.width : x->rows;
 }
 
+/* Band rows [ta, tb) of ROI r into o (row ta first, W columns), by GEMM
+ * blocks of at most x->blk rows: rows t0..t0+m-1 against the frames
+ * t0+1-W .. t0+m-1 they reach. */
+static int band_rows(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, size_t r, size_t ta, size_t tb, void *o,
+                     beam_diag_t *d) {
+  size_t W = x->conf.width;
+  int f32 = x->conf.f32, rc;
+  double np = (double)(x->rois.off[r + 1] - x->rois.off[r]);
+  for (size_t t0 = ta; t0 < tb; t0 += x->blk) {
+    size_t m = tb - t0 < x->blk ? tb - t0 : x->blk, c0 = t0 + 1 >= W ? t0 + 1 - W : 0, k = t0 + m - c0;
+    if ((rc = b->gemm(ctx, x, r, t0, m, c0, k, x->scratch, k, d)) < 0)
+      return rc;
+    for (size_t i = 0; i < m; i++) {
+      size_t t = t0 + i;
+      for (size_t l = 0; l < W; l++)
+        wr(f32, o, (t - ta) * W + l,
+           l > t ? NAN : norm1(x, r, np, rd(f32, x->scratch, i * k + (t - l - c0)), t, t - l));
+    }
+  }
+  return 0;
+}
+
 int beam_x2t_compute(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, void *c2, beam_diag_t *d) {
   size_t n = x->rows, W = x->conf.width, es = beam_x2t_esize(x);
   int f32 = x->conf.f32, rc;
@@ -338,22 +393,111 @@ int beam_x2t_compute(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, void *c
           wr(f32, o, i * n + j, norm1(x, r, np, rd(f32, x->scratch, hi * n + lo), ri, rj));
         }
       }
-    } else {
-      void *o = (char *)c2 + r * n * W * es;
-      for (size_t t0 = 0; t0 < n; t0 += x->blk) {
-        size_t m = n - t0 < x->blk ? n - t0 : x->blk, c0 = t0 + 1 >= W ? t0 + 1 - W : 0, k = t0 + m - c0;
-        if ((rc = b->gemm(ctx, x, r, t0, m, c0, k, x->scratch, k, d)) < 0)
-          return rc;
-        for (size_t i = 0; i < m; i++) {
-          size_t t = t0 + i;
-          for (size_t l = 0; l < W; l++)
-            wr(f32, o, t * W + l,
-               l > t ? NAN : norm1(x, r, np, rd(f32, x->scratch, i * k + (t - l - c0)), t, t - l));
-        }
-      }
+    } else if ((rc = band_rows(x, b, ctx, r, 0, n, (char *)c2 + r * n * W * es, d)) < 0) {
+      return rc;
     }
   }
   return 0;
+}
+
+/* ---- row blocks (publish_rows) ---------------------------------------------- */
+
+int beam_x2t_rows(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, size_t t0, size_t n, void *out, size_t *cols,
+                  size_t *col0, beam_diag_t *d) {
+  size_t W = x->conf.width, es = beam_x2t_esize(x), R = x->R, c0 = 0, nc;
+  int f32 = x->conf.f32, rc;
+  beam_x2t_mode_t mode = x->conf.mode;
+  if (mode == BEAM_X2T_WINDOW) {
+    /* frames c0 .. t0+n-1 are in the ring; the block's rows among them */
+    c0 = t0 + n > W ? t0 + n - W : 0;
+    BEAM_ASSERT(t0 >= c0 && t0 + n <= x->nframes);
+  } else {
+    BEAM_ASSERT(t0 + n <= x->rows);
+  }
+  nc = mode == BEAM_X2T_FULL ? t0 + n : mode == BEAM_X2T_BAND ? W : t0 + n - c0;
+  *cols = nc, *col0 = c0;
+  for (size_t r = 0; r < R; r++) {
+    double np = (double)(x->rois.off[r + 1] - x->rois.off[r]);
+    void *o = (char *)out + r * n * nc * es;
+    if (mode == BEAM_X2T_BAND) {
+      if ((rc = band_rows(x, b, ctx, r, t0, t0 + n, o, d)) < 0)
+        return rc;
+      continue;
+    }
+    if (mode == BEAM_X2T_FULL) {
+      if ((rc = b->gemm(ctx, x, r, t0, n, 0, nc, o, nc, d)) < 0)
+        return rc;
+      for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < nc; j++)
+          wr(f32, o, i * nc + j, norm1(x, r, np, rd(f32, o, i * nc + j), t0 + i, j));
+      continue;
+    }
+    /* window: rows and columns are ring slots (frame % W), each range in
+     * at most two contiguous pieces */
+    size_t W0 = x->cap;
+    for (size_t i = 0; i < n;) {
+      size_t si = (t0 + i) % W0, mi = n - i < W0 - si ? n - i : W0 - si;
+      for (size_t j = 0; j < nc;) {
+        size_t sj = (c0 + j) % W0, mj = nc - j < W0 - sj ? nc - j : W0 - sj;
+        if ((rc = b->gemm(ctx, x, r, si, mi, sj, mj, (char *)x->scratch + (i * nc + j) * es, nc, d)) < 0)
+          return rc;
+        j += mj;
+      }
+      i += mi;
+    }
+    for (size_t i = 0; i < n; i++)
+      for (size_t j = 0; j < nc; j++)
+        wr(f32, o, i * nc + j,
+           norm1(x, r, np, rd(f32, x->scratch, i * nc + j), (t0 + i) % W0, (c0 + j) % W0));
+  }
+  return 0;
+}
+
+/* Rows [rows_done, rows_done + n) as one c2_rows block and its c2_rows_at. */
+static int emit_block(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, beam_emit_t *emit, size_t n,
+                      uint32_t flag, beam_diag_t *d) {
+  size_t t0 = x->rows_done, cols, col0;
+  beam_frame_t *f = beam_emit_get(emit, x->out_rows);
+  if (!f)
+    return 0; /* shutting down */
+  int rc = b->prepare(ctx, x, d);
+  if (rc == 0)
+    rc = beam_x2t_rows(x, b, ctx, t0, n, f->data, &cols, &col0, d);
+  if (rc < 0) {
+    beam_emit_drop(emit, f);
+    return rc;
+  }
+  f->shape[0] = (uint32_t)x->R;
+  f->shape[1] = (uint32_t)n;
+  f->shape[2] = (uint32_t)cols;
+  f->flags = flag;
+  beam_emit_put(emit, f);
+  x->rows_done = t0 + n;
+  if (!(f = beam_emit_get(emit, x->out_rows + 1)))
+    return 0;
+  int64_t *at = f->data;
+  at[BEAM_X2T_AT_ROW0] = (int64_t)t0;
+  at[BEAM_X2T_AT_ROWS] = (int64_t)n;
+  at[BEAM_X2T_AT_COL0] = (int64_t)col0;
+  at[BEAM_X2T_AT_FRAMES] = (int64_t)x->nframes;
+  f->flags = flag;
+  beam_emit_put(emit, f);
+  return 0;
+}
+
+/* Rows held and not yet sent in a block: full and band count buffer rows
+ * (frames beyond the capacity never become rows), window counts frames. */
+static size_t rows_pending(const beam_x2t_t *x) {
+  size_t held = x->conf.mode == BEAM_X2T_WINDOW ? (size_t)x->nframes : x->rows;
+  return held - x->rows_done;
+}
+
+int beam_x2t_publish_rows(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, beam_emit_t *emit, beam_diag_t *d) {
+  size_t N = x->conf.publish_rows;
+  int rc = 0;
+  while (N && rc == 0 && rows_pending(x) >= N)
+    rc = emit_block(x, b, ctx, emit, N, BEAM_FLAG_PARTIAL, d);
+  return rc;
 }
 
 void beam_x2t_g2(const beam_x2t_t *x, const void *c2, double *g2, double *err) {
@@ -397,6 +541,11 @@ static int64_t dark_count(const beam_x2t_t *x) {
 
 int beam_x2t_publish(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, beam_emit_t *emit, uint32_t flag,
                      beam_diag_t *d) {
+  if ((flag & BEAM_FLAG_FINAL) && x->conf.publish_rows && rows_pending(x) > 0) {
+    int rc = emit_block(x, b, ctx, emit, rows_pending(x), flag, d);
+    if (rc < 0)
+      return rc;
+  }
   if (x->rows > 0) {
     size_t K = beam_x2t_nlags(x), R = x->R;
     beam_frame_t *c2 = beam_emit_get(emit, BEAM_X2T_OUT_C2);

@@ -30,7 +30,23 @@
  *   window  c2 [R, n, n] over the last n = min(frames, W) frames (a ring
  *           of W frames), in time order; info says which frame is first.
  * Everything is computed when it is published: at series end (FINAL) and,
- * with publish_every, every N frames over the frames so far (PARTIAL). */
+ * with publish_every, every N frames over the frames so far (PARTIAL).
+ *
+ * Row blocks (publish_rows N): cell C(t1, t2) depends on frames t1 and t2
+ * only, so it is final once the later of them has arrived. Rows t1 in
+ * [r0, r0 + N) are published, as output c2_rows, as soon as frame
+ * r0 + N - 1 (counted from 0 in the series) is held, with every column
+ * that is final then:
+ *   full    [R, n, r0 + n]: columns t2 = 0 .. r0 + n - 1 (the other cells
+ *           of those rows are C(t2, t1) of later blocks, by symmetry);
+ *   band    [R, n, W]: the same rows of c2 (lag k = t1 - t2);
+ *   window  [R, n, m]: columns t2 = c0 .. r0 + n - 1, c0 = max(0,
+ *           r0 + n - W), the frames in the ring then; so N <= W.
+ * The rows left at series end (fewer than N) go out as a last block with
+ * the FINAL results; blocks sent while the series runs carry PARTIAL. Each
+ * block is followed by c2_rows_at, int64 [row0, rows, col0, frames]: its
+ * first row and column (frame indices; col0 = 0, lag 0, in band mode) and
+ * the frames received when it was sent. The FINAL c2 is unchanged. */
 #ifndef BEAM_KERN_XPCS_TWOTIME_H
 #define BEAM_KERN_XPCS_TWOTIME_H
 
@@ -59,7 +75,11 @@ typedef struct beam_x2t_conf_s {
   int f32;               /* precision float32 (else float64) */
   int errors;            /* also publish g2_err */
   uint64_t publish_every;
+  size_t publish_rows;   /* rows per c2_rows block, 0 = off */
 } beam_x2t_conf_t;
+
+/* The "c2_rows_at" output, int64 [BEAM_X2T_AT_N]. */
+enum { BEAM_X2T_AT_ROW0 = 0, BEAM_X2T_AT_ROWS, BEAM_X2T_AT_COL0, BEAM_X2T_AT_FRAMES, BEAM_X2T_AT_N };
 
 typedef struct beam_x2t_s {
   beam_x2t_conf_t conf;
@@ -78,6 +98,8 @@ typedef struct beam_x2t_s {
   void *scratch;     /* band: [blk][blk + W - 1]; window: [W][W] */
   double lag_scale;  /* seconds per frame, or 1 */
   uint64_t nframes, nbad, ndropped;
+  size_t rows_done;  /* publish_rows: rows published in c2_rows blocks */
+  unsigned out_rows; /* index of the c2_rows output (c2_rows_at follows) */
 } beam_x2t_t;
 
 /* The numerator products of one publish, done by a backend. Row indices
@@ -125,9 +147,20 @@ size_t beam_x2t_nlags(const beam_x2t_t *x);
 void beam_x2t_g2(const beam_x2t_t *x, const void *c2, double *g2, double *err);
 
 /* Computes and emits c2, g2, lags, info (g2_err) with flag FINAL or
- * PARTIAL. With no frame held only info goes out (no zero-length arrays). */
+ * PARTIAL. With no frame held only info goes out (no zero-length arrays).
+ * FINAL with publish_rows first sends the rows no block has sent yet. */
 int beam_x2t_publish(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, beam_emit_t *emit, uint32_t flag,
                      beam_diag_t *d);
+
+/* publish_rows: after each frame, emits the c2_rows blocks (and their
+ * c2_rows_at) that this frame completed, flag PARTIAL. 0 or < 0. */
+int beam_x2t_publish_rows(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, beam_emit_t *emit, beam_diag_t *d);
+/* Rows [t0, t0 + n) of c2 in the c2_rows layout into out (R x n x cols,
+ * cols and the first column's frame index in *cols, *col0): the block of
+ * frames that are held now (window: t0 >= frames - W). For the bench and
+ * the tests; beam_x2t_publish_rows calls it. */
+int beam_x2t_rows(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, size_t t0, size_t n, void *out,
+                  size_t *cols, size_t *col0, beam_diag_t *d);
 
 static inline int beam_x2t_flag_bad(uint32_t flags) { return (flags & (BEAM_FLAG_BAD | BEAM_FLAG_CORRUPT)) != 0; }
 

@@ -74,6 +74,8 @@ static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *
     return rc;
   if ((rc = beam_x2t_push(x, bad ? NULL : in->data, bad, &self->diag)) < 0)
     return rc;
+  if ((rc = beam_x2t_publish_rows(x, &beam_x2t_blas_cpu, NULL, emit, &self->diag)) < 0)
+    return rc;
   if (x->conf.publish_every && x->nframes % x->conf.publish_every == 0)
     return beam_x2t_publish(x, &beam_x2t_blas_cpu, NULL, emit, BEAM_FLAG_PARTIAL, &self->diag);
   return 0;

@@ -1,5 +1,5 @@
 /* Internal: how the DM engine's front end (dm.c) talks to a backend
- * (dm_cpu.c, gpu/ptycho_dm_cuda.cu). Only those files include this.
+ * (dm_cpu.c, gpu/dm_cuda.cu). Only those files include this.
  *
  * dm.c validates the conf, keeps the counters (nviews, iterations), checks
  * the arguments of every public call (capacity, windows inside the object)

@@ -333,6 +333,37 @@ def test_corrupt_chunk_counted_and_nan(tmp_path, ports, start_beamd, run_tool, k
     assert st["input"]["frames"] == n
 
 
+def test_bad_lz4_block_decoded_on_stage_thread(tmp_path, ports, start_beamd, run_tool):
+    """A bslz4 chunk whose framing is sound but whose LZ4 block is garbage
+    passes beamd-replay's framing check and is forwarded compressed; beamd
+    decodes it lazily on the roi_sum thread (pipeline/frame.h), where the
+    decode fails: that frame is processed as CORRUPT (NaN sums) and counted
+    as a stage error naming the reason, every other frame is exact."""
+    n, bad = 10, 4
+    path = tmp_path / "badblock.h5"
+    data = mk.make_dataset_file(str(path), "bslz4", n=n, shape=(H, W))
+    with h5py.File(str(path), "r+") as f:
+        d = f["/entry/data/data"]
+        mask, chunk = d.id.read_direct_chunk((bad, 0, 0))
+        # 12-byte header, then one block (H*W*2 bytes < the 8 KiB default
+        # block): a 4-byte big-endian size and the LZ4 bytes, here all 0xff,
+        # a literal run longer than the block.
+        size = int.from_bytes(chunk[12:16], "big")
+        assert 16 + size == len(chunk)
+        d.id.write_direct_chunk((bad, 0, 0), chunk[:16] + b"\xff" * size, mask)
+    b = start_beamd(replay_config(ports, [vd_stage()]))
+    rec = start_recorder(run_tool, ports, tmp_path / "results")
+    start_replay(run_tool, ports, path)
+    wait_recorder(rec, b, 20)
+    check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data, nan_ids=(bad,))
+    st = b.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")
+    assert st["input"]["frames"] == n and st["input"]["corrupt"] == 0
+    vd = [x for x in st["stages"] if x["name"] == "vd"][0]
+    assert vd["errors"] == 1, vd
+    assert re.search(r'stage "vd" series %d frame %d: undecodable payload' % (SERIES, bad),
+                     b.stderr())
+
+
 def test_missing_file_named(tmp_path, ports, run_tool):
     p = start_replay(run_tool, ports, tmp_path / "no_such_scan.h5")
     assert p.wait(10) != 0

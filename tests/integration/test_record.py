@@ -190,6 +190,90 @@ def test_latest_mode(zctx, recorder):
         np.testing.assert_array_equal(f["/results/vd.sums/data"][...], sums(3))
 
 
+DESC_G2 = {"stage": "mt", "output": "g2", "kind": "xpcs_multitau", "dtype": "float64",
+           "shape": [12, 2], "units": "", "axes": ["lag", "roi"], "per_frame": False}
+DESC_CNT = {"stage": "h", "output": "counts", "kind": "hist", "dtype": "uint16",
+            "shape": [7], "units": "", "axes": ["bin"], "per_frame": False}
+
+
+def g2_rows(fid, rows):
+    return 1.0 + np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) / (fid + 1)
+
+
+def test_growing_shapes(zctx, recorder):
+    """Results whose shape changes (a g2 gaining lag rows, a histogram
+    shrinking, a topic without descriptor) are stored faithfully in both
+    modes, also after SWMR began: `data` extends up to the descriptor's
+    shape, `shape` holds each result's own shape, padding is NaN (floats)
+    or 0. A result larger than the declared shape, or of another dtype or
+    rank, is skipped and counted (docs/recording.md)."""
+    feed = Feed(zctx)
+    p = recorder(feed, "--latest", "last.", "--swmr-after", "4", "--series", "1",
+                 "--timeout", "15")
+    sid = 11
+    feed.start(sid)
+    rows = [3, 5, 8, 12, 6]
+    sent = []
+    for fid, r in enumerate(rows):
+        a = g2_rows(fid, r)
+        sent.append(a)
+        d = DESC_G2 if fid == 0 else None
+        feed.result("mt.g2", sid, fid, a, d)
+        feed.result("last.g2", sid, fid, a, d)
+        feed.result("nodesc.g2", sid, fid, a)  # never a descriptor: no bound
+        feed.result("h.counts", sid, fid, np.arange(7 - fid, dtype=np.uint16) + 1,
+                    DESC_CNT if fid == 0 else None)
+        if fid == 0:
+            # The 4 topics exist; wait for SWMR (a SWMR reader can open the
+            # file only then), so every change of shape happens in SWMR mode.
+            partial = os.path.join(p.out_dir, "series_%d.h5.partial" % sid)
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    h5py.File(partial, "r", libver="latest", swmr=True).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "SWMR never started"
+                    time.sleep(0.05)
+    feed.result("mt.g2", sid, 90, g2_rows(90, 13))                   # above the declared 12
+    feed.result("mt.g2", sid, 91, g2_rows(91, 4).astype(np.float32))  # another dtype
+    feed.result("mt.g2", sid, 92, g2_rows(92, 4).reshape(-1))         # another rank
+    feed.end(sid)
+    assert p.wait(15) == 0, p.stderr()
+    with h5py.File(os.path.join(p.out_dir, "series_%d.h5" % sid), "r") as f:
+        for topic, maxshape in (("mt.g2", (None, 12, 2)), ("nodesc.g2", (None, None, None))):
+            g = f["/results/" + topic]
+            d = g["data"]
+            assert d.shape == (5, 12, 2) and d.maxshape == maxshape and d.dtype == np.float64
+            # one result per chunk: the bound, or the first shape without one
+            assert d.chunks == ((1, 12, 2) if topic == "mt.g2" else (1, 3, 2))
+            np.testing.assert_array_equal(g["shape"][()], [[r, 2] for r in rows])
+            assert g["shape"].dtype == np.uint32
+            for k, r in enumerate(rows):
+                np.testing.assert_array_equal(d[k, :r], sent[k])
+                assert np.isnan(d[k, r:]).all()
+                # the documented way to read one result back
+                got = d[(k,) + tuple(slice(0, n) for n in g["shape"][k])]
+                np.testing.assert_array_equal(got, sent[k])
+            assert list(g["frame_id"][()]) == list(range(5))
+            assert g.attrs["reshaped"] == 4
+        assert f["/results/mt.g2"].attrs["mismatched_skipped"] == 3
+        assert f["/results/nodesc.g2"].attrs["mismatched_skipped"] == 0
+        last = f["/results/last.g2"]
+        assert s(last.attrs["mode"]) == "latest"
+        assert last["data"].shape == (6, 2) and last["data"].maxshape == (12, 2)
+        np.testing.assert_array_equal(last["data"][()], sent[-1])
+        np.testing.assert_array_equal(last["shape"][()], [6, 2])
+        assert last["frame_id"][()] == 4 and last.attrs["results"] == 5
+        h = f["/results/h.counts"]
+        assert h["data"].shape == (5, 7) and h["data"].maxshape == (None, 7)
+        for k in range(5):
+            np.testing.assert_array_equal(h["data"][k], np.r_[np.arange(7 - k) + 1, [0] * k])
+        np.testing.assert_array_equal(h["shape"][()], [[7 - k] for k in range(5)])
+    st = stats_of(p)
+    assert st["mismatched"] == 3 and st["written"] == 20
+
+
 def test_duplicates_skipped(zctx, recorder):
     """Replay resumption re-sends results (and the SERIES_START): each
     (topic, frame_id) is stored once; FINAL results are keyed apart."""

@@ -166,9 +166,18 @@ def test_multitau_aps_layout(tmp_path, zctx, recorder):
         assert np.isnan(f["/xpcs/temporal_mean/scattering_1d"][()]).all()
         assert f["/xpcs/temporal_mean/scattering_1d"].shape == (1, 4)
         assert f["/xpcs/spatial_mean/intensity_vs_time"].shape == (2, 45)
-        # the generic layout is still there; its rows keep the first shape
-        # (the final g2 has more rows: mismatched there, not here)
-        assert f["/results/mt.g2/data"].shape == (2, 9, 4)
+        # the generic layout is still there and keeps every g2 as it came,
+        # 9 rows, the final 13, the replayed partial 9 again
+        # (docs/recording.md, "Results whose shape changes")
+        r = f["/results/mt.g2"]
+        assert r["data"].shape == (3, 13, 4)
+        assert r["data"].maxshape == (None, len(lags), 4)  # the declared shape
+        np.testing.assert_array_equal(r["shape"][()], [[9, 4], [13, 4], [9, 4]])
+        np.testing.assert_array_equal(r["data"][0, :9], g2p)
+        assert np.isnan(r["data"][0, 9:]).all()
+        np.testing.assert_array_equal(r["data"][1], g2)
+        np.testing.assert_array_equal(r["data"][2, :9], g2p)
+        assert r.attrs["mismatched_skipped"] == 0 and r.attrs["reshaped"] == 1
         assert bool(f["/entry"].attrs["complete"])
 
 

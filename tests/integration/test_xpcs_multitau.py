@@ -256,3 +256,59 @@ def test_per_pixel_matches_numpy(tmp_path, ports, zctx, start_beamd, receivers):
         assert not np.allclose(res["g2"][1], ref["g2"], rtol=1e-3)
     metas = {t: mm for t, h, a, mm in rx.snapshot() if t.startswith("mt.") and mm}
     assert metas["mt.g2_err"]["labels"] == list(LABELS)
+
+
+def test_threads_bit_identical(tmp_path, ports, zctx, start_beamd, receivers):
+    """threads 1, 2 and 3 (roi and per_pixel) on the same frames publish the
+    same bits: 128x128 frames, two ROIs of about 8000 pixels (two 4096-pixel
+    blocks each), so the tiles of threads 2 and 3 cut through the ROIs; a
+    few bright frames on one half make some tiles int64 and others int16.
+    threads 1 also against numpy."""
+    h, w = 128, 128
+    rng = np.random.default_rng(31)
+    lab = np.where(np.arange(h)[:, None] < h // 2, 5, 8).astype(np.int32) * np.ones((1, w), np.int32)
+    lab[rng.random((h, w)) < 0.05] = 0
+    np.save(tmp_path / "labels.npy", lab)
+    rois = {"file": str(tmp_path / "labels.npy")}
+    base = {"kind": "xpcs_multitau", "backend": "cpu", "rois": rois, "levels": LEVELS,
+            "buffers": NB, "publish_every": 16, "intensities": True}
+    stages = [dict(base, name="t%d" % t, threads=t) for t in (1, 2, 3)]
+    stages += [dict(base, name="p%d" % t, threads=t, normalization="per_pixel") for t in (1, 3)]
+    start_beamd(make_config(ports, stages, mode="pull", pool_frames=64))
+    rx = Receiver(zctx, ports.ep_publish)
+    receivers.append(rx)
+    rx.wait_live()
+    tx = Sender(zctx, ports.ep_input, __import__("zmq").PUSH)
+    sid, n = 12, 40
+    frames = rng.poisson(rng.uniform(1.0, 8.0, size=(h, w)), size=(n, h, w)).astype(np.uint16)
+    frames[5::9, h // 2:] += 20000  # above int16 once two are summed
+    bad = np.zeros(n, bool)
+    bad[13] = True
+    tx.start(sid, (h, w), np.uint16, meta={"frame_time": FRAME_TIME})
+    for k in range(n):
+        tx.frame(sid, k, frames[k], flags=proto.FLAG_BAD if bad[k] else 0)
+    tx.end(sid)
+    rx.wait_series_end(sid, timeout=30)
+    rx.wait_for(lambda ms: sum(1 for m in ms if m[0].endswith(".if") and m[1].flags & proto.FLAG_FINAL) >= 5,
+                timeout=20, what="five final if")
+    assert not rx.decode_errors()
+    got = {}
+    for topic, hdr, arr, meta in rx.snapshot():
+        if hdr.series_id != sid or "." not in topic:
+            continue
+        name, out = topic.split(".", 1)
+        key = "final" if hdr.flags & proto.FLAG_FINAL else hdr.frame_id + 1
+        got.setdefault(name, {})[(key, out)] = arr
+    for ref_name, names, outs in (("t1", ("t2", "t3"), ("g2", "g_num", "ip", "if", "lags", "info")),
+                                  ("p1", ("p3",), ("g2", "g2_err", "g_num", "ip", "if", "info"))):
+        ref = got[ref_name]
+        assert ("final", "g2") in ref and (16, "g2") in ref and (32, "g2") in ref
+        for name in names:
+            assert set(got[name]) == set(ref), name
+            for key in ref:
+                if key[1] in outs:
+                    a, b = got[name][key], ref[key]
+                    assert a.dtype == b.dtype and a.shape == b.shape, (name, key)
+                    assert a.tobytes() == b.tobytes(), (name, key)
+    want = multitau_numpy(frames, bad, lab, LEVELS, NB)
+    np.testing.assert_allclose(got["t1"][("final", "g2")], want["g2"], rtol=1e-12, atol=0)

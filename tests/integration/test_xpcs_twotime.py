@@ -160,3 +160,95 @@ def test_twotime_matches_numpy(tmp_path, ports, zctx, start_beamd, receivers):
     np.testing.assert_allclose(c2, ref[:, n - WIN:, n - WIN:], rtol=1e-10, atol=0, err_msg="window c2")
     _check_g2(res, ref[:, n - WIN:, n - WIN:], 1e-10)
     assert res["info"][1].tolist()[5] == n - WIN
+
+
+def _blocks(rx, sid, name):
+    """[(c2_rows array, c2_rows_at list, flags)] in the order sent; each
+    c2_rows is followed by its c2_rows_at."""
+    out, pending = [], None
+    for topic, hdr, arr, meta in rx.snapshot():
+        if hdr.series_id != sid:
+            continue
+        if topic == name + ".c2_rows":
+            assert pending is None, "two blocks without c2_rows_at"
+            pending = (arr, hdr.flags)
+        elif topic == name + ".c2_rows_at":
+            assert pending is not None and arr.dtype == np.int64 and arr.shape == (4,)
+            out.append((pending[0], arr.tolist(), pending[1]))
+            pending = None
+    assert pending is None
+    return out
+
+
+def test_twotime_row_blocks(tmp_path, ports, zctx, start_beamd, receivers):
+    """publish_rows: c2 row blocks published while the series runs (PARTIAL)
+    and the rest at SERIES_END (FINAL), each with c2_rows_at [row0, rows,
+    col0, frames]. Stitched with numpy they are the FINAL c2 (which is
+    unchanged) and scikit-beam's closed form: full (columns 0..row0+rows-1,
+    the rest by symmetry), band (the same rows of c2) and window (columns
+    in the ring when the block completed)."""
+    rng = np.random.default_rng(11)
+    lab = labels_image(rng)
+    np.save(tmp_path / "labels.npy", lab)
+    rois = {"file": str(tmp_path / "labels.npy")}
+    common = {"kind": "xpcs_twotime", "backend": "cpu", "rois": rois}
+    stages = [dict(common, name="rf", mode="full", max_frames=64, publish_rows=6),
+              dict(common, name="rb", mode="band", width=BAND, publish_rows=10, precision="float32"),
+              dict(common, name="rw", mode="window", width=WIN, publish_rows=7)]
+    start_beamd(make_config(ports, stages, mode="pull", pool_frames=64))
+    rx = Receiver(zctx, ports.ep_publish)
+    receivers.append(rx)
+    rx.wait_live()
+    tx = Sender(zctx, ports.ep_input, zmq.PUSH)
+    sid, n = 5, 45
+    frames = rng.poisson(rng.uniform(0.5, 6.0, size=(H, W)), size=(n, H, W)).astype(np.uint16)
+    frames[6][lab == 12] = 0
+    bad = np.zeros(n, bool)
+    bad[[9, 33]] = True
+    tx.start(sid, (H, W), np.uint16, meta={"frame_time": FRAME_TIME})
+    for k in range(n):
+        tx.frame(sid, k, frames[k], flags=proto.FLAG_BAD if bad[k] else 0)
+    tx.end(sid)
+    rx.wait_series_end(sid, timeout=15)
+    rx.wait_for(lambda ms: sum(1 for m in ms if m[0].endswith(".info") and m[1].flags & proto.FLAG_FINAL) >= 3,
+                timeout=10, what="three final info")
+    assert not rx.decode_errors()
+    ref = twotime_numpy(frames, bad, lab)
+    R = len(LABELS)
+    metas = {t: mm for t, h, a, mm in rx.snapshot() if t.startswith("r") and mm}
+    assert metas["rf.c2_rows"]["axes"] == ["roi", "t1", "t2"] and metas["rf.c2_rows"]["labels"] == list(LABELS)
+    assert metas["rb.c2_rows"]["axes"] == ["roi", "t1", "lag"]
+    for name, N, rtol in (("rf", 6, 1e-10), ("rb", 10, 2e-5), ("rw", 7, 1e-10)):
+        blocks = _blocks(rx, sid, name)
+        assert len(blocks) == -(-n // N), name
+        final = _results(rx, sid, name)["final"]["c2"][1]
+        stitched = np.full((R, n, n), np.nan)
+        seen = np.zeros((R, n, n), bool)
+        band = np.full((R, n, BAND), np.nan)
+        nxt = 0
+        for arr, (row0, rows, col0, nfr), flags in blocks:
+            last = row0 + rows == n and n % N != 0
+            assert row0 == nxt and rows == (n - row0 if last else N), (name, row0, rows)
+            assert nfr == (n if last else row0 + rows)  # sent when its last frame arrived
+            assert flags & (proto.FLAG_FINAL if last else proto.FLAG_PARTIAL), (name, row0)
+            nxt = row0 + rows
+            if name == "rb":
+                assert col0 == 0 and arr.shape == (R, rows, BAND)
+                band[:, row0:row0 + rows] = arr
+                continue
+            c1 = row0 + rows
+            assert col0 == (max(0, c1 - WIN) if name == "rw" else 0)
+            assert arr.shape == (R, rows, c1 - col0)
+            np.testing.assert_allclose(arr, ref[:, row0:c1, col0:c1], rtol=rtol, atol=0,
+                                       err_msg="%s block at %d" % (name, row0))
+            stitched[:, row0:c1, col0:c1] = arr
+            seen[:, row0:c1, col0:c1] = True
+        assert nxt == n
+        if name == "rb":
+            np.testing.assert_allclose(band, final, rtol=rtol, atol=0, err_msg="band stitched")
+            continue
+        mirror = np.swapaxes(stitched, 1, 2)
+        stitched = np.where(seen, stitched, mirror)  # the upper triangle by symmetry
+        s = n - WIN if name == "rw" else 0
+        np.testing.assert_allclose(stitched[:, s:, s:], final, rtol=rtol, atol=0, err_msg=name + " stitched")
+        np.testing.assert_allclose(stitched[:, s:, s:], ref[:, s:, s:], rtol=rtol, atol=0)

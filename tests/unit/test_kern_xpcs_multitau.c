@@ -483,6 +483,210 @@ static void test_per_pixel_overflow(void **state) {
   }
 }
 
+/* ---- threads: tiles over pixels -------------------------------------------- */
+
+/* 160x256 frames (40960 pixels, 10+ blocks of 4096, so with threads 2 and
+ * 3 tiles cut through ROIs): label 4 on the upper half, 9 and 13 mixed at
+ * random below (banded: rows alternate, so the run gather), label 2 a
+ * handful of pixels. u16: frames 3, 10, 17, ... bright (> 32767 summed)
+ * on the lower rows only, and one pixel above 32767 every 5th frame: int16
+ * tiles next to int64 tiles of the same level frame. f32: BAD flags and a
+ * NaN pixel in frame 11 (found only when the tiles fold) and one in frame
+ * 30. Returns the final g2, G, IP, IF (and g2_err) and the partial g2s as
+ * one array; threads 1 against the closed form. */
+typedef struct tres_s {
+  double *v;
+  size_t n;
+  int64_t info[BEAM_XMT_INFO_N];
+} tres_t;
+
+static void append(tres_t *o, const beam_frame_t *f) {
+  size_t n = f->nbytes / sizeof(double);
+  o->v = realloc(o->v, (o->n + n) * sizeof(double));
+  memcpy(o->v + o->n, f->data, n * sizeof(double));
+  o->n += n;
+}
+
+static void run_threads(beam_dtype_t dt, int per_pixel, int banded, int threads, tres_t *o, int check_ref) {
+  enum { H = 160, W = 256, N = 44, LV = 4, NB = 4 };
+  uint32_t sh[2] = {H, W};
+  static int32_t lab[H * W];
+  static int idx[H * W];
+  uint64_t seed = 99;
+  for (int p = 0; p < H * W; p++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    int y = p / W, k;
+    if (p % 97 == 5)
+      k = 0; /* label 2: a few scattered pixels */
+    else if (y < H / 2)
+      k = 1;
+    else
+      k = banded ? 2 + y % 2 : 2 + (int)((seed >> 33) % 2);
+    if (p % 31 == 7)
+      k = -1; /* unused pixels */
+    lab[p] = k < 0 ? 0 : (int32_t[]){2, 4, 9, 13}[k];
+    idx[p] = k;
+  }
+  char path[64];
+  snprintf(path, sizeof path, "tlab%d.npy", banded);
+  assert_int_equal(bh_write_npy(tmp_path(path), "<i4", 2, sh, lab, sizeof lab), 0);
+  beam_cnode_t *cfg = cfg_labels(tmp_path(path), LV, NB);
+  char th[16];
+  snprintf(th, sizeof th, "%d", threads);
+  bh_set(cfg, "threads", th);
+  bh_set(cfg, "intensities", "true");
+  bh_set(cfg, "publish_every", "13");
+  if (per_pixel)
+    bh_set(cfg, "normalization", "per_pixel");
+  bh_t *h = make(cfg);
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(h, dt, 2, sh, &d), 0);
+  assert_true(banded ? ((beam_xmt_t *)h->st.priv)->run_src != NULL || dt != BEAM_DT_U16 || per_pixel : 1);
+  double *frames = check_ref ? calloc((size_t)N * H * W, sizeof *frames) : NULL;
+  int bad[N] = {0};
+  memset(o, 0, sizeof *o);
+  for (size_t k = 0; k < N; k++) {
+    beam_frame_t *f = bh_frame_new(dt, 2, sh, k);
+    bh_frame_fill(f, 7000 + k, dt == BEAM_DT_U16 ? 12 : 9.5);
+    for (int p = 0; p < H * W; p++) {
+      if (dt == BEAM_DT_U16) {
+        uint16_t *v = f->data;
+        if (k % 7 == 3 && p / W >= H / 2)
+          v[p] = (uint16_t)(17000 + p % 4000);
+        if (k % 5 == 2 && p == (int)(k * 4099) % (H * W))
+          v[p] = 40000;
+      } else if ((k == 11 && p == 23456) || (k == 30 && p == 101)) {
+        ((float *)f->data)[p] = NAN;
+        bad[k] = 1;
+      }
+      if (frames)
+        frames[k * H * W + p] = dt == BEAM_DT_U16 ? ((uint16_t *)f->data)[p] : ((float *)f->data)[p];
+    }
+    if (k % 9 == 6) {
+      f->flags |= BEAM_FLAG_BAD;
+      bad[k] = 1;
+    }
+    assert_int_equal(bh_process(h, f), 0);
+    bh_frame_free(f);
+    if ((k + 1) % 13 == 0) {
+      beam_frame_t *g = bh_last(h, BEAM_XMT_OUT_G2);
+      if (g)
+        append(o, g);
+      bh_clear(h);
+    }
+  }
+  assert_int_equal(bh_end(h), 0);
+  unsigned outs[5] = {BEAM_XMT_OUT_G2, BEAM_XMT_OUT_G, BEAM_XMT_OUT_IP, BEAM_XMT_OUT_IF, 6};
+  for (int i = 0; i < (per_pixel ? 5 : 4); i++) {
+    beam_frame_t *g = bh_last(h, outs[i]);
+    assert_non_null(g);
+    append(o, g);
+  }
+  memcpy(o->info, bh_last(h, BEAM_XMT_OUT_INFO)->data, sizeof o->info);
+  int nbad = 0;
+  for (int k = 0; k < N; k++)
+    nbad += bad[k];
+  assert_int_equal(o->info[BEAM_XMT_INFO_BAD], nbad);
+  assert_true(o->info[BEAM_XMT_INFO_ROWS] > NB);
+  if (check_ref) {
+    size_t R = 4, rows = (size_t)o->info[BEAM_XMT_INFO_ROWS];
+    ref_t rf;
+    reference(frames, bad, N, H * W, idx, R, LV, NB, &rf);
+    assert_int_equal(rows, rf.rows);
+    const double *g2 = bh_last(h, BEAM_XMT_OUT_G2)->data, *G = bh_last(h, BEAM_XMT_OUT_G)->data;
+    if (per_pixel) {
+      size_t nl = (size_t)(LV + 1) * NB / 2;
+      double *pg = calloc(nl * R, sizeof *pg), *pe = calloc(nl * R, sizeof *pe);
+      reference_pp(frames, bad, N, H * W, idx, R, LV, NB, pg, pe);
+      for (size_t i = 0; i < rows * R; i++)
+        close_to(g2[i], pg[i], 1e-12, "threads pp g2", i);
+      free(pg), free(pe);
+    } else {
+      for (size_t i = 0; i < rows * R; i++)
+        close_to(g2[i], rf.g2[i], 1e-12, "threads g2", i);
+    }
+    for (size_t i = 0; i < rows * R; i++)
+      close_to(G[i], rf.G[i], 1e-12, "threads G", i);
+    ref_free(&rf);
+    free(frames);
+  }
+  bh_free(&h);
+}
+
+/* threads 1, 2, 3 give the same bits: integer sums are exact, and float
+ * sums are taken per fixed block in a fixed order whatever the tiling. */
+static void threads_case(beam_dtype_t dt, int per_pixel, int banded) {
+  tres_t one, more;
+  run_threads(dt, per_pixel, banded, 1, &one, 1);
+  for (int th = 2; th <= 3; th++) {
+    run_threads(dt, per_pixel, banded, th, &more, 0);
+    assert_int_equal(more.n, one.n);
+    assert_memory_equal(more.info, one.info, sizeof one.info);
+    for (size_t i = 0; i < one.n; i++)
+      if (memcmp(&more.v[i], &one.v[i], sizeof(double)) != 0)
+        fail_msg("threads %d: value %zu is %.17g, threads 1 gave %.17g", th, i, more.v[i], one.v[i]);
+    free(more.v);
+  }
+  free(one.v);
+}
+
+static void test_threads_u16(void **state) {
+  threads_case(BEAM_DT_U16, 0, 0);
+  threads_case(BEAM_DT_U16, 0, 1);
+}
+static void test_threads_f32(void **state) { threads_case(BEAM_DT_F32, 0, 1); }
+static void test_threads_per_pixel(void **state) {
+  threads_case(BEAM_DT_U16, 1, 0);
+  threads_case(BEAM_DT_F32, 1, 1);
+}
+
+/* per_pixel zero-intensity convention (docs/xpcs.md): a pixel whose past or
+ * future intensity is zero on a row is left out of that row's mean and
+ * std; an ROI with no pixel left is NaN (g2 and g2_err) though its ROI
+ * sums are not zero. 2x2 frames, levels 1, buffers 4, 6 frames:
+ *   ROI 1 = pixel 0 (always 0) and pixel 1 (D = 1 2 3 1 2 3);
+ *   ROI 2 = pixel 2 (B: 5 in the last frame only), pixel 3 (C: 4 in the
+ *   first only).
+ * lag 0 (6 pairs): D: G 28, IP = IF = 12, g2 = 28 * 6 / 144 = 7/6; pixel
+ *   0 left out (else the mean would be 7/12, as with boost_corr's g2_p =
+ *   0); B: 25 * 6 / 25 = 6, C: 16 * 6 / 16 = 6: mean 6, err 0.
+ * lag 1 (5 pairs): D: G 19, IP 9, IF 11, g2 = 95/99; B has no past and C
+ *   no future intensity: ROI 2 is NaN, while its ROI sums IP 4, IF 5 keep
+ *   the row (no truncation). Lags 2, 3 alike. threads 1 and 2 agree. */
+static void test_per_pixel_zero_pixels(void **state) {
+  uint8_t lab[4] = {1, 1, 2, 2};
+  uint32_t sh[2] = {2, 2};
+  assert_int_equal(bh_write_npy(tmp_path("zp.npy"), "|u1", 2, sh, lab, sizeof lab), 0);
+  const uint16_t D[6] = {1, 2, 3, 1, 2, 3};
+  for (int th = 1; th <= 2; th++) {
+    beam_cnode_t *cfg = cfg_labels(tmp_path("zp.npy"), 1, 4);
+    bh_set(cfg, "normalization", "per_pixel");
+    bh_set(cfg, "publish_every", "0");
+    bh_set(cfg, "threads", th == 1 ? "1" : "2");
+    bh_t *h = make(cfg);
+    beam_diag_t d = {0};
+    assert_int_equal(bh_start(h, BEAM_DT_U16, 2, sh, &d), 0);
+    for (uint64_t k = 0; k < 6; k++) {
+      beam_frame_t *f = bh_frame_new(BEAM_DT_U16, 2, sh, k);
+      uint16_t *v = f->data;
+      v[0] = 0, v[1] = D[k], v[2] = k == 5 ? 5 : 0, v[3] = k == 0 ? 4 : 0;
+      assert_int_equal(bh_process(h, f), 0);
+      bh_frame_free(f);
+    }
+    assert_int_equal(bh_end(h), 0);
+    int64_t *info = bh_last(h, BEAM_XMT_OUT_INFO)->data;
+    assert_int_equal(info[BEAM_XMT_INFO_ROWS], 4);
+    const double *g2 = bh_last(h, BEAM_XMT_OUT_G2)->data, *er = bh_last(h, 3)->data;
+    close_to(g2[0], 7.0 / 6, 1e-15, "zero g2 lag 0 roi 1", 0);
+    close_to(g2[1], 6.0, 1e-15, "zero g2 lag 0 roi 2", 1);
+    close_to(g2[2], 95.0 / 99, 1e-15, "zero g2 lag 1 roi 1", 2);
+    assert_true(er[0] == 0 && er[1] == 0 && er[2] == 0);
+    for (size_t t = 1; t < 4; t++)
+      assert_true(isnan(g2[t * 2 + 1]) && isnan(er[t * 2 + 1]));
+    bh_free(&h);
+  }
+}
+
 /* levels 4, buffers 8: scikit-beam's example list. */
 static void test_lag_list(void **state) {
   uint8_t lab[4] = {1, 1, 1, 1};
@@ -671,6 +875,8 @@ int main(void) {
       cmocka_unit_test(test_dark_roi),      cmocka_unit_test(test_rings),
       cmocka_unit_test(test_errors),        cmocka_unit_test(test_per_pixel_u16),
       cmocka_unit_test(test_per_pixel_f32), cmocka_unit_test(test_per_pixel_overflow),
+      cmocka_unit_test(test_threads_u16),   cmocka_unit_test(test_threads_f32),
+      cmocka_unit_test(test_threads_per_pixel), cmocka_unit_test(test_per_pixel_zero_pixels),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -156,7 +156,99 @@ typedef struct run_s {
   size_t N;
   double rtol;
   unsigned publish_every;
+  unsigned publish_rows; /* 0: no c2_rows blocks */
 } run_t;
+
+/* ---- publish_rows: the c2_rows blocks, collected and stitched ------------- */
+
+typedef struct blocks_s {
+  double *S;       /* stitched: full/window [R][N][N] by frame index, band [R][N][W]; NaN = unset */
+  uint8_t *set;    /* cells written by some block */
+  size_t N, Wd, next, count, nfinal;
+} blocks_t;
+
+static unsigned out_named(const bh_t *h, const char *name) {
+  for (unsigned o = 0; o < h->st.nouts; o++)
+    if (strcmp(h->st.outs[o].name, name) == 0)
+      return o;
+  fail_msg("no output %s", name);
+  return 0;
+}
+
+/* The results from index *seen on: every c2_rows followed by its
+ * c2_rows_at; each block must start where the last ended, come when its
+ * last frame (frames_now) arrived, and match the reference C (all frames,
+ * as a cell depends only on its two frames). */
+static void take_blocks(bh_t *h, const run_t *rc, size_t *seen, blocks_t *B, size_t frames_now, int at_end) {
+  unsigned orow = out_named(h, "c2_rows"), oat = out_named(h, "c2_rows_at");
+  int band = strcmp(rc->mode, "band") == 0, win = strcmp(rc->mode, "window") == 0;
+  const size_t R = 4, N = B->N;
+  for (size_t i = *seen; i < h->nres; i++) {
+    if (h->res_out[i] != orow)
+      continue;
+    beam_frame_t *f = h->res[i], *a = i + 1 < h->nres && h->res_out[i + 1] == oat ? h->res[i + 1] : NULL;
+    assert_non_null(a); /* c2_rows_at right after its block */
+    const int64_t *at = a->data;
+    size_t row0 = (size_t)at[BEAM_X2T_AT_ROW0], n = (size_t)at[BEAM_X2T_AT_ROWS],
+           col0 = (size_t)at[BEAM_X2T_AT_COL0], cols = f->shape[2];
+    assert_int_equal(row0, B->next);
+    assert_int_equal(f->shape[0], R);
+    assert_int_equal(f->shape[1], n);
+    assert_int_equal(at[BEAM_X2T_AT_FRAMES], (int64_t)frames_now);
+    assert_int_equal(f->flags & a->flags & (BEAM_FLAG_FINAL | BEAM_FLAG_PARTIAL),
+                     at_end ? BEAM_FLAG_FINAL : BEAM_FLAG_PARTIAL);
+    if (at_end) {
+      B->nfinal++;
+      assert_true(n <= rc->publish_rows && row0 + n == frames_now);
+    } else {
+      assert_int_equal(n, rc->publish_rows);
+      assert_int_equal(row0 + n, frames_now); /* sent as its last frame arrived */
+    }
+    if (band)
+      assert_true(col0 == 0 && cols == B->Wd);
+    else if (win)
+      assert_true(col0 == (row0 + n > B->Wd ? row0 + n - B->Wd : 0) && cols == row0 + n - col0);
+    else
+      assert_true(col0 == 0 && cols == row0 + n);
+    for (size_t r = 0; r < R; r++)
+      for (size_t t = 0; t < n; t++)
+        for (size_t j = 0; j < cols; j++) {
+          double v = cell(f, (r * n + t) * cols + j);
+          size_t k = band ? (r * N + row0 + t) * B->Wd + j : (r * N + row0 + t) * N + col0 + j;
+          B->S[k] = v, B->set[k] = 1;
+          if (!band) { /* the mirror cell, by symmetry */
+            size_t m = (r * N + col0 + j) * N + row0 + t;
+            if (!B->set[m])
+              B->S[m] = v, B->set[m] = 1;
+          }
+        }
+    B->next = row0 + n;
+    B->count++;
+  }
+  *seen = h->nres;
+}
+
+/* The stitched blocks against the reference and the FINAL c2. */
+static void check_blocks(bh_t *h, const run_t *rc, const blocks_t *B, const double *C) {
+  int band = strcmp(rc->mode, "band") == 0, win = strcmp(rc->mode, "window") == 0;
+  const size_t R = 4, N = B->N, Wd = B->Wd;
+  assert_int_equal(B->next, N);
+  assert_int_equal(B->nfinal, N % rc->publish_rows ? 1 : 0);
+  assert_int_equal(B->count, (N + rc->publish_rows - 1) / rc->publish_rows);
+  beam_frame_t *c2 = bh_last(h, BEAM_X2T_OUT_C2);
+  size_t n = c2->shape[1], cols = c2->shape[2], s = win ? N - n : 0;
+  for (size_t r = 0; r < R; r++)
+    for (size_t t = 0; t < n; t++)
+      for (size_t j = 0; j < cols; j++) {
+        size_t k = band ? (r * N + t) * Wd + j : (r * N + s + t) * N + s + j;
+        double want = band ? (j > t ? NAN : C[(r * N + t - j) * N + t]) : C[(r * N + s + t) * N + s + j];
+        if (!B->set[k])
+          fail_msg("%s: cell [%zu, %zu, %zu] of the final c2 is in no block", rc->mode, r, t, j);
+        close_to(B->S[k], want, rc->rtol, "stitched vs reference", k);
+        close_to(B->S[k], cell(c2, (r * n + t) * cols + j), rc->rtol, "stitched vs final c2", k);
+      }
+}
+
 
 /* Labels with gaps (2, 7, 8, 40); frames with BAD, CORRUPT, a zero-photon
  * frame in ROI 7, and for float input a NaN pixel; results compared with
@@ -250,13 +342,24 @@ static void run_random(const run_t *rc) {
   char s[32];
   snprintf(s, sizeof s, "%u", rc->publish_every);
   bh_set(cfg, "publish_every", s);
+  if (rc->publish_rows) {
+    snprintf(s, sizeof s, "%u", rc->publish_rows);
+    bh_set(cfg, "publish_rows", s);
+  }
   bh_t *h = make(cfg);
   beam_diag_t d = {0};
   assert_int_equal(bh_start(h, rc->dt, 2, sh, &d), 0);
   size_t N = rc->N;
   double *frames = calloc(N * NPIX, sizeof *frames);
   int *bad = calloc(N, sizeof *bad);
-  size_t npartial = 0;
+  size_t npartial = 0, seen = 0;
+  blocks_t B = {0};
+  B.N = N, B.Wd = (size_t)rc->width;
+  size_t scells = 4 * N * (strcmp(rc->mode, "band") == 0 ? B.Wd : N);
+  if (rc->publish_rows) {
+    B.S = malloc(scells * sizeof *B.S);
+    B.set = calloc(scells, 1);
+  }
   for (size_t k = 0; k < N; k++) {
     beam_frame_t *f = bh_frame_new(rc->dt, 2, sh, k);
     bh_frame_fill(f, 1000 + k, rc->dt == BEAM_DT_F32 ? 7.5 : 9);
@@ -280,16 +383,25 @@ static void run_random(const run_t *rc) {
     }
     assert_int_equal(bh_process(h, f), 0);
     bh_frame_free(f);
+    if (rc->publish_rows)
+      take_blocks(h, rc, &seen, &B, k + 1, 0);
     if (rc->publish_every && (k + 1) % rc->publish_every == 0) {
       npartial++;
       assert_true(bh_last(h, BEAM_X2T_OUT_C2)->flags & BEAM_FLAG_PARTIAL);
       check_result(h, rc, frames, bad, k + 1, idx, "partial");
       bh_clear(h);
+      seen = 0;
     }
   }
   assert_int_equal(bh_end(h), 0);
   assert_true(bh_last(h, BEAM_X2T_OUT_C2)->flags & BEAM_FLAG_FINAL);
   check_result(h, rc, frames, bad, N, idx, "final");
+  if (rc->publish_rows) {
+    take_blocks(h, rc, &seen, &B, N, 1);
+    double *C = reference(frames, bad, N, NPIX, idx, 4);
+    check_blocks(h, rc, &B, C);
+    free(C), free(B.S), free(B.set);
+  }
   assert_int_equal(npartial, rc->publish_every ? N / rc->publish_every : 0);
   assert_string_equal(h->st.outs[0].labels_json, "[2,7,8,40]");
   free(frames), free(bad);
@@ -297,28 +409,52 @@ static void run_random(const run_t *rc) {
 }
 
 static void test_full_u16(void **state) {
-  run_t r = {"full", 1, BEAM_DT_U16, "float64", 45, 1e-12, 13};
+  run_t r = {"full", 1, BEAM_DT_U16, "float64", 45, 1e-12, 13, 0};
   run_random(&r);
 }
 static void test_full_f32_precision32(void **state) {
-  run_t r = {"full", 1, BEAM_DT_F32, "float32", 33, 2e-5, 0};
+  run_t r = {"full", 1, BEAM_DT_F32, "float32", 33, 2e-5, 0, 0};
   run_random(&r);
 }
 static void test_band_u16(void **state) {
-  run_t r = {"band", 7, BEAM_DT_U16, "float64", 150, 1e-12, 40}; /* several GEMM blocks of 64 rows */
+  run_t r = {"band", 7, BEAM_DT_U16, "float64", 150, 1e-12, 40, 0}; /* several GEMM blocks of 64 rows */
   run_random(&r);
 }
 static void test_band_wide(void **state) {
-  run_t r = {"band", 50, BEAM_DT_F32, "float64", 30, 1e-12, 0}; /* W > T */
+  run_t r = {"band", 50, BEAM_DT_F32, "float64", 30, 1e-12, 0, 0}; /* W > T */
   run_random(&r);
 }
 static void test_window_u16(void **state) {
-  run_t r = {"window", 16, BEAM_DT_U16, "float64", 41, 1e-12, 10}; /* partials before and after the wrap */
+  run_t r = {"window", 16, BEAM_DT_U16, "float64", 41, 1e-12, 10, 0}; /* partials before and after the wrap */
   run_random(&r);
 }
 static void test_window_f32(void **state) {
-  run_t r = {"window", 9, BEAM_DT_F32, "float32", 27, 2e-5, 0};
+  run_t r = {"window", 9, BEAM_DT_F32, "float32", 27, 2e-5, 0, 0};
   run_random(&r);
+}
+
+/* publish_rows: blocks sent as their last frame arrives, stitched, equal
+ * the reference and the FINAL c2 (which they leave unchanged: run_random
+ * checks it as before). Trailing blocks at the end, partial results in
+ * between, band blocks crossing GEMM blocks, window blocks across the
+ * ring's wrap (rows and columns in two pieces). */
+static void test_rows_full(void **state) {
+  run_t r = {"full", 1, BEAM_DT_U16, "float64", 45, 1e-12, 13, 4}; /* 11 blocks + 1 row at the end */
+  run_random(&r);
+  run_t r2 = {"full", 1, BEAM_DT_F32, "float32", 33, 2e-5, 0, 11}; /* no trailing block */
+  run_random(&r2);
+}
+static void test_rows_band(void **state) {
+  run_t r = {"band", 7, BEAM_DT_U16, "float64", 150, 1e-12, 40, 70}; /* 2 blocks + 10 rows */
+  run_random(&r);
+  run_t r2 = {"band", 50, BEAM_DT_F32, "float64", 30, 1e-12, 0, 3}; /* W > T */
+  run_random(&r2);
+}
+static void test_rows_window(void **state) {
+  run_t r = {"window", 16, BEAM_DT_U16, "float64", 41, 1e-12, 10, 5}; /* wraps at 16, 32 */
+  run_random(&r);
+  run_t r2 = {"window", 9, BEAM_DT_F32, "float32", 27, 2e-5, 0, 9}; /* N = W */
+  run_random(&r2);
 }
 
 /* ---- limits and errors ----------------------------------------------------- */
@@ -431,6 +567,8 @@ int main(void) {
       cmocka_unit_test(test_band_wide),       cmocka_unit_test(test_window_u16),
       cmocka_unit_test(test_window_f32),      cmocka_unit_test(test_memory_limits),
       cmocka_unit_test(test_max_frames_drop), cmocka_unit_test(test_empty_and_errors),
+      cmocka_unit_test(test_rows_full),       cmocka_unit_test(test_rows_band),
+      cmocka_unit_test(test_rows_window),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -87,9 +87,16 @@ typedef struct rtopic_s {
   int latest;
   int refused; /* appeared after SWMR started: results counted, not stored */
   hid_t grp, data, fid, tacq, flg;
+  hid_t shp; /* per-result shape (ndim > 0 only): results may grow */
   beam_dtype_t dtype;
   uint32_t ndim;
-  uint32_t shape[BEAM_MAX_NDIM];
+  uint32_t shape[BEAM_MAX_NDIM]; /* of the first result */
+  /* Bounds of a result's dimensions (the descriptor's declared shape, the
+   * size of the stage's output slots; H5S_UNLIMITED without a descriptor)
+   * and the current extent of data's result dimensions (every mode: the
+   * largest seen, rows padded with the fill value). */
+  hsize_t maxd[BEAM_MAX_NDIM], ext[BEAM_MAX_NDIM];
+  uint64_t reshaped; /* results whose shape differs from the first */
   uint64_t n; /* rows (every) or results stored (latest) */
   int have_desc;
   idset_t seen, seen_final;

@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,7 +161,7 @@ int rfile_set_meta(rec_ctx_t *ctx, rfile_t *f, const beam_hdr_t *start, const ch
 }
 
 static void topic_close(rtopic_t *t) {
-  hid_t *h[] = {&t->data, &t->fid, &t->tacq, &t->flg, &t->grp};
+  hid_t *h[] = {&t->data, &t->fid, &t->tacq, &t->flg, &t->shp, &t->grp};
   for (size_t i = 0; i < sizeof h / sizeof *h; i++)
     if (*h[i] > 0) {
       if (H5Iget_type(*h[i]) == H5I_GROUP)
@@ -178,8 +179,13 @@ static int topic_latest(const rec_opts_t *o, const char *name) {
   return o->latest_default;
 }
 
+/* rowmax: the bound of each result dimension (NULL: row itself, a fixed
+ * shape). A chunk holds one result of the bound (of the first shape where
+ * the bound is unlimited), so a growing result never spans many chunks.
+ * Floating-point data is filled with NaN, so the padding of a result
+ * smaller than the extent cannot pass for data. */
 static hid_t make_ds(hid_t loc, const char *name, hid_t type, int latest, unsigned nrow,
-                     const uint32_t *row, hsize_t chunk0, int comp) {
+                     const uint32_t *row, const hsize_t *rowmax, hsize_t chunk0, int comp) {
   hsize_t dims[BEAM_MAX_NDIM + 1], maxd[BEAM_MAX_NDIM + 1], chunk[BEAM_MAX_NDIM + 1];
   int nd = 0;
   if (!latest) {
@@ -188,13 +194,22 @@ static hid_t make_ds(hid_t loc, const char *name, hid_t type, int latest, unsign
     chunk[0] = chunk0;
     nd = 1;
   }
-  for (unsigned i = 0; i < nrow; i++, nd++)
-    dims[nd] = maxd[nd] = chunk[nd] = row[i];
+  for (unsigned i = 0; i < nrow; i++, nd++) {
+    dims[nd] = row[i];
+    maxd[nd] = rowmax ? rowmax[i] : row[i];
+    chunk[nd] = maxd[nd] != H5S_UNLIMITED ? maxd[nd] : row[i];
+    if (chunk[nd] == 0)
+      chunk[nd] = 1;
+  }
   hid_t sp = nd ? H5Screate_simple(nd, dims, maxd) : H5Screate(H5S_SCALAR);
   hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
   int ok = sp >= 0 && pl >= 0;
   if (ok && nd)
     ok = H5Pset_chunk(pl, nd, chunk) >= 0;
+  if (ok && nd && H5Tget_class(type) == H5T_FLOAT) {
+    const double nan = NAN;
+    ok = H5Pset_fill_value(pl, H5T_NATIVE_DOUBLE, &nan) >= 0;
+  }
   if (ok && comp == REC_COMP_GZIP)
     ok = H5Pset_shuffle(pl) >= 0 && H5Pset_deflate(pl, 4) >= 0;
   if (ok && comp == REC_COMP_BSLZ4) {
@@ -258,6 +273,24 @@ static int write_desc(hid_t data, const beam_msg_t *m) {
   return rc;
 }
 
+/* The descriptor's declared shape as the bound of each dimension, when it
+ * has the result's rank and holds the first result; H5S_UNLIMITED
+ * otherwise (no descriptor yet: nothing says how large results get). */
+static void result_bounds(const beam_msg_t *m, rtopic_t *t) {
+  for (unsigned i = 0; i < t->ndim; i++)
+    t->maxd[i] = H5S_UNLIMITED;
+  json_t *d = m->meta ? json_loadb(m->meta, m->meta_len, 0, NULL) : NULL;
+  json_t *shape = json_object_get(d, "shape");
+  int ok = json_is_array(shape) && json_array_size(shape) == t->ndim;
+  for (unsigned i = 0; ok && i < t->ndim; i++) {
+    json_t *v = json_array_get(shape, i);
+    ok = json_is_integer(v) && json_integer_value(v) >= (json_int_t)t->shape[i];
+  }
+  for (unsigned i = 0; ok && i < t->ndim; i++)
+    t->maxd[i] = (hsize_t)json_integer_value(json_array_get(shape, i));
+  json_decref(d);
+}
+
 static rtopic_t *topic_find(rfile_t *f, const char *name) {
   for (int i = 0; i < f->ntopics; i++)
     if (!strcmp(f->topics[i]->name, name))
@@ -277,7 +310,7 @@ static rtopic_t *topic_new(rec_ctx_t *ctx, rfile_t *f, const char *name, const b
     return NULL;
   }
   snprintf(t->name, sizeof t->name, "%s", name);
-  t->grp = t->data = t->fid = t->tacq = t->flg = -1;
+  t->grp = t->data = t->fid = t->tacq = t->flg = t->shp = -1;
   f->topics[f->ntopics++] = t;
   if (f->swmr) {
     t->refused = 1;
@@ -291,22 +324,30 @@ static rtopic_t *topic_new(rec_ctx_t *ctx, rfile_t *f, const char *name, const b
   t->dtype = (beam_dtype_t)h->dtype;
   t->ndim = h->ndim;
   memcpy(t->shape, h->shape, sizeof t->shape);
+  result_bounds(m, t);
+  for (unsigned i = 0; i < t->ndim; i++)
+    t->ext[i] = t->shape[i];
   char path[BEAM_TOPIC_MAX + 16];
   snprintf(path, sizeof path, "/results/%s", name);
   hid_t type = t->ndim ? beam_h5_type(t->dtype) : H5Tcopy(H5T_STD_U8LE); /* no array: ids only */
   t->grp = H5Gcreate2(f->file, path, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
   if (t->grp >= 0 && type >= 0)
-    t->data = make_ds(t->grp, "data", type, t->latest, t->ndim, t->shape, 1,
+    t->data = make_ds(t->grp, "data", type, t->latest, t->ndim, t->shape, t->maxd, 1,
                       t->ndim ? ctx->o->compress : REC_COMP_NONE);
   if (t->data >= 0)
-    t->fid = make_ds(t->grp, "frame_id", H5T_STD_U64LE, t->latest, 0, NULL, 1024, REC_COMP_NONE);
+    t->fid = make_ds(t->grp, "frame_id", H5T_STD_U64LE, t->latest, 0, NULL, NULL, 1024, REC_COMP_NONE);
   if (t->fid >= 0)
-    t->tacq = make_ds(t->grp, "t_acq_ns", H5T_STD_U64LE, t->latest, 0, NULL, 1024, REC_COMP_NONE);
+    t->tacq = make_ds(t->grp, "t_acq_ns", H5T_STD_U64LE, t->latest, 0, NULL, NULL, 1024, REC_COMP_NONE);
   if (t->tacq >= 0)
-    t->flg = make_ds(t->grp, "flags", H5T_STD_U32LE, t->latest, 0, NULL, 1024, REC_COMP_NONE);
+    t->flg = make_ds(t->grp, "flags", H5T_STD_U32LE, t->latest, 0, NULL, NULL, 1024, REC_COMP_NONE);
+  /* Created with the topic because SWMR forbids adding it later, when a
+   * result of another shape arrives. */
+  const uint32_t rank = t->ndim;
+  if (t->flg >= 0 && t->ndim)
+    t->shp = make_ds(t->grp, "shape", H5T_STD_U32LE, t->latest, 1, &rank, NULL, 1024, REC_COMP_NONE);
   if (type >= 0)
     H5Tclose(type);
-  int rc = t->flg >= 0 ? 0 : -1;
+  int rc = t->flg >= 0 && (!t->ndim || t->shp >= 0) ? 0 : -1;
   if (rc == 0) {
     rc |= beam_h5_attr_str(t->grp, "topic", name);
     rc |= beam_h5_attr_str(t->grp, "mode", t->latest ? "latest" : "every");
@@ -320,14 +361,18 @@ static rtopic_t *topic_new(rec_ctx_t *ctx, rfile_t *f, const char *name, const b
   return t;
 }
 
+/* Writes row `row` of ds (extent (row + 1, *ext)) from buf of shape; the
+ * rest of the row, where shape is smaller than ext, keeps the fill value. */
 static int append_one(hid_t ds, uint64_t row, hid_t memtype, const void *buf, unsigned ndim,
-                      const uint32_t *shape) {
+                      const hsize_t *ext, const uint32_t *shape) {
   hsize_t dims[BEAM_MAX_NDIM + 1], start[BEAM_MAX_NDIM + 1] = {0}, count[BEAM_MAX_NDIM + 1];
   dims[0] = row + 1;
   start[0] = row;
   count[0] = 1;
-  for (unsigned i = 0; i < ndim; i++)
-    dims[i + 1] = count[i + 1] = shape[i];
+  for (unsigned i = 0; i < ndim; i++) {
+    dims[i + 1] = ext[i];
+    count[i + 1] = shape[i];
+  }
   if (H5Dset_extent(ds, dims) < 0)
     return -1;
   hid_t fs = H5Dget_space(ds), ms = H5Screate_simple((int)ndim + 1, count, NULL);
@@ -361,12 +406,18 @@ int rfile_result(rec_ctx_t *ctx, rfile_t *f, const beam_msg_t *m, const void *da
     ctx->c->late_topic++;
     return 0;
   }
-  int same = h->dtype == t->dtype && h->ndim == t->ndim;
-  for (unsigned i = 0; same && i < t->ndim; i++)
-    same = h->shape[i] == t->shape[i];
+  /* A result may be smaller or larger than the first (a g2 gains lag rows
+   * as the series goes on), within the declared bounds; its dtype and rank
+   * are those of the topic. */
+  int same = h->dtype == t->dtype && h->ndim == t->ndim, reshaped = 0;
+  for (unsigned i = 0; same && i < t->ndim; i++) {
+    same = t->maxd[i] == H5S_UNLIMITED || h->shape[i] <= t->maxd[i];
+    reshaped |= h->shape[i] != t->shape[i];
+  }
   if (!same || (t->ndim && !data)) {
     if (t->mismatched++ < 3)
-      tool_log("%s: topic %s frame %llu has another dtype or shape than its first result; not stored",
+      tool_log("%s: topic %s frame %llu has another dtype or rank than its first result, or a "
+               "dimension above its descriptor's shape; not stored",
               f->path, name, (unsigned long long)h->frame_id);
     ctx->c->mismatched++;
     return 0;
@@ -389,9 +440,16 @@ int rfile_result(rec_ctx_t *ctx, rfile_t *f, const beam_msg_t *m, const void *da
   }
   hid_t mt = H5Dget_type(t->data);
   uint32_t flags = h->flags;
+  hsize_t ext[BEAM_MAX_NDIM], rank = t->ndim;
   int rc;
   if (t->latest) {
-    rc = (!t->ndim || H5Dwrite(t->data, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0) &&
+    /* The extent follows the latest result exactly. */
+    for (unsigned i = 0; i < t->ndim; i++)
+      ext[i] = h->shape[i];
+    rc = (!t->ndim || H5Dset_extent(t->data, ext) >= 0) &&
+                 (!t->ndim || H5Dwrite(t->data, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0) &&
+                 (!t->ndim || H5Dwrite(t->shp, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                       h->shape) >= 0) &&
                  H5Dwrite(t->fid, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &h->frame_id) >= 0 &&
                  H5Dwrite(t->tacq, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &h->t_acq_ns) >= 0 &&
                  H5Dwrite(t->flg, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, &flags) >= 0
@@ -400,10 +458,14 @@ int rfile_result(rec_ctx_t *ctx, rfile_t *f, const beam_msg_t *m, const void *da
   } else {
     /* ndim 0 results have no pixels: the row is still recorded (ids). */
     uint8_t none = 0;
-    rc = append_one(t->data, t->n, mt, t->ndim ? data : &none, t->ndim, t->shape) >= 0 &&
-                 append_one(t->fid, t->n, H5T_NATIVE_UINT64, &h->frame_id, 0, NULL) >= 0 &&
-                 append_one(t->tacq, t->n, H5T_NATIVE_UINT64, &h->t_acq_ns, 0, NULL) >= 0 &&
-                 append_one(t->flg, t->n, H5T_NATIVE_UINT32, &flags, 0, NULL) >= 0
+    for (unsigned i = 0; i < t->ndim; i++)
+      ext[i] = h->shape[i] > t->ext[i] ? h->shape[i] : t->ext[i];
+    rc = append_one(t->data, t->n, mt, t->ndim ? data : &none, t->ndim, ext, h->shape) >= 0 &&
+                 (!t->ndim || append_one(t->shp, t->n, H5T_NATIVE_UINT32, h->shape, 1, &rank,
+                                         &t->ndim) >= 0) &&
+                 append_one(t->fid, t->n, H5T_NATIVE_UINT64, &h->frame_id, 0, NULL, NULL) >= 0 &&
+                 append_one(t->tacq, t->n, H5T_NATIVE_UINT64, &h->t_acq_ns, 0, NULL, NULL) >= 0 &&
+                 append_one(t->flg, t->n, H5T_NATIVE_UINT32, &flags, 0, NULL, NULL) >= 0
              ? 0
              : -1;
   }
@@ -415,6 +477,9 @@ int rfile_result(rec_ctx_t *ctx, rfile_t *f, const beam_msg_t *m, const void *da
     f->failed = 1;
     return -1;
   }
+  if (!t->latest)
+    memcpy(t->ext, ext, t->ndim * sizeof *ext);
+  t->reshaped += reshaped;
   t->n++;
   f->written++;
   f->dirty = 1;
@@ -485,6 +550,7 @@ static int final_attrs(rec_ctx_t *ctx, rfile_t *f, int complete, const char *why
     rc |= beam_h5_attr_u64(g, "results", t->n);
     rc |= beam_h5_attr_u64(g, "duplicates_skipped", t->dups);
     rc |= beam_h5_attr_u64(g, "mismatched_skipped", t->mismatched);
+    rc |= beam_h5_attr_u64(g, "reshaped", t->reshaped);
     H5Gclose(g);
   }
   /* Refused topics leave a trace in the file, not only in the log. */
