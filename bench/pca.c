@@ -22,7 +22,20 @@
  * CPU time of all the process's threads per frame), the stage's GEMM
  * flops per frame and the GFLOP/s that implies, the same BLAS calls alone
  * at the same shapes (GFLOP/s and the frames/s they would allow), and the
- * ratio stage / BLAS alone. */
+ * ratio stage / BLAS alone.
+ *
+ * --backend cuda (or --cuda) runs the same cases through the stage's CUDA
+ * backend (beam_pca_cuda_ops) instead, with the frame bank in pinned host
+ * memory as the daemon's frame pool is when a CUDA stage runs: each frame
+ * is copied up per process call, as in the daemon. Frames default to
+ * --frames for every size (no 1-batch shortcut), the timed pass is
+ * repeated --reps times (default 3) and the median is printed, and the
+ * line ends with the input rate in GB/s (the H2D copy of the uint16
+ * frames) and backend=cuda instead of the CPU BLAS comparison, which says
+ * nothing about a GPU. The CUDA backend synchronises once per frame (the
+ * non-finite count) and per batch, so the work is done when the loop
+ * ends. Without a device it prints "skipped: no GPU (<reason>)" and exits
+ * 0. */
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
@@ -32,6 +45,7 @@
 #include <time.h>
 
 #include "daemon/config.h"
+#include "gpu/gpu.h"
 #include "pipeline/emit_int.h"
 #include "pipeline/stage.h"
 
@@ -110,6 +124,75 @@ static double blas_rate(size_t P, size_t k, size_t b, int iters, int reps, doubl
 
 #define ITERS 3 /* robust_iterations, the default */
 
+static int use_cuda; /* --backend cuda */
+static int cuda_reps = 3;
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static void free_case(beam_frame_t *bank, int nbank, emitter_t *em, beam_series_t **series, beam_cnode_t *cfg) {
+  for (int f = 0; f < nbank; f++)
+    if (use_cuda)
+      beam_host_free(bank[f].data, 1);
+    else
+      free(bank[f].data);
+  free(bank);
+  for (unsigned o = 0; o < BEAM_STAGE_MAX_OUTS; o++)
+    free(em->outs[o].data);
+  beam_series_unref(series);
+  beam_cnode_free(cfg);
+}
+
+/* The timed part of a case on the CUDA backend: cuda_reps passes of
+ * nframes (whole batches), median frames/s. */
+static int run_cuda(beam_stage_t *st, beam_emit_t *e, beam_frame_t *bank, int nbank, uint32_t side, uint32_t k,
+                    uint32_t b, size_t nframes, int robust, beam_cnode_t *cfg, beam_series_t *series,
+                    emitter_t *em) {
+  double t[16], tc[16];
+  int reps = cuda_reps, rc = 0;
+  for (int r = 0; r < reps && rc == 0; r++) {
+    uint64_t t0 = now_ns(), c0 = cpu_ns();
+    for (size_t i = 0; i < nframes; i++) {
+      if (st->ops->process(st, &bank[i % nbank], e) < 0) {
+        fprintf(stderr, "pca: process (cuda): %s\n", st->diag.msg);
+        rc = -1;
+        break;
+      }
+    }
+    t[r] = (double)(now_ns() - t0) * 1e-9;
+    tc[r] = (double)(cpu_ns() - c0) * 1e-9;
+  }
+  if (rc == 0 && st->ops->end(st, e) < 0) {
+    fprintf(stderr, "pca: end (cuda): %s\n", st->diag.msg);
+    rc = -1;
+  }
+  st->ops->destroy(st);
+  if (rc == 0) {
+    double ts[16];
+    memcpy(ts, t, sizeof ts);
+    qsort(ts, (size_t)reps, sizeof *ts, cmp_double);
+    double tm = ts[reps / 2], tcm = 0;
+    for (int r = 0; r < reps; r++)
+      if (t[r] == tm)
+        tcm = tc[r];
+    size_t P = (size_t)side * side, m = k + b + 1;
+    int iters = robust ? ITERS : 0;
+    /* the same GEMM count as the CPU line (blas_rate's formula) */
+    double flops = (2.0 * b * k + (double)m * (m + 1) + 2.0 * k * m + iters * 2.0 * b * k) * (double)P;
+    double fps = (double)nframes / tm, per_frame_flops = flops / b;
+    printf("%4ux%-4u k=%-2u b=%-3u %-6s %5zu fr  %8.1f frames/s  %9.1f us/frame (cpu %9.1f)  %7.1f MFLOP/frame  "
+           "stage %6.1f GFLOP/s  input %6.2f GB/s  median of %d (%.1f..%.1f frames/s)  backend=cuda\n",
+           side, side, k, b, robust ? "robust" : "plain", nframes, fps, 1e6 / fps, 1e6 * tcm / (double)nframes,
+           per_frame_flops * 1e-6, per_frame_flops * fps * 1e-9, fps * (double)P * sizeof(uint16_t) * 1e-9, reps,
+           (double)nframes / ts[reps - 1], (double)nframes / ts[0]);
+    fflush(stdout);
+  }
+  free_case(bank, nbank, em, &series, cfg);
+  return rc;
+}
+
 static int run_case(uint32_t side, uint32_t k, uint32_t b, size_t nframes, int robust) {
   char yaml[256];
   snprintf(yaml, sizeof yaml,
@@ -126,7 +209,7 @@ static int run_case(uint32_t side, uint32_t k, uint32_t b, size_t nframes, int r
   beam_cfg_errs_free(&errs);
   beam_stage_t st;
   memset(&st, 0, sizeof st);
-  st.ops = kind->cpu;
+  st.ops = use_cuda ? kind->cuda : kind->cpu;
   st.cfg = cfg;
   snprintf(st.name, sizeof st.name, "p");
   beam_diag_t d = {0};
@@ -135,6 +218,7 @@ static int run_case(uint32_t side, uint32_t k, uint32_t b, size_t nframes, int r
   beam_series_t *series = beam_series_new(1, BEAM_DT_U16, 2, shape, NULL, 0);
   if (st.ops->init(&st, &d) < 0 || st.ops->start(&st, series, &in, &d) < 0) {
     fprintf(stderr, "pca: %s\n", d.msg);
+    st.ops->destroy(&st);
     return -1;
   }
   emitter_t em;
@@ -156,7 +240,11 @@ static int run_case(uint32_t side, uint32_t k, uint32_t b, size_t nframes, int r
   for (size_t i = 0; i < 3 * P; i++)
     pat[i] = (float)(50 * urand());
   for (int f = 0; f < nbank; f++) {
-    uint16_t *px = malloc(P * sizeof *px);
+    uint16_t *px = use_cuda ? beam_host_alloc(P * sizeof *px, 1) : malloc(P * sizeof *px);
+    if (!px) {
+      fprintf(stderr, "pca: out of %s memory for the frame bank\n", use_cuda ? "pinned" : "host");
+      return -1;
+    }
     double a[3] = {urand(), urand(), urand()};
     for (size_t i = 0; i < P; i++)
       px[i] = (uint16_t)(100 + a[0] * pat[i] + a[1] * pat[P + i] + a[2] * pat[2 * P + i] + 10 * urand() +
@@ -172,6 +260,10 @@ static int run_case(uint32_t side, uint32_t k, uint32_t b, size_t nframes, int r
   for (uint32_t i = 0; i < b; i++)
     st.ops->process(&st, &bank[i % nbank], &e);
   nframes = (nframes + b - 1) / b * b;
+  if (use_cuda) {
+    free(pat);
+    return run_cuda(&st, &e, bank, nbank, side, k, b, nframes, robust, cfg, series, &em);
+  }
   uint64_t t0 = now_ns(), c0 = cpu_ns();
   for (size_t i = 0; i < nframes; i++) {
     if (st.ops->process(&st, &bank[i % nbank], &e) < 0) {
@@ -220,15 +312,42 @@ int main(int argc, char **argv) {
         fprintf(stderr, "pca: --robust off|on|both\n");
         return 2;
       }
+    } else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
+      const char *bk = argv[++i];
+      if (strcmp(bk, "cpu") != 0 && strcmp(bk, "cuda") != 0) {
+        fprintf(stderr, "pca: --backend cpu|cuda\n");
+        return 2;
+      }
+      use_cuda = strcmp(bk, "cuda") == 0;
+    } else if (strcmp(argv[i], "--cuda") == 0)
+      use_cuda = 1;
+    else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+      cuda_reps = atoi(argv[++i]);
+      if (cuda_reps < 1 || cuda_reps > 16) {
+        fprintf(stderr, "pca: --reps 1..16\n");
+        return 2;
+      }
     } else {
       fprintf(stderr, "usage: pca [--frames N] [--cases side:k:batch[:frames],...] [--robust off|on|both] "
-                      "[--threads N]\n");
+                      "[--threads N] [--backend cpu|cuda] [--reps N]\n");
       return 2;
     }
   }
-  printf("pca stage, CPU backend (OpenBLAS, %d threads); BLAS alone = the batch's sgemm/ssyrk calls "
-         "(robust: + %d sgemm b x P x k); ratio = stage / BLAS alone\n",
-         openblas_get_num_threads(), ITERS);
+  if (use_cuda) {
+    char why[256] = "", dev[256];
+    if (beam_gpu_count(why, sizeof why) == 0) {
+      printf("skipped: no GPU (%s)\n", why);
+      return 0;
+    }
+    beam_gpu_describe(dev, sizeof dev);
+    printf("pca stage, CUDA backend on %s; frames from pinned host memory, copied up per frame; "
+           "input = uint16 frame bytes per second\n",
+           dev);
+  } else {
+    printf("pca stage, CPU backend (OpenBLAS, %d threads); BLAS alone = the batch's sgemm/ssyrk calls "
+           "(robust: + %d sgemm b x P x k); ratio = stage / BLAS alone\n",
+           openblas_get_num_threads(), ITERS);
+  }
   char *list = strdup(cases);
   for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
     unsigned side, k, b;
@@ -238,7 +357,9 @@ int main(int argc, char **argv) {
       fprintf(stderr, "pca: bad case \"%s\" (side:k:batch[:frames])\n", tok);
       return 2;
     }
-    size_t n = got == 4 ? (size_t)nf : (size_t)side * side >= ((size_t)1 << 22) ? (size_t)b : frames;
+    size_t n = got == 4 ? (size_t)nf : frames;
+    if (got < 4 && !use_cuda && (size_t)side * side >= ((size_t)1 << 22))
+      n = b; /* the CPU needs seconds per batch at this size */
     for (int r = 0; r < 2; r++)
       if ((modes >> r & 1) && run_case(side, k, b, n, r) < 0)
         return 1;

@@ -173,6 +173,209 @@ int beam_h5_attr_u64s(hid_t obj, const char *name, const uint64_t *v, size_t n) 
   return rc;
 }
 
+int beam_h5_attr_f64s(hid_t obj, const char *name, const double *v, size_t n) {
+  if (n == 1)
+    return beam_h5_attr_f64(obj, name, v[0]);
+  hsize_t dim = n;
+  hid_t sp = H5Screate_simple(1, &dim, NULL);
+  int rc = sp >= 0 ? put_attr(obj, name, H5T_NATIVE_DOUBLE, sp, v) : -1;
+  if (sp >= 0) H5Sclose(sp);
+  return rc;
+}
+
+hid_t beam_h5_group(hid_t loc, const char *path, const char *nx_class) {
+  hid_t g = H5Gcreate2(loc, path, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  if (g >= 0 && nx_class && beam_h5_attr_str(g, "NX_class", nx_class) < 0) {
+    H5Gclose(g);
+    return -1;
+  }
+  return g;
+}
+
+hid_t beam_h5_dataset(hid_t loc, const char *path, hid_t ft, hid_t mt, int nd,
+                      const hsize_t *dims, const void *data, const char *units) {
+  hid_t sp = nd ? H5Screate_simple(nd, dims, NULL) : H5Screate(H5S_SCALAR);
+  if (sp < 0)
+    return -1;
+  hid_t ds = H5Dcreate2(loc, path, ft, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  H5Sclose(sp);
+  if (ds >= 0 && (H5Dwrite(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0 ||
+                  (units && beam_h5_attr_str(ds, "units", units) < 0))) {
+    H5Dclose(ds);
+    return -1;
+  }
+  return ds;
+}
+
+int beam_h5_scalar_f64(hid_t loc, const char *path, double v, const char *units) {
+  hid_t ds = beam_h5_dataset(loc, path, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 0, NULL, &v, units);
+  if (ds < 0)
+    return -1;
+  H5Dclose(ds);
+  return 0;
+}
+
+/* ---- readers ------------------------------------------------------------- */
+
+int beam_h5_exists(hid_t loc, const char *path) {
+  char buf[512];
+  size_t n = strlen(path);
+  if (n == 0 || n >= sizeof buf)
+    return 0;
+  memcpy(buf, path, n + 1);
+  for (size_t i = 1; i <= n; i++) {
+    if (buf[i] != '/' && buf[i] != '\0')
+      continue;
+    char c = buf[i];
+    buf[i] = '\0';
+    htri_t e = H5Lexists(loc, buf, H5P_DEFAULT);
+    buf[i] = c;
+    if (e <= 0) {
+      H5Eclear2(H5E_DEFAULT);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+const char *beam_h5_split_spec(char *spec) {
+  char *colon = strrchr(spec, ':');
+  if (!colon || colon[1] != '/')
+    return NULL;
+  *colon = '\0';
+  return colon + 1;
+}
+
+int beam_h5_cplx_kind(hid_t ds) {
+  hid_t t = H5Dget_type(ds);
+  if (t < 0)
+    return 0;
+  H5T_class_t c = H5Tget_class(t);
+  int k = c == H5T_COMPOUND && H5Tget_nmembers(t) == 2 ? 2
+        : c == H5T_FLOAT || c == H5T_INTEGER          ? 1
+                                                      : 0;
+  H5Tclose(t);
+  return k;
+}
+
+int beam_h5_read_cplx(hid_t ds, double *out) {
+  hid_t t = H5Dget_type(ds), sp = H5Dget_space(ds), mt = -1;
+  hssize_t np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+  int cplx = t >= 0 && H5Tget_class(t) == H5T_COMPOUND && H5Tget_nmembers(t) == 2;
+  if (cplx) {
+    /* Member names as stored: h5py writes r, i, other writers real, imag. */
+    mt = H5Tcreate(H5T_COMPOUND, 2 * sizeof(double));
+    char *n0 = H5Tget_member_name(t, 0), *n1 = H5Tget_member_name(t, 1);
+    H5Tinsert(mt, n0, 0, H5T_NATIVE_DOUBLE);
+    H5Tinsert(mt, n1, sizeof(double), H5T_NATIVE_DOUBLE);
+    H5free_memory(n0);
+    H5free_memory(n1);
+  }
+  int rc = -1;
+  if (np >= 0 && H5Dread(ds, cplx ? mt : H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                         out) >= 0) {
+    rc = 0;
+    if (!cplx) /* real values: spread into (re, 0) from the back */
+      for (size_t i = (size_t)np; i-- > 0;) {
+        out[2 * i] = out[i];
+        out[2 * i + 1] = 0.0;
+      }
+  }
+  if (mt >= 0) H5Tclose(mt);
+  if (t >= 0) H5Tclose(t);
+  if (sp >= 0) H5Sclose(sp);
+  return rc;
+}
+
+static herr_t dsets_cb(hid_t o, const char *name, const H5O_info_t *info, void *ctx) {
+  beam_h5_dsets_t *f = ctx;
+  if (info->type != H5O_TYPE_DATASET)
+    return 0;
+  if (f->skip && !strncmp(name, f->skip, strlen(f->skip)))
+    return 0;
+  hid_t ds = H5Dopen2(o, name, H5P_DEFAULT);
+  if (ds < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return 0;
+  }
+  hid_t sp = H5Dget_space(ds);
+  int nd = H5Sget_simple_extent_ndims(sp);
+  hsize_t dims[8] = {0};
+  if (nd > 0 && nd <= 8)
+    H5Sget_simple_extent_dims(sp, dims, NULL);
+  H5Sclose(sp);
+  H5Dclose(ds);
+  size_t l = strlen(f->list);
+  char shape[96] = "";
+  for (int i = 0; i < nd && i < 8; i++) {
+    size_t sl = strlen(shape);
+    snprintf(shape + sl, sizeof shape - sl, "%s%llu", i ? "x" : "", (unsigned long long)dims[i]);
+  }
+  if (f->n < 12)
+    snprintf(f->list + l, sizeof f->list - l, "%s/%s (%s)", f->n ? ", " : "", name,
+             nd ? shape : "scalar");
+  f->n++;
+  if (nd == 3) {
+    if (!f->n3d)
+      snprintf(f->first3d, sizeof f->first3d, "/%s", name);
+    f->n3d++;
+  }
+  return 0;
+}
+
+void beam_h5_find_dsets(hid_t f, beam_h5_dsets_t *r) {
+  r->first3d[0] = r->list[0] = '\0';
+  r->n3d = r->n = 0;
+  if (H5Ovisit(f, H5_INDEX_NAME, H5_ITER_INC, dsets_cb, r) < 0)
+    H5Eclear2(H5E_DEFAULT);
+}
+
+typedef struct links_s {
+  char **names;
+  size_t n, cap;
+} links_t;
+
+static herr_t links_cb(hid_t g, const char *name, const H5L_info_t *info, void *ctx) {
+  links_t *l = ctx;
+  (void)g;
+  (void)info;
+  if (strncmp(name, "data_", 5) || strlen(name) != 11 || strspn(name + 5, "0123456789") != 6)
+    return 0;
+  if (l->n == l->cap) {
+    size_t nc = l->cap ? l->cap * 2 : 16;
+    char **nn = realloc(l->names, nc * sizeof *nn);
+    if (!nn)
+      return -1;
+    l->names = nn;
+    l->cap = nc;
+  }
+  if (!(l->names[l->n] = strdup(name)))
+    return -1;
+  l->n++;
+  return 0;
+}
+
+void beam_h5_data_links(hid_t f, char ***names, size_t *n) {
+  links_t l = {0};
+  if (beam_h5_exists(f, "/entry/data")) {
+    hid_t g = H5Gopen2(f, "/entry/data", H5P_DEFAULT);
+    if (g >= 0) {
+      if (H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, NULL, links_cb, &l) < 0)
+        H5Eclear2(H5E_DEFAULT);
+      H5Gclose(g);
+    }
+    H5Eclear2(H5E_DEFAULT);
+  }
+  *names = l.names;
+  *n = l.n;
+}
+
+void beam_h5_names_free(char **names, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    free(names[i]);
+  free(names);
+}
+
 /* 'i' all integers, 'f' numbers, 's' strings, 0 otherwise (or empty). */
 static char array_kind(const json_t *a) {
   size_t n = json_array_size(a), i;

@@ -166,12 +166,15 @@ typedef struct cuda_s {
   /* per_pixel */
   void *d_pG, *d_pIP, *d_pIF, *d_lmax, *d_bnd, *d_ovf;
   size_t c_pG, c_pIP, c_pIF, c_lmax, c_bnd, c_ovf;
+  cudaEvent_t copied; /* the frame's host-to-device copy is done */
 } cuda_t;
 
 static void cu_destroy(beam_stage_t *self) {
   cuda_t *c = (cuda_t *)self->priv;
   if (!c)
     return;
+  if (c->copied)
+    cudaEventDestroy(c->copied);
   beam__cuda_ctx_fini(&c->cx);
   beam__dbuf_free(&c->d_frame, &c->c_frame);
   beam__dbuf_free(&c->d_idx, &c->c_idx);
@@ -201,6 +204,7 @@ static int cu_init_(beam_stage_t *self, beam_diag_t *d) {
   int rc = beam__cuda_ctx_init(&c->cx, "xpcs_multitau", d);
   if (rc < 0)
     return rc;
+  BEAM_CUDA_TRY(d, cudaEventCreateWithFlags(&c->copied, cudaEventDisableTiming));
   return beam_xmt_init(&c->x, self->cfg, d);
 }
 
@@ -318,6 +322,7 @@ static int push(cuda_t *c, const beam_frame_t *in, int bad, beam_diag_t *d) {
   int rc;
   if (!bad) {
     BEAM_CUDA_TRY(d, cudaMemcpyAsync(c->d_frame, in->data, c->frame_bytes, cudaMemcpyHostToDevice, st));
+    BEAM_CUDA_TRY(d, cudaEventRecord(c->copied, st));
     switch (in->dtype) {
 #define XG(T, DT)                                                                              \
   case DT:                                                                                     \
@@ -330,6 +335,10 @@ static int push(cuda_t *c, const beam_frame_t *in, int bad, beam_diag_t *d) {
       return BEAM_DIAG(d, BEAM_ESHAPE, "xpcs_multitau: dtype %s", beam_dtype_name(in->dtype));
     }
     BEAM_CUDA_LAUNCHED(d, "xmt_gather");
+    /* The input slot is pinned and goes back to the pool when process
+     * returns, so its copy must be complete by then; only the copy is
+     * waited for, the kernels run on. */
+    BEAM_CUDA_TRY(d, cudaEventSynchronize(c->copied));
     xmt_roisum<LV, AC><<<(unsigned)R, XT, 0, st>>>(lvl + s * P, (const uint64_t *)c->d_off, lsum + s * R);
     BEAM_CUDA_LAUNCHED(d, "xmt_roisum");
     if ((rc = roimax<LV>(c, lvl + s * P, s, d)) < 0)

@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/h5util.h"
+
 #define EV_J 1.602176634e-19
 
 typedef struct wr_s {
@@ -32,78 +34,40 @@ typedef struct wr_s {
   const char *where;
 } wr_t;
 
-static void fail(wr_t *w, const char *where) {
+/* Records the first failure (rc < 0, an int or an hid_t) and where it
+ * happened; writing goes on, and one message at the end names it. */
+static void check(wr_t *w, int64_t rc, const char *where) {
+  if (rc >= 0)
+    return;
   if (!w->failed)
     w->where = where;
   w->failed = 1;
 }
 
-static void attr_str(wr_t *w, hid_t obj, const char *name, const char *val) {
-  hid_t t = H5Tcopy(H5T_C_S1);
-  H5Tset_size(t, strlen(val) + 1);
-  H5Tset_cset(t, H5T_CSET_UTF8);
-  hid_t sp = H5Screate(H5S_SCALAR);
-  hid_t a = H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
-  if (a < 0 || H5Awrite(a, t, val) < 0)
-    fail(w, name);
-  if (a >= 0)
-    H5Aclose(a);
-  H5Sclose(sp);
-  H5Tclose(t);
-}
-
-static void attr_dbl(wr_t *w, hid_t obj, const char *name, double v) {
-  hid_t sp = H5Screate(H5S_SCALAR);
-  hid_t a = H5Acreate2(obj, name, H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
-  if (a < 0 || H5Awrite(a, H5T_NATIVE_DOUBLE, &v) < 0)
-    fail(w, name);
-  if (a >= 0)
-    H5Aclose(a);
-  H5Sclose(sp);
-}
-
-static hid_t group(wr_t *w, const char *path, const char *cls) {
-  hid_t g = H5Gcreate2(w->f, path, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  if (g < 0) {
-    fail(w, path);
-    return g;
-  }
-  if (cls)
-    attr_str(w, g, "NX_class", cls);
-  H5Gclose(g);
-  return 0;
+static void group(wr_t *w, const char *path, const char *cls) {
+  hid_t g = beam_h5_group(w->f, path, cls);
+  check(w, g, path);
+  if (g >= 0)
+    H5Gclose(g);
 }
 
 static void dataset(wr_t *w, const char *path, hid_t ft, hid_t mt, int nd, const hsize_t *dims,
                     const void *data, const char *units) {
-  hid_t sp = nd ? H5Screate_simple(nd, dims, NULL) : H5Screate(H5S_SCALAR);
-  hid_t ds = H5Dcreate2(w->f, path, ft, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  if (ds < 0 || H5Dwrite(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-    fail(w, path);
-  if (ds >= 0) {
-    if (units)
-      attr_str(w, ds, "units", units);
+  hid_t ds = beam_h5_dataset(w->f, path, ft, mt, nd, dims, data, units);
+  check(w, ds, path);
+  if (ds >= 0)
     H5Dclose(ds);
-  }
-  H5Sclose(sp);
 }
 
 static void scalar(wr_t *w, const char *path, double v, const char *units) {
-  dataset(w, path, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 0, NULL, &v, units);
+  check(w, beam_h5_scalar_f64(w->f, path, v, units), path);
 }
 
-static hid_t complex_type(int dbl) {
-  size_t e = dbl ? sizeof(double) : sizeof(float);
-  hid_t t = H5Tcreate(H5T_COMPOUND, 2 * e);
-  H5Tinsert(t, "r", 0, dbl ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT);
-  H5Tinsert(t, "i", e, dbl ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT);
-  return t;
-}
-
-/* Complex doubles -> the file type of the precision (converted by HDF5). */
+/* Complex doubles -> the file type of the precision (converted by HDF5),
+ * h5py's compound {r, i}. */
 static void complex_ds(wr_t *w, const char *path, int nd, const hsize_t *dims,
                        const double *data, int dbl) {
-  hid_t ft = complex_type(dbl), mt = complex_type(1);
+  hid_t ft = beam_h5_type(dbl ? BEAM_DT_C128 : BEAM_DT_C64), mt = beam_h5_type(BEAM_DT_C128);
   dataset(w, path, ft, mt, nd, dims, data, NULL);
   H5Tclose(ft);
   H5Tclose(mt);
@@ -139,7 +103,7 @@ int pt_result_write(const pt_result_t *r, beam_diag_t *d) {
   }
   hid_t img = H5Gopen2(w.f, "/entry_1/image_1", H5P_DEFAULT);
   if (img >= 0) {
-    attr_str(&w, img, "signal", "data");
+    check(&w, beam_h5_attr_str(img, "signal", "data"), "signal");
     H5Gclose(img);
   }
   scalar(&w, "/entry_1/image_1/x_pixel_size", r->geom->pixel_m, "m");
@@ -158,7 +122,7 @@ int pt_result_write(const pt_result_t *r, beam_diag_t *d) {
   complex_ds(&w, "/entry_1/image_1/probe", 3, pd, r->probe, dbl);
   if (H5Lcreate_soft("/entry_1/image_1/probe", w.f, "/entry_1/instrument_1/source_1/probe",
                      H5P_DEFAULT, H5P_DEFAULT) < 0)
-    fail(&w, "source_1/probe link");
+    check(&w, -1, "source_1/probe link");
   hsize_t wd[2] = {r->nviews, 2};
   dataset(&w, "/entry_1/image_1/window_offsets", H5T_STD_I32LE, H5T_NATIVE_INT32, 2, wd, r->rc,
           "pixel");
@@ -166,7 +130,7 @@ int pt_result_write(const pt_result_t *r, beam_diag_t *d) {
   scalar(&w, "/entry_1/instrument_1/source_1/energy", r->energy * EV_J, "J");
   hid_t en = H5Dopen2(w.f, "/entry_1/instrument_1/source_1/energy", H5P_DEFAULT);
   if (en >= 0) {
-    attr_dbl(&w, en, "energy_ev", r->energy);
+    check(&w, beam_h5_attr_f64(en, "energy_ev", r->energy), "energy_ev");
     H5Dclose(en);
   }
   scalar(&w, "/entry_1/instrument_1/detector_1/distance", r->distance, "m");
@@ -188,7 +152,7 @@ int pt_result_write(const pt_result_t *r, beam_diag_t *d) {
             2, td, tr, "m");
     free(tr);
   } else {
-    fail(&w, "translation (no memory)");
+    check(&w, -1, "translation (no memory)");
   }
 
   double *h = malloc(((size_t)r->niter + 1) * sizeof *h);
@@ -205,25 +169,25 @@ int pt_result_write(const pt_result_t *r, beam_diag_t *d) {
     dataset(&w, p, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 1, &hd, h, k == 3 ? "s" : NULL);
   }
   if (!h)
-    fail(&w, "history (no memory)");
+    check(&w, -1, "history (no memory)");
   free(h);
 
   hid_t pr = H5Gopen2(w.f, "/entry_1/process_1", H5P_DEFAULT);
   if (pr >= 0) {
-    attr_str(&w, pr, "program", "beamd-ptycho");
-    attr_str(&w, pr, "algorithm", "difference map (pipeline/ptycho/dm.h)");
-    attr_str(&w, pr, "status", r->status);
-    attr_dbl(&w, pr, "iterations", r->niter);
-    attr_str(&w, pr, "command_line", r->command_line);
+    check(&w, beam_h5_attr_str(pr, "program", "beamd-ptycho"), "program");
+    check(&w, beam_h5_attr_str(pr, "algorithm", "difference map (pipeline/ptycho/dm.h)"),
+          "algorithm");
+    check(&w, beam_h5_attr_str(pr, "status", r->status), "status");
+    check(&w, beam_h5_attr_f64(pr, "iterations", r->niter), "iterations");
+    check(&w, beam_h5_attr_str(pr, "command_line", r->command_line), "command_line");
     H5Gclose(pr);
   }
   hid_t pg = H5Gopen2(w.f, "/entry_1/process_1/parameters", H5P_DEFAULT);
   if (pg >= 0) {
     for (size_t i = 0; i < r->nparams; i++) {
-      if (r->params[i].is_str)
-        attr_str(&w, pg, r->params[i].name, r->params[i].str ? r->params[i].str : "");
-      else
-        attr_dbl(&w, pg, r->params[i].name, r->params[i].num);
+      const pt_param_t *p = &r->params[i];
+      check(&w, p->is_str ? beam_h5_attr_str(pg, p->name, p->str ? p->str : "")
+                          : beam_h5_attr_f64(pg, p->name, p->num), p->name);
     }
     H5Gclose(pg);
   }

@@ -20,6 +20,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "daemon/h5util.h"
+#include "daemon/nxmx.h"
+
 #define FILTER_LZ4 32004
 #define FILTER_BSHUF 32008
 #define BSHUF_LZ4 2         /* cd_values[4] of 32008: LZ4 compression */
@@ -57,32 +60,9 @@ static char *xstrdup(const char *s) {
   return s ? strdup(s) : NULL;
 }
 
-/* H5Lexists fails (rather than answering 0) when an intermediate group is
- * missing, so each component is tested in turn. */
-static int path_exists(hid_t loc, const char *path) {
-  char buf[512];
-  size_t n = strlen(path);
-  if (n == 0 || n >= sizeof buf)
-    return 0;
-  memcpy(buf, path, n + 1);
-  for (size_t i = 1; i <= n; i++) {
-    if (buf[i] != '/' && buf[i] != '\0')
-      continue;
-    char c = buf[i];
-    buf[i] = '\0';
-    htri_t e = H5Lexists(loc, buf, H5P_DEFAULT);
-    buf[i] = c;
-    if (e <= 0) {
-      H5Eclear2(H5E_DEFAULT);
-      return 0;
-    }
-  }
-  return 1;
-}
-
 static int is_dataset(hid_t loc, const char *path) {
   H5O_info_t oi;
-  if (!path_exists(loc, path))
+  if (!beam_h5_exists(loc, path))
     return 0;
   if (H5Oget_info_by_name(loc, path, &oi, H5P_DEFAULT) < 0) {
     H5Eclear2(H5E_DEFAULT);
@@ -295,32 +275,6 @@ static int open_part(rp_src_t *s, rp_part_t *p, const char *open_path, int *have
 
 /* ---- master files ------------------------------------------------------------ */
 
-typedef struct links_s {
-  char **names;
-  size_t n, cap;
-} links_t;
-
-static herr_t link_cb(hid_t g, const char *name, const H5L_info_t *info, void *ctx) {
-  links_t *l = ctx;
-  (void)g;
-  (void)info;
-  /* data_ followed by exactly six digits, as Eiger and NXmx writers name them. */
-  if (strncmp(name, "data_", 5) || strlen(name) != 11 || strspn(name + 5, "0123456789") != 6)
-    return 0;
-  if (l->n == l->cap) {
-    size_t nc = l->cap ? l->cap * 2 : 16;
-    char **nn = realloc(l->names, nc * sizeof *nn);
-    if (!nn)
-      return -1;
-    l->names = nn;
-    l->cap = nc;
-  }
-  if (!(l->names[l->n] = strdup(name)))
-    return -1;
-  l->n++;
-  return 0;
-}
-
 /* The data file an external link points to, resolved the way HDF5 looks
  * for it last (relative to the master's directory), for messages. */
 static char *link_target(rp_src_t *s, const char *lpath, char **obj) {
@@ -374,17 +328,17 @@ static uint64_t master_nimages(hid_t f) {
   return v[0] * (v[1] ? v[1] : 1);
 }
 
-static int open_master(rp_src_t *s, links_t *l, beam_diag_t *d) {
-  s->parts = calloc(l->n, sizeof *s->parts);
+static int open_master(rp_src_t *s, char **names, size_t n, beam_diag_t *d) {
+  s->parts = calloc(n, sizeof *s->parts);
   if (!s->parts)
     return BEAM_DIAG(d, BEAM_ENOMEM, "part table");
-  s->nparts = l->n;
+  s->nparts = n;
   int have_geom = 0;
   char lp[64];
-  for (size_t i = 0; i < l->n; i++) {
+  for (size_t i = 0; i < n; i++) {
     rp_part_t *p = &s->parts[i];
     p->dset = p->fspace = -1;
-    snprintf(lp, sizeof lp, "/entry/data/%s", l->names[i]);
+    snprintf(lp, sizeof lp, "/entry/data/%s", names[i]);
     p->link = strdup(lp);
     char *obj = NULL;
     p->file = link_target(s, lp, &obj);
@@ -445,50 +399,10 @@ static int open_master(rp_src_t *s, links_t *l, beam_diag_t *d) {
 
 /* ---- single dataset -------------------------------------------------------- */
 
-typedef struct found_s {
-  char list[1024];
-  char first3d[512];
-  int n3d, n;
-} found_t;
-
-static herr_t visit_cb(hid_t o, const char *name, const H5O_info_t *info, void *ctx) {
-  found_t *f = ctx;
-  if (info->type != H5O_TYPE_DATASET)
-    return 0;
-  hid_t ds = H5Dopen2(o, name, H5P_DEFAULT);
-  if (ds < 0) {
-    H5Eclear2(H5E_DEFAULT);
-    return 0;
-  }
-  hid_t sp = H5Dget_space(ds);
-  int nd = H5Sget_simple_extent_ndims(sp);
-  hsize_t dims[8] = {0};
-  if (nd > 0 && nd <= 8)
-    H5Sget_simple_extent_dims(sp, dims, NULL);
-  H5Sclose(sp);
-  H5Dclose(ds);
-  size_t l = strlen(f->list);
-  char shape[96] = "";
-  for (int i = 0; i < nd && i < 8; i++) {
-    size_t sl = strlen(shape);
-    snprintf(shape + sl, sizeof shape - sl, "%s%llu", i ? "x" : "", (unsigned long long)dims[i]);
-  }
-  if (f->n < 12)
-    snprintf(f->list + l, sizeof f->list - l, "%s/%s (%s)", f->n ? ", " : "", name,
-             nd ? shape : "scalar");
-  f->n++;
-  if (nd == 3) {
-    if (!f->n3d)
-      snprintf(f->first3d, sizeof f->first3d, "/%s", name);
-    f->n3d++;
-  }
-  return 0;
-}
-
 static int open_single(rp_src_t *s, const char *dataset, beam_diag_t *d) {
   char name[512];
   if (dataset) {
-    if (!path_exists(s->file, dataset))
+    if (!beam_h5_exists(s->file, dataset))
       return BEAM_DIAG(d, BEAM_EINVAL, "file %s: no dataset %s", s->path, dataset);
     if (!is_dataset(s->file, dataset))
       return BEAM_DIAG(d, BEAM_EINVAL, "file %s: %s is not a dataset (a group, or a link "
@@ -497,10 +411,8 @@ static int open_single(rp_src_t *s, const char *dataset, beam_diag_t *d) {
   } else if (is_dataset(s->file, "/entry/data/data")) {
     snprintf(name, sizeof name, "/entry/data/data");
   } else {
-    found_t f;
-    memset(&f, 0, sizeof f);
-    if (H5Ovisit(s->file, H5_INDEX_NAME, H5_ITER_INC, visit_cb, &f) < 0)
-      H5Eclear2(H5E_DEFAULT);
+    beam_h5_dsets_t f = {.skip = NULL};
+    beam_h5_find_dsets(s->file, &f);
     if (f.n3d != 1) {
       if (f.n3d == 0)
         return BEAM_DIAG(d, BEAM_EINVAL, "file %s: no 3-D dataset (frames, y, x) and no "
@@ -535,114 +447,51 @@ static int open_single(rp_src_t *s, const char *dataset, beam_diag_t *d) {
 
 /* ---- positions ---------------------------------------------------------------- */
 
-static double length_scale(const char *u) {
-  static const struct { const char *name; double f; } t[] = {
-      {"m", 1}, {"meter", 1}, {"metre", 1}, {"mm", 1e-3}, {"um", 1e-6}, {"\xc2\xb5m", 1e-6},
-      {"micron", 1e-6}, {"microns", 1e-6}, {"nm", 1e-9}, {"cm", 1e-2}, {"pm", 1e-12},
-      {"angstrom", 1e-10}, {"A", 1e-10}, {"\xc3\x85", 1e-10},
-  };
-  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-    if (!strcmp(u, t[i].name))
-      return t[i].f;
-  return 0;
-}
-
-int rp_h5_units(hid_t obj, char *buf, size_t len) {
-  buf[0] = '\0';
-  if (H5Aexists(obj, "units") <= 0) {
-    H5Eclear2(H5E_DEFAULT);
-    return 0;
-  }
-  hid_t a = H5Aopen(obj, "units", H5P_DEFAULT);
-  hid_t t = a >= 0 ? H5Aget_type(a) : -1;
-  int rc = -1;
-  if (t >= 0 && H5Tget_class(t) == H5T_STRING) {
-    if (H5Tis_variable_str(t) > 0) {
-      hid_t mt = H5Tcopy(H5T_C_S1);
-      H5Tset_cset(mt, H5Tget_cset(t)); /* h5py writes UTF-8; no cset conversion */
-      H5Tset_size(mt, H5T_VARIABLE);
-      char *v = NULL;
-      if (H5Aread(a, mt, &v) >= 0 && v) {
-        snprintf(buf, len, "%s", v);
-        H5free_memory(v);
-        rc = 0;
-      }
-      H5Tclose(mt);
-    } else {
-      size_t n = H5Tget_size(t);
-      char *v = calloc(1, n + 1);
-      hid_t mt = H5Tcopy(H5T_C_S1);
-      H5Tset_cset(mt, H5Tget_cset(t)); /* h5py writes UTF-8; no cset conversion */
-      H5Tset_size(mt, n + 1);
-      if (v && H5Aread(a, mt, v) >= 0) {
-        snprintf(buf, len, "%s", v);
-        rc = 0;
-      }
-      H5Tclose(mt);
-      free(v);
-    }
-  }
-  if (t >= 0)
-    H5Tclose(t);
-  if (a >= 0)
-    H5Aclose(a);
-  H5Eclear2(H5E_DEFAULT);
-  return rc;
-}
-
-#define POS_PATH "/entry/sample/positions"
-
 /* /entry/sample/positions: (N, 2) or (N, 3) of x, y[, z] with a "units"
  * attribute (default m), N = frames of the source. Anything else is
  * reported and ignored: the frames are still worth serving. */
 static void load_positions(rp_src_t *s) {
-  if (!is_dataset(s->file, POS_PATH))
+  beam_nx_pos_t p;
+  const char *pp = BEAM_NX_POSITIONS;
+  switch (beam_nx_positions(s->file, s->nframes, 0, &p, rp_h5_reason)) {
+  case BEAM_NX_POS_ABSENT:
+  case BEAM_NX_POS_OPEN:
     return;
-  hid_t ds = H5Dopen2(s->file, POS_PATH, H5P_DEFAULT);
-  if (ds < 0) {
-    H5Eclear2(H5E_DEFAULT);
-    return;
-  }
-  hid_t sp = H5Dget_space(ds);
-  hsize_t dims[2] = {0, 0};
-  int nd = H5Sget_simple_extent_ndims(sp);
-  if (nd == 2)
-    H5Sget_simple_extent_dims(sp, dims, NULL);
-  char units[32];
-  rp_h5_units(ds, units, sizeof units);
-  double scale = units[0] ? length_scale(units) : 1.0;
-  double *tmp = NULL;
-  if (nd != 2 || (dims[1] != 2 && dims[1] != 3)) {
+  case BEAM_NX_POS_SHAPE:
     fprintf(stderr, "beamd-replay: warning: file %s dataset %s: expected (frames, 2|3) "
-            "positions; ignored\n", s->path, POS_PATH);
-  } else if (dims[0] != s->nframes) {
+            "positions; ignored\n", s->path, pp);
+    return;
+  case BEAM_NX_POS_COUNT:
     fprintf(stderr, "beamd-replay: warning: file %s dataset %s: %llu positions for %llu "
-            "frames; ignored\n", s->path, POS_PATH, (unsigned long long)dims[0],
+            "frames; ignored\n", s->path, pp, (unsigned long long)p.n,
             (unsigned long long)s->nframes);
-  } else if (scale == 0) {
+    return;
+  case BEAM_NX_POS_UNITS:
     fprintf(stderr, "beamd-replay: warning: file %s dataset %s: unknown length units \"%s\"; "
-            "ignored\n", s->path, POS_PATH, units);
-  } else if (!(tmp = malloc(dims[0] * dims[1] * sizeof *tmp)) ||
-             !(s->pos = calloc(dims[0] * 3, sizeof *s->pos))) {
+            "ignored\n", s->path, pp, p.units);
+    return;
+  case BEAM_NX_POS_NOMEM:
     fprintf(stderr, "beamd-replay: warning: no memory for %llu positions; ignored\n",
-            (unsigned long long)dims[0]);
-  } else if (H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, tmp) < 0) {
-    char why[256];
-    fprintf(stderr, "beamd-replay: warning: file %s dataset %s: %s; ignored\n", s->path,
-            POS_PATH, rp_h5_reason(why, sizeof why));
-    free(s->pos);
-    s->pos = NULL;
-  } else {
-    for (hsize_t i = 0; i < dims[0]; i++)
-      for (hsize_t j = 0; j < dims[1]; j++)
-        s->pos[i * 3 + j] = tmp[i * dims[1] + j] * scale;
-    snprintf(s->pos_dataset, sizeof s->pos_dataset, "%s", POS_PATH);
-    snprintf(s->pos_units, sizeof s->pos_units, "%s", units[0] ? units : "m");
+            (unsigned long long)p.n);
+    return;
+  case BEAM_NX_POS_READ:
+    fprintf(stderr, "beamd-replay: warning: file %s dataset %s: %s; ignored\n", s->path, pp,
+            p.why);
+    return;
+  case BEAM_NX_POS_OK:
+    break;
   }
-  free(tmp);
-  H5Sclose(sp);
-  H5Dclose(ds);
-  H5Eclear2(H5E_DEFAULT);
+  if (!(s->pos = calloc(p.n * 3, sizeof *s->pos))) {
+    fprintf(stderr, "beamd-replay: warning: no memory for %llu positions; ignored\n",
+            (unsigned long long)p.n);
+  } else {
+    for (uint64_t i = 0; i < p.n; i++)
+      for (unsigned j = 0; j < p.cols; j++)
+        s->pos[i * 3 + j] = p.xyz[i * p.cols + j];
+    snprintf(s->pos_dataset, sizeof s->pos_dataset, "%s", pp);
+    snprintf(s->pos_units, sizeof s->pos_units, "%s", p.units[0] ? p.units : "m");
+  }
+  free(p.xyz);
 }
 
 /* ---- open / close ------------------------------------------------------------------- */
@@ -666,26 +515,18 @@ int rp_src_open(rp_src_t *s, const char *path, const char *dataset, beam_diag_t 
     return BEAM_DIAG(d, BEAM_EIO, "file %s: cannot open as HDF5: %s", path,
                      rp_h5_reason(why, sizeof why));
   int rc;
-  links_t l = {0};
-  if (!dataset && path_exists(s->file, "/entry/data")) {
-    hid_t g = H5Gopen2(s->file, "/entry/data", H5P_DEFAULT);
-    if (g >= 0) {
-      if (H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, NULL, link_cb, &l) < 0)
-        H5Eclear2(H5E_DEFAULT);
-      H5Gclose(g);
-    }
-    H5Eclear2(H5E_DEFAULT);
-  }
-  if (l.n) {
+  char **links = NULL;
+  size_t nl = 0;
+  if (!dataset)
+    beam_h5_data_links(s->file, &links, &nl);
+  if (nl) {
     s->is_master = 1;
     s->dataset = strdup("/entry/data");
-    rc = s->dataset ? open_master(s, &l, d) : BEAM_DIAG(d, BEAM_ENOMEM, "name");
+    rc = s->dataset ? open_master(s, links, nl, d) : BEAM_DIAG(d, BEAM_ENOMEM, "name");
   } else {
     rc = open_single(s, dataset, d);
   }
-  for (size_t i = 0; i < l.n; i++)
-    free(l.names[i]);
-  free(l.names);
+  beam_h5_names_free(links, nl);
   if (rc < 0)
     return rc;
   if (s->nframes == 0)

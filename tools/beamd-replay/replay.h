@@ -90,8 +90,6 @@ const char *rp_chunk_check(beam_codec_t codec, const uint8_t *p, size_t len, siz
 
 /* Innermost message of the current HDF5 error stack, which is cleared. */
 const char *rp_h5_reason(char *buf, size_t len);
-/* The "units" attribute of an object into buf; "" (and 0) when absent. */
-int rp_h5_units(hid_t obj, char *buf, size_t len);
 
 /* Series metadata from the file (PROTOCOL.md 7.1 keys plus pixel_mask,
  * scan_positions and source references). nframes and the replay block are

@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/h5util.h"
+
 #define GOLDEN_ANGLE 2.39996322972865332 /* pi (3 - sqrt 5) */
 #define BLOBS 14
 #define MAX_OBJ_SIDE 16384u
@@ -191,12 +193,7 @@ static void builtin_object(sim_ptycho_t *s) {
 static int file_object(sim_ptycho_t *s, const char *spec, beam_diag_t *d) {
   char path[4096];
   snprintf(path, sizeof path, "%s", spec);
-  const char *dset = NULL;
-  char *colon = strrchr(path, ':');
-  if (colon && colon[1] == '/') {
-    *colon = '\0';
-    dset = colon + 1;
-  }
+  const char *dset = beam_h5_split_spec(path);
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
   if (f < 0)
@@ -214,7 +211,7 @@ static int file_object(sim_ptycho_t *s, const char *spec, beam_diag_t *d) {
   }
   H5Eclear2(H5E_DEFAULT);
   int rc = 0;
-  hid_t sp = -1, t = -1, mt = -1;
+  hid_t sp = -1;
   double *tmp = NULL;
   if (ds < 0) {
     rc = BEAM_DIAG(d, BEAM_EINVAL, "--ptycho-object %s: no dataset %s", path,
@@ -222,11 +219,8 @@ static int file_object(sim_ptycho_t *s, const char *spec, beam_diag_t *d) {
     goto out;
   }
   sp = H5Dget_space(ds);
-  t = H5Dget_type(ds);
   hsize_t dims[2];
-  int cplx = H5Tget_class(t) == H5T_COMPOUND && H5Tget_nmembers(t) == 2;
-  if (H5Sget_simple_extent_ndims(sp) != 2 ||
-      !(cplx || H5Tget_class(t) == H5T_FLOAT || H5Tget_class(t) == H5T_INTEGER)) {
+  if (H5Sget_simple_extent_ndims(sp) != 2 || !beam_h5_cplx_kind(ds)) {
     rc = BEAM_DIAG(d, BEAM_EINVAL, "--ptycho-object %s dataset %s: expected a 2-D complex or "
                    "real array", path, dset);
     goto out;
@@ -244,15 +238,7 @@ static int file_object(sim_ptycho_t *s, const char *spec, beam_diag_t *d) {
     rc = BEAM_DIAG(d, BEAM_ENOMEM, "object file buffer");
     goto out;
   }
-  if (cplx) {
-    mt = H5Tcreate(H5T_COMPOUND, 2 * sizeof(double));
-    char *n0 = H5Tget_member_name(t, 0), *n1 = H5Tget_member_name(t, 1);
-    H5Tinsert(mt, n0, 0, H5T_NATIVE_DOUBLE);
-    H5Tinsert(mt, n1, sizeof(double), H5T_NATIVE_DOUBLE);
-    H5free_memory(n0);
-    H5free_memory(n1);
-  }
-  if (H5Dread(ds, cplx ? mt : H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, tmp) < 0) {
+  if (beam_h5_read_cplx(ds, tmp) < 0) {
     rc = BEAM_DIAG(d, BEAM_EIO, "--ptycho-object %s dataset %s: read failed", path, dset);
     goto out;
   }
@@ -260,8 +246,8 @@ static int file_object(sim_ptycho_t *s, const char *spec, beam_diag_t *d) {
   for (uint32_t y = 0; y < s->geom.obj_h; y++)
     for (uint32_t x = 0; x < s->geom.obj_w; x++) {
       size_t si = (r0 + y) * dims[1] + c0 + x, di = (size_t)y * s->geom.obj_w + x;
-      s->object[2 * di] = cplx ? tmp[2 * si] : tmp[si];
-      s->object[2 * di + 1] = cplx ? tmp[2 * si + 1] : 0.0;
+      s->object[2 * di] = tmp[2 * si];
+      s->object[2 * di + 1] = tmp[2 * si + 1];
       if (!isfinite(s->object[2 * di]) || !isfinite(s->object[2 * di + 1])) {
         rc = BEAM_DIAG(d, BEAM_EINVAL, "--ptycho-object %s dataset %s: non-finite value at "
                        "(%zu, %zu)", path, dset, r0 + y, c0 + x);
@@ -270,8 +256,6 @@ static int file_object(sim_ptycho_t *s, const char *spec, beam_diag_t *d) {
     }
 out:
   free(tmp);
-  if (mt >= 0) H5Tclose(mt);
-  if (t >= 0) H5Tclose(t);
   if (sp >= 0) H5Sclose(sp);
   if (ds >= 0) H5Dclose(ds);
   H5Fclose(f);

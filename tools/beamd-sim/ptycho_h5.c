@@ -16,88 +16,36 @@
 #include "tools/beamd-sim/ptycho_int.h"
 
 #include <hdf5.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "daemon/h5util.h"
 
 typedef struct wr_s {
   hid_t f;
   int failed;
 } wr_t;
 
-static void attr_str(wr_t *w, hid_t obj, const char *name, const char *val) {
-  hid_t t = H5Tcopy(H5T_C_S1);
-  H5Tset_size(t, strlen(val) + 1);
-  H5Tset_cset(t, H5T_CSET_UTF8);
-  hid_t sp = H5Screate(H5S_SCALAR);
-  hid_t a = H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
-  if (a < 0 || H5Awrite(a, t, val) < 0)
+/* The writers below record the first failure in w and go on, so one
+ * message at the end covers the metadata and truth. */
+static void check(wr_t *w, int64_t rc) { /* an int or an hid_t */
+  if (rc < 0)
     w->failed = 1;
-  if (a >= 0)
-    H5Aclose(a);
-  H5Sclose(sp);
-  H5Tclose(t);
-}
-
-static void attr_dbl(wr_t *w, hid_t obj, const char *name, const double *v, hsize_t n) {
-  hid_t sp = n == 1 ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &n, NULL);
-  hid_t a = H5Acreate2(obj, name, H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
-  if (a < 0 || H5Awrite(a, H5T_NATIVE_DOUBLE, v) < 0)
-    w->failed = 1;
-  if (a >= 0)
-    H5Aclose(a);
-  H5Sclose(sp);
-}
-
-static void attr_u64(wr_t *w, hid_t obj, const char *name, uint64_t v) {
-  hid_t sp = H5Screate(H5S_SCALAR);
-  hid_t a = H5Acreate2(obj, name, H5T_STD_U64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
-  if (a < 0 || H5Awrite(a, H5T_NATIVE_UINT64, &v) < 0)
-    w->failed = 1;
-  if (a >= 0)
-    H5Aclose(a);
-  H5Sclose(sp);
 }
 
 static hid_t group(wr_t *w, const char *path, const char *nx_class) {
-  hid_t g = H5Gcreate2(w->f, path, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  if (g < 0) {
-    w->failed = 1;
-    return g;
-  }
-  if (nx_class)
-    attr_str(w, g, "NX_class", nx_class);
+  hid_t g = beam_h5_group(w->f, path, nx_class);
+  check(w, g);
   return g;
-}
-
-/* A scalar double dataset with a units attribute. */
-static void scalar(wr_t *w, const char *path, double v, const char *units) {
-  hid_t sp = H5Screate(H5S_SCALAR);
-  hid_t ds = H5Dcreate2(w->f, path, H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, &v) < 0)
-    w->failed = 1;
-  if (ds >= 0) {
-    attr_str(w, ds, "units", units);
-    H5Dclose(ds);
-  }
-  H5Sclose(sp);
 }
 
 /* An array dataset written from memory type mt; returns it open (or -1). */
 static hid_t array(wr_t *w, const char *path, hid_t ft, hid_t mt, int nd, const hsize_t *dims,
                    const void *data) {
-  hid_t sp = H5Screate_simple(nd, dims, NULL);
-  hid_t ds = H5Dcreate2(w->f, path, ft, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  if (ds < 0 || H5Dwrite(ds, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-    w->failed = 1;
-  H5Sclose(sp);
+  hid_t ds = beam_h5_dataset(w->f, path, ft, mt, nd, dims, data, NULL);
+  check(w, ds);
   return ds;
-}
-
-static hid_t complex_type(void) { /* h5py's complex128: compound {r, i} */
-  hid_t t = H5Tcreate(H5T_COMPOUND, 2 * sizeof(double));
-  H5Tinsert(t, "r", 0, H5T_NATIVE_DOUBLE);
-  H5Tinsert(t, "i", sizeof(double), H5T_NATIVE_DOUBLE);
-  return t;
 }
 
 static hid_t file_type(beam_dtype_t dt) {
@@ -155,20 +103,20 @@ static void truth(wr_t *w, sim_ptycho_t *s) {
   hid_t g = group(w, "/entry/truth", "NXcollection");
   if (g < 0)
     return;
-  hid_t ct = complex_type();
+  hid_t ct = beam_h5_type(BEAM_DT_C128); /* h5py's complex128 {r, i} */
   hsize_t od[2] = {s->geom.obj_h, s->geom.obj_w};
   hid_t ds = array(w, "/entry/truth/object", ct, ct, 2, od, s->object);
   if (ds >= 0) {
     double org[2] = {s->geom.origin_y, s->geom.origin_x};
-    attr_dbl(w, ds, "pixel_size", &s->geom.pixel_m, 1);
-    attr_dbl(w, ds, "origin", org, 2);
-    attr_str(w, ds, "origin_units", "m");
+    check(w, beam_h5_attr_f64(ds, "pixel_size", s->geom.pixel_m));
+    check(w, beam_h5_attr_f64s(ds, "origin", org, 2));
+    check(w, beam_h5_attr_str(ds, "origin_units", "m"));
     H5Dclose(ds);
   }
   hsize_t pd[3] = {s->modes, s->n, s->n};
   ds = array(w, "/entry/truth/probe", ct, ct, 3, pd, s->probe);
   if (ds >= 0) {
-    attr_dbl(w, ds, "pixel_size", &s->geom.pixel_m, 1);
+    check(w, beam_h5_attr_f64(ds, "pixel_size", s->geom.pixel_m));
     H5Dclose(ds);
   }
   H5Tclose(ct);
@@ -176,17 +124,18 @@ static void truth(wr_t *w, sim_ptycho_t *s) {
   ds = array(w, "/entry/truth/window_offsets", H5T_STD_I32LE, H5T_NATIVE_INT32, 2, wd, s->rc);
   if (ds >= 0)
     H5Dclose(ds);
-  attr_str(w, g, "object_source", s->object_src);
-  attr_str(w, g, "noise", s->poisson ? "poisson" : "none");
-  attr_str(w, g, "scan", s->raster ? "raster" : "fermat");
-  attr_u64(w, g, "seed", s->seed);
-  attr_u64(w, g, "n", s->n);
-  attr_u64(w, g, "probe_modes", s->modes);
-  attr_dbl(w, g, "photons", &s->photons, 1);
-  attr_dbl(w, g, "scan_step", &s->step, 1);
-  attr_dbl(w, g, "scan_jitter", &s->jitter, 1);
-  attr_dbl(w, g, "zone_plate", s->zp, 4); /* diameter, outer zone, stop, defocus [m] */
-  attr_u64(w, g, "saturated_pixels", s->saturated);
+  check(w, beam_h5_attr_str(g, "object_source", s->object_src));
+  check(w, beam_h5_attr_str(g, "noise", s->poisson ? "poisson" : "none"));
+  check(w, beam_h5_attr_str(g, "scan", s->raster ? "raster" : "fermat"));
+  check(w, beam_h5_attr_u64(g, "seed", s->seed));
+  check(w, beam_h5_attr_u64(g, "n", s->n));
+  check(w, beam_h5_attr_u64(g, "probe_modes", s->modes));
+  check(w, beam_h5_attr_f64(g, "photons", s->photons));
+  check(w, beam_h5_attr_f64(g, "scan_step", s->step));
+  check(w, beam_h5_attr_f64(g, "scan_jitter", s->jitter));
+  /* diameter, outer zone, stop, defocus [m] */
+  check(w, beam_h5_attr_f64s(g, "zone_plate", s->zp, 4));
+  check(w, beam_h5_attr_u64(g, "saturated_pixels", s->saturated));
   H5Gclose(g);
 }
 
@@ -205,27 +154,33 @@ int sim_ptycho_write_h5(sim_ptycho_t *s, const sim_opts_t *o, const char *path,
     hid_t g = group(&w, groups[i][0], groups[i][1]);
     if (g >= 0) {
       if (i == 0)
-        attr_str(&w, g, "definition", "NXmx");
+        check(&w, beam_h5_attr_str(g, "definition", "NXmx"));
       H5Gclose(g);
     }
   }
   int rc = frames(&w, s, d);
   if (rc == 0) {
     hsize_t pd[2] = {s->count, 2};
-    hid_t ds = array(&w, "/entry/sample/positions", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 2, pd,
-                     s->pos_xy);
+    hid_t ds = beam_h5_dataset(w.f, "/entry/sample/positions", H5T_IEEE_F64LE,
+                               H5T_NATIVE_DOUBLE, 2, pd, s->pos_xy, "m");
+    check(&w, ds);
     if (ds >= 0) {
-      attr_str(&w, ds, "units", "m");
-      attr_str(&w, ds, "axes", "x,y");
+      check(&w, beam_h5_attr_str(ds, "axes", "x,y"));
       H5Dclose(ds);
     }
-    scalar(&w, "/entry/instrument/beam/incident_energy", s->energy, "eV");
-    scalar(&w, "/entry/instrument/detector/detector_distance", s->distance, "m");
-    scalar(&w, "/entry/instrument/detector/x_pixel_size", s->pixel, "m");
-    scalar(&w, "/entry/instrument/detector/y_pixel_size", s->pixel, "m");
-    scalar(&w, "/entry/instrument/detector/beam_center_x", s->cx, "pixel");
-    scalar(&w, "/entry/instrument/detector/beam_center_y", s->cy, "pixel");
-    scalar(&w, "/entry/instrument/detector/frame_time", sim_frame_time(o), "s");
+    static const char *det = "/entry/instrument/detector/";
+    const struct { const char *name; double v; const char *units; } sc[] = {
+        {"detector_distance", s->distance, "m"}, {"x_pixel_size", s->pixel, "m"},
+        {"y_pixel_size", s->pixel, "m"},         {"beam_center_x", s->cx, "pixel"},
+        {"beam_center_y", s->cy, "pixel"},       {"frame_time", sim_frame_time(o), "s"},
+    };
+    check(&w, beam_h5_scalar_f64(w.f, "/entry/instrument/beam/incident_energy", s->energy,
+                                 "eV"));
+    for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++) {
+      char p[128];
+      snprintf(p, sizeof p, "%s%s", det, sc[i].name);
+      check(&w, beam_h5_scalar_f64(w.f, p, sc[i].v, sc[i].units));
+    }
     truth(&w, s);
     if (w.failed)
       rc = BEAM_DIAG(d, BEAM_EIO, "--write-h5 %s: writing metadata or truth failed", path);
