@@ -114,7 +114,7 @@ ALL_OBJ := $(LIB_OBJ) $(DAEMON_OBJ) $(BUILD)/daemon/main.o $(TEST_COMMON_OBJ) \
            $(UNIT_SRC:%.c=$(BUILD)/%.o) $(GPUT_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o) \
            $(TESTTOOL_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all check check-unit check-integration check-gpu bench fuzz deps demo install clean print-config
+.PHONY: all check check-unit check-integration check-gpu check-gpu-emu bench fuzz deps demo install clean print-config
 all: $(BUILD)/beamd $(TOOL_BIN) $(UNIT_BIN) $(GPUT_BIN) $(BENCH_BIN) $(TESTTOOL_BIN)
 
 # Rebuild everything when flags change (Redis .make-settings idea).
@@ -186,6 +186,28 @@ check-integration: all
 
 check-gpu: $(GPUT_BIN)
 	@BEAM_REQUIRE_GPU=1 tests/run-unit.sh $(GPUT_BIN)
+
+# The DM engine's CUDA backend run on the host: gpu/dm_cuda.cu rewritten by
+# tests/emu/emulate.py, built as C++ against tests/emu/include (CUDA runtime
+# and cuFFT emulated: blocks run one by one, FFTW for cuFFT) and checked
+# against the CPU engine by tests/gpu/test_dm_xcheck.c. Host logic and
+# kernel arithmetic only: not atomics racing, launch limits or cuFFT.
+# Needs the CPU-only library (its gpu/stubs.c loses to tests/emu's symbols).
+EMU := $(BUILD)/emu
+CXX ?= g++
+check-gpu-emu: $(LIBBEAM) $(LIBBEAMD) $(TEST_COMMON_OBJ)
+ifeq ($(CUDA),1)
+	$(error check-gpu-emu needs a CPU-only build: make CUDA=0 check-gpu-emu)
+endif
+	@mkdir -p $(EMU)
+	$(PYTHON) tests/emu/emulate.py . $(EMU)/src
+	$(CXX) -std=c++17 -O1 -g $(SANFLAGS) -Wall -Wno-unused-parameter -Wno-unused-function \
+	  -I$(EMU)/src -Itests/emu/include -I. $(PKG_CFLAGS) -x c++ -c $(EMU)/src/gpu/dm_cuda.cu -o $(EMU)/dm_cuda.o
+	$(CXX) -std=c++17 -O1 -g $(SANFLAGS) -Itests/emu/include -c tests/emu/emu_rt.cc -o $(EMU)/emu_rt.o
+	$(CC) $(CFLAGS_BASE) -c tests/gpu/test_dm_xcheck.c -o $(EMU)/test_dm_xcheck.o
+	$(CXX) $(SANFLAGS) -o $(EMU)/test_dm_xcheck $(EMU)/test_dm_xcheck.o $(EMU)/dm_cuda.o $(EMU)/emu_rt.o \
+	  $(TEST_COMMON_OBJ) -Wl,--allow-multiple-definition $(LIBBEAMD) $(LIBBEAM) $(LDLIBS_BASE) -lcmocka
+	ASAN_OPTIONS=detect_odr_violation=0 $(EMU)/test_dm_xcheck
 
 bench: all
 	BEAMD_BUILD=$(BUILD) bench/run.sh
