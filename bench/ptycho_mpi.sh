@@ -19,7 +19,9 @@ IT=${3:-20}
 PY=${PYTHON:-/usr/bin/python3}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
+# --bind-to none: Open MPI binds each rank to one core by default (np <= 2),
+# which would put all of a rank's threads on that core.
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader"
 
 "$B/beamd-sim" --pattern ptycho --frames "$VIEWS" --ptycho-n "$N" --dtype float32 \
   --scan-step 0.15e-6 --quiet --write-h5 "$T/scan.h5"
