@@ -24,13 +24,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_stage.h"
 #include "proto/proto.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void usage(FILE *f) {
   fprintf(f, "usage: h5chunkread FILE [--dataset PATH] [--min-seconds S] [--decode | --beam-decode]\n"
@@ -96,7 +91,7 @@ int main(int argc, char **argv) {
   int rc = 1;
   hid_t f = -1, d = -1, space = -1, dcpl = -1, type = -1, mspace = -1;
   void *buf = NULL, *pix = NULL, *scratch = NULL;
-  double t0 = now_s();
+  double t0 = bench_now_s();
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our messages name the file and dataset */
   if ((f = H5Fopen(o.file, H5F_ACC_RDONLY, H5P_DEFAULT)) < 0) {
     fprintf(stderr, "h5chunkread: %s: cannot open as HDF5\n", o.file);
@@ -192,7 +187,7 @@ int main(int argc, char **argv) {
       frames++;
     }
     passes++;
-    t1 = now_s();
+    t1 = bench_now_s();
   } while (t1 - t0 < o.min_s);
   double secs = t1 - t0;
   printf("{\"file\":\"%s\",\"mode\":\"%s\",\"frames\":%llu,\"passes\":%llu,\"frame_bytes\":%zu,"

@@ -21,44 +21,13 @@
 #include <time.h>
 
 #include "daemon/config.h"
+#include "bench/bench_stage.h"
 #include "pipeline/emit_int.h"
 #include "pipeline/stage.h"
 
 #define BANK_BYTES (96u << 20)
 #define MAX_RUNS 101
 #define MAX_SIZES 8
-
-typedef struct emitter_s {
-  beam_frame_t outs[BEAM_STAGE_MAX_OUTS];
-  const beam_frame_t *in;
-  uint64_t puts;
-} emitter_t;
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* The graph hands out a pool slot with the input's identity and the
- * declared geometry; here every output has one fixed buffer. */
-static beam_frame_t *em_get(void *ctx, unsigned out) {
-  emitter_t *e = ctx;
-  if (out >= BEAM_STAGE_MAX_OUTS || !e->outs[out].data)
-    return NULL;
-  beam_frame_t *f = &e->outs[out];
-  if (e->in)
-    beam_frame_copy_ident(f, e->in);
-  return f;
-}
-static void em_put(void *ctx, beam_frame_t *f) {
-  (void)f;
-  ((emitter_t *)ctx)->puts++;
-}
-static void em_drop(void *ctx, beam_frame_t *f) {
-  (void)ctx;
-  (void)f;
-}
 
 typedef struct result_s {
   char name[48];
@@ -84,19 +53,19 @@ typedef int (*step_fn)(void *ctx, const beam_frame_t *in);
 static void measure(const bench_t *b, step_fn fn, void *ctx, beam_frame_t *bank, size_t nbank,
                     result_t *r) {
   /* Calibrate: enough frames per run for min_ms, at least one pass. */
-  uint64_t t0 = now_ns();
+  uint64_t t0 = bench_now_ns();
   for (size_t i = 0; i < nbank; i++)
     fn(ctx, &bank[i]);
-  double per = (double)(now_ns() - t0) / (double)nbank;
+  double per = (double)(bench_now_ns() - t0) / (double)nbank;
   size_t iters = (size_t)(b->min_ms * 1e6 / (per > 1 ? per : 1)) + 1;
   if (iters < nbank)
     iters = nbank;
   double v[MAX_RUNS];
   for (int k = 0; k < b->runs; k++) {
-    uint64_t a = now_ns();
+    uint64_t a = bench_now_ns();
     for (size_t i = 0; i < iters; i++)
       fn(ctx, &bank[i % nbank]);
-    v[k] = (double)(now_ns() - a) / (double)iters;
+    v[k] = (double)(bench_now_ns() - a) / (double)iters;
   }
   qsort(v, (size_t)b->runs, sizeof v[0], cmp_d);
   r->ns_med = v[b->runs / 2];
@@ -110,7 +79,7 @@ static void measure(const bench_t *b, step_fn fn, void *ctx, beam_frame_t *bank,
 typedef struct stage_run_s {
   beam_stage_t st;
   beam_cnode_t *cfg;
-  emitter_t em;
+  bench_emitter_t em;
   beam_emit_t e;
   beam_series_t *series;
   int inited;
@@ -119,8 +88,7 @@ typedef struct stage_run_s {
 static void stage_run_free(stage_run_t *s) {
   if (s->inited && s->st.ops->destroy)
     s->st.ops->destroy(&s->st);
-  for (unsigned i = 0; i < BEAM_STAGE_MAX_OUTS; i++)
-    free(s->em.outs[i].data);
+  bench_emitter_free(&s->em);
   beam_cnode_free(s->cfg);
   beam_series_unref(&s->series);
   memset(s, 0, sizeof *s);
@@ -166,23 +134,11 @@ static int stage_run_setup(stage_run_t *s, const char *yaml, beam_dtype_t dt, ui
     stage_run_free(s);
     return -1;
   }
-  for (unsigned o = 0; o < s->st.nouts; o++) {
-    const beam_outdesc_t *od = &s->st.outs[o];
-    size_t nb = beam_dtype_size(od->dtype);
-    for (uint32_t i = 0; i < od->ndim; i++)
-      nb *= od->shape[i];
-    beam_frame_t *f = &s->em.outs[o];
-    f->data = aligned_alloc(64, (nb + 63) & ~(size_t)63);
-    if (!f->data) {
-      stage_run_free(s);
-      return -1;
-    }
-    f->cap = f->nbytes = nb;
-    f->dtype = od->dtype;
-    f->ndim = od->ndim;
-    memcpy(f->shape, od->shape, sizeof f->shape);
+  if (bench_emitter_init(&s->em, &s->st) < 0) {
+    stage_run_free(s);
+    return -1;
   }
-  s->e = (beam_emit_t){&s->em, em_get, em_put, em_drop};
+  s->e = bench_emit(&s->em);
   return 0;
 }
 

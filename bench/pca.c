@@ -46,35 +46,11 @@
 
 #include "daemon/config.h"
 #include "gpu/gpu.h"
+#include "bench/bench_stage.h"
 #include "pipeline/emit_int.h"
 #include "pipeline/stage.h"
 
 #define NBANK 256
-
-static uint64_t clock_ns(clockid_t id) {
-  struct timespec ts;
-  clock_gettime(id, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-static uint64_t now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
-/* CPU time of every thread of the process: on a shared machine it moves
- * less than the wall clock, and it counts BLAS threads spinning idle. */
-static uint64_t cpu_ns(void) { return clock_ns(CLOCK_PROCESS_CPUTIME_ID); }
-
-typedef struct emitter_s {
-  beam_frame_t outs[BEAM_STAGE_MAX_OUTS];
-  uint64_t puts;
-} emitter_t;
-
-static beam_frame_t *em_get(void *ctx, unsigned out) {
-  emitter_t *e = ctx;
-  return out < BEAM_STAGE_MAX_OUTS && e->outs[out].data ? &e->outs[out] : NULL;
-}
-static void em_put(void *ctx, beam_frame_t *f) {
-  (void)f;
-  ((emitter_t *)ctx)->puts++;
-}
-static void em_drop(void *ctx, beam_frame_t *f) { (void)ctx, (void)f; }
 
 static uint64_t rs = 88172645463325252ull;
 static double urand(void) {
@@ -106,7 +82,7 @@ static double blas_rate(size_t P, size_t k, size_t b, int iters, int reps, doubl
   *flops = (2.0 * b * k + (double)m * (m + 1) + 2.0 * k * m + iters * 2.0 * b * k) * (double)P;
   double best = 1e30;
   for (int rep = 0; rep < reps; rep++) {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = bench_now_ns();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)b, (int)k, (int)P, 1.0f, R, (int)P, V, (int)P,
                 0.0f, S, (int)k);
     for (int t = 0; t < iters; t++)
@@ -115,7 +91,7 @@ static double blas_rate(size_t P, size_t k, size_t b, int iters, int reps, doubl
     cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, (int)m, (int)P, 1.0f, M, (int)P, 0.0f, G, (int)m);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)k, (int)P, (int)m, 1.0f, W, (int)m, M, (int)P,
                 0.0f, V, (int)P);
-    double t = (double)(now_ns() - t0) * 1e-9;
+    double t = (double)(bench_now_ns() - t0) * 1e-9;
     best = t < best ? t : best;
   }
   free(M), free(R), free(V), free(S), free(G), free(W);
@@ -132,15 +108,14 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static void free_case(beam_frame_t *bank, int nbank, emitter_t *em, beam_series_t **series, beam_cnode_t *cfg) {
+static void free_case(beam_frame_t *bank, int nbank, bench_emitter_t *em, beam_series_t **series, beam_cnode_t *cfg) {
   for (int f = 0; f < nbank; f++)
     if (use_cuda)
       beam_host_free(bank[f].data, 1);
     else
       free(bank[f].data);
   free(bank);
-  for (unsigned o = 0; o < BEAM_STAGE_MAX_OUTS; o++)
-    free(em->outs[o].data);
+  bench_emitter_free(em);
   beam_series_unref(series);
   beam_cnode_free(cfg);
 }
@@ -149,11 +124,11 @@ static void free_case(beam_frame_t *bank, int nbank, emitter_t *em, beam_series_
  * nframes (whole batches), median frames/s. */
 static int run_cuda(beam_stage_t *st, beam_emit_t *e, beam_frame_t *bank, int nbank, uint32_t side, uint32_t k,
                     uint32_t b, size_t nframes, int robust, beam_cnode_t *cfg, beam_series_t *series,
-                    emitter_t *em) {
+                    bench_emitter_t *em) {
   double t[16], tc[16];
   int reps = cuda_reps, rc = 0;
   for (int r = 0; r < reps && rc == 0; r++) {
-    uint64_t t0 = now_ns(), c0 = cpu_ns();
+    uint64_t t0 = bench_now_ns(), c0 = bench_cpu_ns();
     for (size_t i = 0; i < nframes; i++) {
       if (st->ops->process(st, &bank[i % nbank], e) < 0) {
         fprintf(stderr, "pca: process (cuda): %s\n", st->diag.msg);
@@ -161,8 +136,8 @@ static int run_cuda(beam_stage_t *st, beam_emit_t *e, beam_frame_t *bank, int nb
         break;
       }
     }
-    t[r] = (double)(now_ns() - t0) * 1e-9;
-    tc[r] = (double)(cpu_ns() - c0) * 1e-9;
+    t[r] = (double)(bench_now_ns() - t0) * 1e-9;
+    tc[r] = (double)(bench_cpu_ns() - c0) * 1e-9;
   }
   if (rc == 0 && st->ops->end(st, e) < 0) {
     fprintf(stderr, "pca: end (cuda): %s\n", st->diag.msg);
@@ -221,16 +196,13 @@ static int run_case(uint32_t side, uint32_t k, uint32_t b, size_t nframes, int r
     st.ops->destroy(&st);
     return -1;
   }
-  emitter_t em;
-  memset(&em, 0, sizeof em);
-  for (unsigned o = 0; o < st.nouts; o++) {
-    size_t nb = beam_dtype_size(st.outs[o].dtype);
-    for (uint32_t i = 0; i < st.outs[o].ndim; i++)
-      nb *= st.outs[o].shape[i];
-    em.outs[o].data = aligned_alloc(64, (nb + 63) & ~(size_t)63);
-    em.outs[o].cap = em.outs[o].nbytes = nb;
+  bench_emitter_t em;
+  if (bench_emitter_init(&em, &st) < 0) {
+    fprintf(stderr, "pca: out of memory for the outputs\n");
+    st.ops->destroy(&st);
+    return -1;
   }
-  beam_emit_t e = {&em, em_get, em_put, em_drop};
+  beam_emit_t e = bench_emit(&em);
   size_t P = (size_t)side * side;
   int nbank = NBANK;
   while (nbank > 8 && (size_t)nbank * P * sizeof(uint16_t) > ((size_t)256 << 20))
@@ -264,14 +236,14 @@ static int run_case(uint32_t side, uint32_t k, uint32_t b, size_t nframes, int r
     free(pat);
     return run_cuda(&st, &e, bank, nbank, side, k, b, nframes, robust, cfg, series, &em);
   }
-  uint64_t t0 = now_ns(), c0 = cpu_ns();
+  uint64_t t0 = bench_now_ns(), c0 = bench_cpu_ns();
   for (size_t i = 0; i < nframes; i++) {
     if (st.ops->process(&st, &bank[i % nbank], &e) < 0) {
       fprintf(stderr, "pca: process: %s\n", st.diag.msg);
       return -1;
     }
   }
-  double t = (double)(now_ns() - t0) * 1e-9, tc = (double)(cpu_ns() - c0) * 1e-9;
+  double t = (double)(bench_now_ns() - t0) * 1e-9, tc = (double)(bench_cpu_ns() - c0) * 1e-9;
   /* The stage's buffers go before the BLAS-alone run allocates its own. */
   st.ops->end(&st, &e);
   st.ops->destroy(&st);
@@ -287,8 +259,7 @@ static int run_case(uint32_t side, uint32_t k, uint32_t b, size_t nframes, int r
     free(bank[f].data);
   free(bank);
   free(pat);
-  for (unsigned o = 0; o < BEAM_STAGE_MAX_OUTS; o++)
-    free(em.outs[o].data);
+  bench_emitter_free(&em);
   beam_series_unref(&series);
   beam_cnode_free(cfg);
   return 0;

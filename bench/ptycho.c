@@ -25,13 +25,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_stage.h"
 #include "pipeline/ptycho/dm.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -104,13 +99,13 @@ static void fft_only_init(fft_only_t *f, uint32_t views, uint32_t n, uint32_t M,
 /* Seconds for the forward + inverse FFTs of every view's modes. */
 static double fft_only_run(fft_only_t *f) {
   pthread_t th[64];
-  double t0 = now_s();
+  double t0 = bench_now_s();
   for (int t = 1; t < f->nt; t++)
     pthread_create(&th[t], NULL, fft_worker, &f->jobs[t]);
   fft_worker(&f->jobs[0]);
   for (int t = 1; t < f->nt; t++)
     pthread_join(th[t], NULL);
-  return now_s() - t0;
+  return bench_now_s() - t0;
 }
 
 static void fft_only_free(fft_only_t *f) {
@@ -176,9 +171,9 @@ static int run_case(result_t *r, int iters, int nt) {
   }
   beam_dm_t *e = NULL;
   beam_diag_t d = {0};
-  double t0 = now_s();
+  double t0 = bench_now_s();
   int rc = beam_dm_create(&e, &c, BEAM_DM_CPU, &d);
-  r->s_create = now_s() - t0;
+  r->s_create = bench_now_s() - t0;
   r->create_bytes = (double)beam_dm_bytes(&c);
   if (rc == 0)
     rc = beam_dm_set_probe(e, probe, &d);

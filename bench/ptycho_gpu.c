@@ -31,16 +31,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/bench_stage.h"
 #include "gpu/gpu.h"
 #include "pipeline/ptycho/dm.h"
 
 #define MAX_LIST 8
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int parse_list(const char *s, long *out, int max) {
   int k = 0;
@@ -216,7 +211,7 @@ static int run_case(const data_t *dt, uint32_t modes, beam_dm_prec_t prec, uint3
   }
   beam_gpu_mem_info(0, &free1, &total);
   size_t least = free1;
-  double t0 = now_s();
+  double t0 = bench_now_s();
   for (uint32_t it = 0; it < iters; it++) {
     beam_dm_metrics_t m;
     if (beam_dm_iterate(e, &m, &d) < 0) {
@@ -228,7 +223,7 @@ static int run_case(const data_t *dt, uint32_t modes, beam_dm_prec_t prec, uint3
       r->fe_first = m.fourier_error;
     r->fe_last = m.fourier_error;
   }
-  r->total_s = now_s() - t0; /* iterate returns after its metrics copy: the device is idle */
+  r->total_s = bench_now_s() - t0; /* iterate returns after its metrics copy: the device is idle */
   beam_gpu_mem_info(0, &free1, &total);
   if (free1 < least)
     least = free1;
@@ -311,14 +306,14 @@ int main(int argc, char **argv) {
   int failed = 0, first = 1;
   for (int s = 0; s < nsizes; s++) {
     data_t dt;
-    double t0 = now_s();
+    double t0 = bench_now_s();
     if (make_data(&dt, (uint32_t)sizes[s], (uint32_t)views) < 0) {
       fprintf(stderr, "ptycho_gpu: out of host memory for %ld views of %ld^2\n", views, sizes[s]);
       free_data(&dt);
       failed = 1;
       continue;
     }
-    printf("# n=%ld: object %u x %u, data made in %.1f s\n", sizes[s], dt.obj, dt.obj, now_s() - t0);
+    printf("# n=%ld: object %u x %u, data made in %.1f s\n", sizes[s], dt.obj, dt.obj, bench_now_s() - t0);
     for (int k = 0; k < nmodes; k++)
       for (int p = 0; p < nprec; p++) {
         result_t r;

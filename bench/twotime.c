@@ -37,26 +37,12 @@
 
 #include "daemon/config.h"
 #include "gpu/gpu.h"
+#include "bench/bench_stage.h"
 #include "pipeline/emit_int.h"
 #include "pipeline/kern/xpcs_twotime.h"
 #include "pipeline/stage.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-typedef struct emitter_s {
-  beam_frame_t outs[BEAM_STAGE_MAX_OUTS];
-} emitter_t;
-
-static beam_frame_t *em_get(void *ctx, unsigned out) {
-  emitter_t *e = ctx;
-  return out < BEAM_STAGE_MAX_OUTS && e->outs[out].data ? &e->outs[out] : NULL;
-}
-static void em_put(void *ctx, beam_frame_t *f) { (void)ctx, (void)f; }
-static void em_drop(void *ctx, beam_frame_t *f) { (void)ctx, (void)f; }
 
 int main(int argc, char **argv) {
   size_t T = 2000, P = 50000;
@@ -125,20 +111,12 @@ int main(int argc, char **argv) {
     st.ops->destroy(&st);
     return 1;
   }
-  emitter_t em;
-  memset(&em, 0, sizeof em);
-  for (unsigned o = 0; o < st.nouts; o++) {
-    size_t nb = beam_dtype_size(st.outs[o].dtype);
-    for (uint32_t i = 0; i < st.outs[o].ndim; i++)
-      nb *= st.outs[o].shape[i];
-    em.outs[o].data = malloc(nb);
-    em.outs[o].cap = nb;
-    if (!em.outs[o].data) {
-      fprintf(stderr, "twotime: out of memory (%zu bytes)\n", nb);
-      return 1;
-    }
+  bench_emitter_t em;
+  if (bench_emitter_init(&em, &st) < 0) {
+    fprintf(stderr, "twotime: out of memory for the outputs\n");
+    return 1;
   }
-  beam_emit_t e = {&em, em_get, em_put, em_drop};
+  beam_emit_t e = bench_emit(&em);
   /* the CUDA backend's priv is its own struct: the ROI size comes from
    * the stage's ROI builder on the same config instead */
   beam_x2t_t *x = use_cuda ? NULL : st.priv;
@@ -170,19 +148,19 @@ int main(int argc, char **argv) {
       img[p] = (uint16_t)(seed >> 61);
     }
     fr.frame_id = t;
-    double a = now_s();
+    double a = bench_now_s();
     if (st.ops->process(&st, &fr, &e) < 0) {
       fprintf(stderr, "twotime: process: %s\n", st.diag.msg);
       return 1;
     }
-    t_frames += now_s() - a;
+    t_frames += bench_now_s() - a;
   }
-  double a = now_s();
+  double a = bench_now_s();
   if (st.ops->end(&st, &e) < 0) {
     fprintf(stderr, "twotime: end: %s\n", st.diag.msg);
     return 1;
   }
-  double t_end = now_s() - a;
+  double t_end = bench_now_s() - a;
   double n = (double)T, flops_syrk = n * n * (double)Pr, flops_gemm = 2 * n * n * (double)Pr;
   if (use_cuda) {
     double h2d = n * (double)Pr * (f32 ? 4 : 8);
@@ -201,8 +179,7 @@ int main(int argc, char **argv) {
            f32 ? "float32" : "float64");
     free(img);
     st.ops->destroy(&st);
-    for (unsigned o = 0; o < BEAM_STAGE_MAX_OUTS; o++)
-      free(em.outs[o].data);
+    bench_emitter_free(&em);
     beam_series_unref(&series);
     beam_cnode_free(cfg);
     beam_cfg_errs_free(&errs);
@@ -210,22 +187,22 @@ int main(int argc, char **argv) {
   }
   /* the same products on the same buffer, straight to BLAS */
   void *c = malloc(T * T * (f32 ? 4 : 8));
-  a = now_s();
+  a = bench_now_s();
   if (f32)
     cblas_ssyrk(CblasRowMajor, CblasLower, CblasNoTrans, (blasint)T, (blasint)Pr, 1, x->buf, (blasint)x->P, 0, c,
                 (blasint)T);
   else
     cblas_dsyrk(CblasRowMajor, CblasLower, CblasNoTrans, (blasint)T, (blasint)Pr, 1, x->buf, (blasint)x->P, 0, c,
                 (blasint)T);
-  double t_syrk = now_s() - a;
-  a = now_s();
+  double t_syrk = bench_now_s() - a;
+  a = bench_now_s();
   if (f32)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, (blasint)T, (blasint)Pr, 1, x->buf, (blasint)x->P,
                 x->buf, (blasint)x->P, 0, c, (blasint)T);
   else
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, (blasint)T, (blasint)Pr, 1, x->buf, (blasint)x->P,
                 x->buf, (blasint)x->P, 0, c, (blasint)T);
-  double t_gemm = now_s() - a;
+  double t_gemm = bench_now_s() - a;
   printf("xpcs_twotime full, %s, T = %zu frames, one ROI of %zu pixels (%ux%u uint16 frames)\n",
          f32 ? "float32" : "float64", T, Pr, side, side);
   if (rows)
@@ -240,8 +217,7 @@ int main(int argc, char **argv) {
   free(c);
   free(img);
   st.ops->destroy(&st);
-  for (unsigned o = 0; o < BEAM_STAGE_MAX_OUTS; o++)
-    free(em.outs[o].data);
+  bench_emitter_free(&em);
   beam_series_unref(&series);
   beam_cnode_free(cfg);
   beam_cfg_errs_free(&errs);

@@ -42,33 +42,14 @@
 
 #include "daemon/config.h"
 #include "gpu/gpu.h"
+#include "bench/bench_stage.h"
 #include "pipeline/emit_int.h"
 #include "pipeline/kern/xpcs_multitau.h"
 #include "pipeline/kern/xpcs_pool.h"
 #include "pipeline/stage.h"
 
-typedef struct emitter_s {
-  beam_frame_t outs[BEAM_STAGE_MAX_OUTS];
-} emitter_t;
 
-static beam_frame_t *em_get(void *ctx, unsigned out) {
-  emitter_t *e = ctx;
-  return out < BEAM_STAGE_MAX_OUTS && e->outs[out].data ? &e->outs[out] : NULL;
-}
-static void em_put(void *ctx, beam_frame_t *f) { (void)ctx, (void)f; }
-static void em_drop(void *ctx, beam_frame_t *f) { (void)ctx, (void)f; }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static double cpu_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static double load1(void) {
   double l = -1;
@@ -137,7 +118,7 @@ static int run_cuda(beam_stage_t *st, beam_emit_t *e, beam_frame_t *f, int bank,
       fprintf(stderr, "xpcs_multitau: start (cuda): %s\n", d.msg);
       return -1;
     }
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int i = 0; i < n; i++) {
       f[i % bank].frame_id = (uint64_t)i;
       if (st->ops->process(st, &f[i % bank], e) < 0) {
@@ -145,12 +126,12 @@ static int run_cuda(beam_stage_t *st, beam_emit_t *e, beam_frame_t *f, int bank,
         return -1;
       }
     }
-    double t1 = now_s();
+    double t1 = bench_now_s();
     if (st->ops->end(st, e) < 0) {
       fprintf(stderr, "xpcs_multitau: end (cuda): %s\n", st->diag.msg);
       return -1;
     }
-    double t2 = now_s();
+    double t2 = bench_now_s();
     if (r >= 0)
       t[r] = t2 - t0, tq[r] = t1 - t0, tp[r] = t2 - t1;
   }
@@ -215,19 +196,13 @@ static int run(const char *name, uint32_t H, uint32_t W, int rings, int levels, 
     st.ops->destroy(&st);
     return -1;
   }
-  emitter_t em;
-  memset(&em, 0, sizeof em);
-  for (unsigned o = 0; o < st.nouts; o++) {
-    size_t bytes = beam_dtype_size(st.outs[o].dtype);
-    for (uint32_t i = 0; i < st.outs[o].ndim; i++)
-      bytes *= st.outs[o].shape[i];
-    em.outs[o].data = malloc(bytes);
-    em.outs[o].cap = em.outs[o].nbytes = bytes;
-    em.outs[o].dtype = st.outs[o].dtype;
-    em.outs[o].ndim = st.outs[o].ndim;
-    memcpy(em.outs[o].shape, st.outs[o].shape, sizeof em.outs[o].shape);
+  bench_emitter_t em;
+  if (bench_emitter_init(&em, &st) < 0) {
+    fprintf(stderr, "xpcs_multitau: out of memory for the outputs\n");
+    st.ops->destroy(&st);
+    return -1;
   }
-  beam_emit_t e = {&em, em_get, em_put, em_drop};
+  beam_emit_t e = bench_emit(&em);
   enum { BANK = 16 };
   beam_frame_t f[BANK];
   uint64_t seed = 42;
@@ -249,14 +224,13 @@ static int run(const char *name, uint32_t H, uint32_t W, int rings, int levels, 
     st.ops->destroy(&st);
     for (int b = 0; b < BANK; b++)
       beam_host_free(f[b].data, 1);
-    for (unsigned o = 0; o < BEAM_STAGE_MAX_OUTS; o++)
-      free(em.outs[o].data);
+    bench_emitter_free(&em);
     beam_series_unref(&series);
     beam_cnode_free(cfg);
     return rc;
   }
   double la = load1();
-  double t0 = now_s(), c0 = cpu_s();
+  double t0 = bench_now_s(), c0 = bench_cpu_s();
   for (int i = 0; i < nframes; i++) {
     f[i % BANK].frame_id = (uint64_t)i;
     if (st.ops->process(&st, &f[i % BANK], &e) < 0) {
@@ -264,9 +238,9 @@ static int run(const char *name, uint32_t H, uint32_t W, int rings, int levels, 
       return -1;
     }
   }
-  double t1 = now_s(), c1 = cpu_s();
+  double t1 = bench_now_s(), c1 = bench_cpu_s();
   st.ops->end(&st, &e);
-  double t2 = now_s();
+  double t2 = bench_now_s();
   beam_xmt_t *x = st.priv;
   uint64_t pairs = 0;
   for (size_t t = 0; t < x->nlags; t++)
@@ -293,8 +267,7 @@ static int run(const char *name, uint32_t H, uint32_t W, int rings, int levels, 
   st.ops->destroy(&st);
   for (int b = 0; b < BANK; b++)
     free(f[b].data);
-  for (unsigned o = 0; o < BEAM_STAGE_MAX_OUTS; o++)
-    free(em.outs[o].data);
+  bench_emitter_free(&em);
   beam_series_unref(&series);
   beam_cnode_free(cfg);
   return 0;
@@ -319,23 +292,23 @@ static int handoff(int threads, int n) {
     fprintf(stderr, "%s\n", d.msg);
     return -1;
   }
-  double la = load1(), t0 = now_s(), c0 = cpu_s();
+  double la = load1(), t0 = bench_now_s(), c0 = bench_cpu_s();
   _Atomic unsigned arrived;
   for (int i = 0; i < n; i++) {
     atomic_store(&arrived, 0);
     beam_xpcs_pool_run(p, 2, meet, &arrived);
   }
-  double t1 = now_s(), c1 = cpu_s();
+  double t1 = bench_now_s(), c1 = bench_cpu_s();
   /* the same after 1 ms idle: the helper has gone to sleep (futex) */
   double slept = 0;
   int ns = n / 20;
   for (int i = 0; i < ns; i++) {
     struct timespec ms = {0, 1000000};
     nanosleep(&ms, NULL);
-    double a = now_s();
+    double a = bench_now_s();
     atomic_store(&arrived, 0);
     beam_xpcs_pool_run(p, 2, meet, &arrived);
-    slept += now_s() - a;
+    slept += bench_now_s() - a;
   }
   beam_xpcs_pool_destroy(&p);
   printf("pool handoff, threads %d: %.2f us per phase of 2 tasks that wait for each other, back to back "
