@@ -147,11 +147,18 @@ static void queue_push(queue_t *q, const item_t *it) {
 }
 
 /* cur (may be NULL) is set under the queue lock to the popped frame's
- * ingest_idx, so a watermark reader never sees a frame in neither place. */
-static void queue_pop(queue_t *q, item_t *it, uint64_t *cur) {
+ * ingest_idx, so a watermark reader never sees a frame in neither place.
+ * With wait 0 it returns 0 at once when the queue is empty (a stage with
+ * idle work); otherwise it blocks until an item is there and returns 1. */
+static int queue_pop(queue_t *q, item_t *it, uint64_t *cur, int wait) {
   pthread_mutex_lock(&q->mu);
-  while (q->count == 0)
+  while (q->count == 0) {
+    if (!wait) {
+      pthread_mutex_unlock(&q->mu);
+      return 0;
+    }
     pthread_cond_wait(&q->not_empty, &q->mu);
+  }
   *it = q->buf[q->head];
   if (cur && it->kind == IT_FRAME)
     *cur = it->frame->ingest_idx;
@@ -160,16 +167,7 @@ static void queue_pop(queue_t *q, item_t *it, uint64_t *cur) {
   q->nframes -= it->kind == IT_FRAME;
   pthread_cond_broadcast(&q->not_full);
   pthread_mutex_unlock(&q->mu);
-}
-
-/* Non-blocking pop: 0 when the queue is empty. */
-static int queue_try_pop(queue_t *q, item_t *it, uint64_t *cur) {
-  pthread_mutex_lock(&q->mu);
-  int have = q->count > 0;
-  pthread_mutex_unlock(&q->mu);
-  if (have) /* only this worker pops, so the item is still there */
-    queue_pop(q, it, cur);
-  return have;
+  return 1;
 }
 
 static unsigned queue_depth(queue_t *q) {
@@ -494,13 +492,10 @@ static void *worker_main(void *arg) {
   beam_graph_t *g = nd->g;
   for (;;) {
     item_t it;
-    if (nd->idle_more && nd->series_ok && nd->stage.idle && !nd->stage.interrupt) {
-      if (!queue_try_pop(&nd->q, &it, &nd->cur_idx)) {
-        on_idle(nd);
-        continue;
-      }
-    } else {
-      queue_pop(&nd->q, &it, &nd->cur_idx);
+    int idle = nd->idle_more && nd->series_ok && nd->stage.idle && !nd->stage.interrupt;
+    if (!queue_pop(&nd->q, &it, &nd->cur_idx, !idle)) {
+      on_idle(nd);
+      continue;
     }
     nd->idle_more = it.kind == IT_FRAME || it.kind == IT_START;
     int quit = it.kind == IT_QUIT;
@@ -882,9 +877,8 @@ void beam_graph_destroy(beam_graph_t **gp) {
     close_out_pools(nd);
     beam_series_unref(&nd->series);
     /* Items left in a queue (only possible when workers never started). */
-    while (nd->q.buf && nd->q.count) {
-      item_t it;
-      queue_pop(&nd->q, &it, NULL);
+    item_t it;
+    while (nd->q.buf && queue_pop(&nd->q, &it, NULL, 0)) {
       if (it.kind == IT_FRAME)
         beam_frame_unref(it.frame);
       else if (it.kind == IT_START)
