@@ -312,18 +312,21 @@ static int denoise_(cuda_t *s, uint32_t j, float *out, beam_diag_t *d) {
   return 0;
 }
 
-static void denoise_row(void *ctx, uint32_t j, float *out) {
-  den_ctx_t *c = (den_ctx_t *)ctx;
+/* Row j of a per-frame image (denoised or sparse) through fn. The emitter
+ * cannot fail: on an error the image is NaN and the error is reported. */
+static void row_or_nan(den_ctx_t *c, int (*fn)(cuda_t *, uint32_t, float *, beam_diag_t *), uint32_t j,
+                       float *out) {
   beam_diag_t d;
   memset(&d, 0, sizeof d);
-  int rc = denoise_(c->s, j, out, &d);
+  int rc = fn(c->s, j, out, &d);
   if (rc < 0) {
-    /* The emitter cannot fail; the image is NaN and the error reported. */
     for (size_t i = 0; i < c->s->h.P; i++)
       out[i] = NAN;
     c->rc = rc;
   }
 }
+
+static void denoise_row(void *ctx, uint32_t j, float *out) { row_or_nan((den_ctx_t *)ctx, denoise_, j, out); }
 
 static int score(cuda_t *s, beam_diag_t *d) {
   beam_pca_host_t *h = &s->h;
@@ -515,17 +518,7 @@ static int sparse_(cuda_t *s, uint32_t j, float *out, beam_diag_t *d) {
   return 0;
 }
 
-static void sparse_row(void *ctx, uint32_t j, float *out) {
-  den_ctx_t *c = (den_ctx_t *)ctx;
-  beam_diag_t d;
-  memset(&d, 0, sizeof d);
-  int rc = sparse_(c->s, j, out, &d);
-  if (rc < 0) {
-    for (size_t i = 0; i < c->s->h.P; i++)
-      out[i] = NAN;
-    c->rc = rc;
-  }
-}
+static void sparse_row(void *ctx, uint32_t j, float *out) { row_or_nan((den_ctx_t *)ctx, sparse_, j, out); }
 
 static int pull_model(cuda_t *s, beam_diag_t *d) {
   beam_pca_host_t *h = &s->h;
