@@ -461,3 +461,10 @@ def test_noisy_scan_default_raar_settles_dm_drifts(tmp_path):
     assert errs["raar60"] < 0.1 and errs["raar150"] < 0.1, errs
     assert abs(errs["raar150"] - errs["raar60"]) < 0.03, errs
     assert errs["dm60"] > 2 * errs["raar150"], errs
+
+
+def test_bad_algorithm_is_refused(tmp_path, scan):
+    out = str(tmp_path / "never.h5")
+    r = run([PTY, scan, "-o", out, "--algorithm", "hio"])
+    assert r.returncode == 2 and "--algorithm hio: must be dm or raar" in r.stderr
+    assert not os.path.exists(out)
