@@ -69,6 +69,12 @@ typedef struct beamd_ingest_s {
    * kept without a copy (zmq_msg_t *, NULL when not available). */
   void *cur_zparts;
   size_t cur_nz;
+  /* The landing slot holding the payload of the message being handled
+   * (replay over shared memory), NULL when none; cur_land_taken is set
+   * when a frame borrowed it. */
+  struct beamd_landing_s *cur_land;
+  unsigned cur_land_idx;
+  int cur_land_taken;
   struct beamd_replay_s *replay; /* replay mode state (replay_in.c) */
   /* counters (loop thread writes, others read) */
   atomic_uint_fast64_t messages, frames, bytes, malformed, gaps, lost, dropped_busy,
@@ -91,6 +97,22 @@ void beamd_replay_stats(beamd_t *d, void *json_obj); /* adds a "replay" object *
 void beamd_ingest_resume(beamd_t *d); /* room appeared */
 void beamd_ingest_stop(beamd_t *d);   /* draining */
 void beamd_ingest_close(beamd_t *d);
+
+/* Landing area of the replay input (landing.c, PROTOCOL.md 13.6): a memfd
+ * of nslots slots that beamd-replay reads payloads into. */
+typedef struct beamd_landing_s beamd_landing_t;
+beamd_landing_t *beamd_landing_new(unsigned nslots, size_t slot_bytes, char *err, size_t errlen);
+/* Drops the owner's reference; borrowed slots keep the area alive. */
+void beamd_landing_close(beamd_landing_t **l);
+const char *beamd_landing_path(const beamd_landing_t *l); /* /proc/PID/fd/N */
+size_t beamd_landing_size(const beamd_landing_t *l);
+size_t beamd_landing_slot_bytes(const beamd_landing_t *l);
+uint8_t *beamd_landing_ptr(const beamd_landing_t *l, unsigned idx);
+int beamd_landing_take(beamd_landing_t *l, unsigned *idx); /* -1 when none is free */
+void beamd_landing_put(beamd_landing_t *l, unsigned idx);  /* any thread */
+unsigned beamd_landing_free(beamd_landing_t *l);
+/* Makes slot idx frame f's payload buffer; f's release puts it back. */
+void beamd_landing_lend(beamd_landing_t *l, unsigned idx, beam_frame_t *f);
 
 /* ---- output ------------------------------------------------------------- */
 typedef struct beamd_out_s {

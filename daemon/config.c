@@ -70,6 +70,9 @@ static const beam_param_t input_params[] = {
      "replay: a request unanswered this long is sent again (server restarted)", NULL},
     {"exit_on_eof", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
      "replay: drain and exit 0 when the file has been served completely", NULL},
+    {"shm", BEAM_P_ENUM, "auto", 0, 0, 0, "auto|on|off", NULL,
+     "replay: let the server read payloads into shared memory (same host); auto = for ipc://",
+     NULL},
     BEAM_PARAM_END};
 
 static const beam_param_t output_params[] = {
@@ -96,7 +99,7 @@ static const beam_param_t pool_params[] = {
     {"frame_bytes", BEAM_P_SIZE, "16Mi", 0, 1024, 4294967296.0, NULL, NULL,
      "bytes per slot: the largest decoded frame", NULL},
     {"pinned", BEAM_P_ENUM, "auto", 0, 0, 0, "auto|yes|no", NULL,
-     "page-locked slots for fast GPU copies; auto = when a stage may run on CUDA", NULL},
+     "page-locked slots for fast GPU copies; auto = when a stage runs on CUDA", NULL},
     {"prefault", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
      "write every slot once at start-up so no frame pays first-touch page faults", NULL},
     BEAM_PARAM_END};
@@ -371,6 +374,7 @@ static int fill(beam_config_t *c, beam_cfg_errs_t *errs) {
   c->input.commit_delay_s = beam_cfg_float(in, "commit_delay", 2.0);
   c->input.timeout_s = beam_cfg_float(in, "timeout", 10.0);
   c->input.exit_on_eof = beam_cfg_bool(in, "exit_on_eof", 0);
+  c->input.shm = (beam_shm_mode_t)beam_cfg_int(in, "shm", BEAM_SHM_AUTO);
   copy_str(c->output.publish, sizeof c->output.publish, beam_cfg_str(out, "publish"));
   copy_str(c->output.push, sizeof c->output.push, beam_cfg_str(out, "push"));
   c->output.hwm = (int)beam_cfg_int(out, "hwm", 1000);
@@ -415,6 +419,7 @@ static int fill(beam_config_t *c, beam_cfg_errs_t *errs) {
   c->pool.pinned = pinned && !strcmp(pinned, "yes") ? 1
                    : pinned && !strcmp(pinned, "no") ? 0
                                                      : may_cuda;
+  c->pool.pin_auto = !pinned || !strcmp(pinned, "auto");
   c->pool.prefault = beam_cfg_bool(pool, "prefault", 0);
   return 0;
 }

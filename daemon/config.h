@@ -22,6 +22,13 @@ typedef enum beam_input_mode_e {
 
 #define BEAM_ENDPOINT_MAX 256
 
+/* In the order of the input.shm enum. */
+typedef enum {
+  BEAM_SHM_AUTO = 0, /* for ipc:// endpoints: the server is on this host */
+  BEAM_SHM_ON = 1,
+  BEAM_SHM_OFF = 2,
+} beam_shm_mode_t;
+
 typedef struct beam_config_s {
   beam_cnode_t *root; /* validated tree (defaults filled in), owned */
   char *path;         /* file name, or "<built-in>" */
@@ -36,6 +43,7 @@ typedef struct beam_config_s {
     double commit_delay_s; /* replay: progress held back before it is persisted */
     double timeout_s;      /* replay: resend an unanswered request */
     int exit_on_eof;       /* replay: drain and exit at the end of the file */
+    beam_shm_mode_t shm;   /* replay: payloads through a shared landing area */
   } input;
   struct {
     char publish[BEAM_ENDPOINT_MAX]; /* "" = no PUB */
@@ -49,7 +57,8 @@ typedef struct beam_config_s {
   struct {
     unsigned frames;     /* input slots */
     uint64_t frame_bytes; /* bytes per slot (largest decoded frame) */
-    int pinned;          /* 1 when CUDA is used (auto) */
+    int pinned;          /* 1 when CUDA may be used (auto) */
+    int pin_auto;        /* auto: the graph pins only if a stage runs on CUDA */
     int prefault;        /* touch every slot at start-up */
   } pool;
   struct {

@@ -148,17 +148,20 @@ static void release_zmsg(beam_frame_t *f, void *ctx) {
   zmq_msg_close((zmq_msg_t *)f->user);
 }
 
-/* Zero copy: a raw single-part payload stays in its ZeroMQ message, which
- * the slot keeps until its last reference goes. Not for pinned pools
- * (CUDA copies from page-locked memory faster than the copy costs), and
- * only for buffers aligned for every dtype's loads. */
-static int borrow_payload(beamd_t *d, const beam_msg_t *m, beam_frame_t *f) {
+/* Keeps the buffer holding payload part 0 as frame f's data, without a
+ * copy: a landing slot the replay server read it into (landing.c), or the
+ * ZeroMQ message it arrived in, which the slot keeps until its last
+ * reference goes. Returns 1 when f took it. */
+static int keep_buffer(beamd_t *d, const beam_msg_t *m, beam_frame_t *f) {
   beamd_ingest_t *in = &d->in;
-  if (m->hdr.codec != BEAM_CODEC_RAW || m->npayload != 1 || !in->cur_zparts || !f->user ||
-      beam_graph_input_pinned(d->graph) || ((uintptr_t)m->payload[0].data & 7u))
-    return 0;
+  if (in->cur_land && !in->cur_land_taken &&
+      beamd_landing_ptr(in->cur_land, in->cur_land_idx) == m->payload[0].data) {
+    beamd_landing_lend(in->cur_land, in->cur_land_idx, f);
+    in->cur_land_taken = 1;
+    return 1;
+  }
   zmq_msg_t *z = in->cur_zparts;
-  for (size_t k = 0; k < in->cur_nz; k++)
+  for (size_t k = 0; z && f->user && k < in->cur_nz; k++)
     if (zmq_msg_data(&z[k]) == m->payload[0].data) {
       zmq_msg_t *keep = f->user;
       zmq_msg_init(keep);
@@ -171,33 +174,31 @@ static int borrow_payload(beamd_t *d, const beam_msg_t *m, beam_frame_t *f) {
   return 0;
 }
 
-/* Lazy decode: an lz4 or bslz4 payload stays encoded in its ZeroMQ message
- * (borrowed as above) and is decoded by the first stage that reads the
- * frame, on that stage's thread (beam_frame_decode), so the loop thread,
- * which owns every socket, never decompresses. Not for pinned pools (CUDA
+/* Zero copy for a raw single-part payload. Not for pinned pools (CUDA
+ * copies from page-locked memory faster than the copy costs), and only for
+ * buffers aligned for every dtype's loads. */
+static int borrow_payload(beamd_t *d, const beam_msg_t *m, beam_frame_t *f) {
+  if (m->hdr.codec != BEAM_CODEC_RAW || m->npayload != 1 || beam_graph_input_pinned(d->graph) ||
+      ((uintptr_t)m->payload[0].data & 7u))
+    return 0;
+  return keep_buffer(d, m, f);
+}
+
+/* Lazy decode: an lz4 or bslz4 payload stays encoded where it arrived
+ * (kept as above) and is decoded by the first stage that reads the frame,
+ * on that stage's thread (beam_frame_decode), so the loop thread, which
+ * owns every socket, never decompresses. Not for pinned pools (CUDA
  * stages want the pixels in page-locked memory, decoded here as before).
  * The framing is checked by the decoder; a bad payload reaches the stages
  * as a CORRUPT frame and is reported as a stage error. */
 static int borrow_encoded(beamd_t *d, const beam_msg_t *m, beam_frame_t *f) {
-  beamd_ingest_t *in = &d->in;
   if ((m->hdr.codec != BEAM_CODEC_LZ4 && m->hdr.codec != BEAM_CODEC_BSLZ4) || m->npayload != 1 ||
-      !in->cur_zparts || !f->user || beam_graph_input_pinned(d->graph))
+      beam_graph_input_pinned(d->graph) || !keep_buffer(d, m, f))
     return 0;
-  zmq_msg_t *z = in->cur_zparts;
-  for (size_t k = 0; k < in->cur_nz; k++)
-    if (zmq_msg_data(&z[k]) == m->payload[0].data) {
-      zmq_msg_t *keep = f->user;
-      zmq_msg_init(keep);
-      zmq_msg_move(keep, &z[k]);
-      f->data = zmq_msg_data(keep);
-      f->release = release_zmsg;
-      f->release_ctx = NULL;
-      f->codec = m->hdr.codec;
-      f->enc_size = m->payload[0].size;
-      atomic_store(&f->dec_state, BEAM_DEC_PENDING);
-      return 1;
-    }
-  return 0;
+  f->codec = m->hdr.codec;
+  f->enc_size = m->payload[0].size;
+  atomic_store(&f->dec_state, BEAM_DEC_PENDING);
+  return 1;
 }
 
 static void on_frame(beamd_t *d, const beam_msg_t *m, uint64_t t_recv) {

@@ -12,9 +12,18 @@
  * every stage and its results handed to the outputs) is written to
  * input.state_file once it is commit_delay old, so results still inside
  * ZeroMQ's queues at a kill -9 are produced again after the restart
- * (at-least-once; beamd-record keeps one copy per frame). */
+ * (at-least-once; beamd-record keeps one copy per frame).
+ *
+ * Shared memory (input.shm, §13.6): each request also offers one free slot
+ * of our landing area (landing.c) per frame asked for; the server reads
+ * payloads into them and sends empty payload parts. Offered slots stay
+ * reserved until a reply arrives (a resent request offers the same ones),
+ * and those no frame kept go back after it. A server that cannot use them
+ * says why in shm_error and sends payloads inline; we keep offering, so a
+ * server restarted with shared memory allowed picks it up again. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -34,7 +43,13 @@ typedef struct beamd_replay_s {
   int waiting;          /* a request is in flight */
   int info_pending;     /* the in-flight request is the resume check */
   uint64_t sent_ns;
-  char req[256];
+  char *req;            /* the request in flight (resent as it is) */
+  size_t req_cap;
+  beamd_landing_t *land; /* NULL: payloads inline only */
+  unsigned *offer;       /* slots offered by the request in flight */
+  unsigned noffer;
+  int shm_refused;       /* the last reply said shm_error (logged once per change) */
+  uint64_t shm_frames;
   uint64_t next;        /* next frame index to ask for */
   int want_start;       /* ask for SERIES_START with the next request */
   int eof;
@@ -156,10 +171,46 @@ void beamd_replay_pump(beamd_t *d) {
   /* max_bytes keeps one reply to a size the allocator reuses instead of
    * mapping afresh (a 256 MiB reply of 2048x2048 frames cost 5x in page
    * faults); the credit still bounds the frame count. */
-  snprintf(r->req, sizeof r->req,
-           "{\"op\":\"get\",\"next\":%llu,\"credit\":%u,\"start\":%s,\"max_bytes\":%d}",
-           (unsigned long long)r->next, credit, r->want_start ? "true" : "false", REPLY_MAX_BYTES);
+  int n = snprintf(r->req, r->req_cap,
+                   "{\"op\":\"get\",\"next\":%llu,\"credit\":%u,\"start\":%s,\"max_bytes\":%d",
+                   (unsigned long long)r->next, credit, r->want_start ? "true" : "false",
+                   REPLY_MAX_BYTES);
+  BEAM_ASSERT(r->noffer == 0);
+  while (r->land && r->noffer < credit && beamd_landing_take(r->land, &r->offer[r->noffer]) == 0)
+    r->noffer++;
+  if (r->noffer) {
+    n += snprintf(r->req + n, r->req_cap - (size_t)n,
+                  ",\"shm\":{\"path\":\"%s\",\"size\":%zu,\"slot_bytes\":%zu,\"slots\":[",
+                  beamd_landing_path(r->land), beamd_landing_size(r->land),
+                  beamd_landing_slot_bytes(r->land));
+    for (unsigned i = 0; i < r->noffer; i++)
+      n += snprintf(r->req + n, r->req_cap - (size_t)n, "%s%u", i ? "," : "", r->offer[i]);
+    n += snprintf(r->req + n, r->req_cap - (size_t)n, "]}");
+  }
+  snprintf(r->req + n, r->req_cap - (size_t)n, "}");
   send_req(d);
+}
+
+/* Offered slots no frame kept go back (after every reply, and when a
+ * reply is dropped). */
+static void offer_return(replay_t *r) {
+  for (unsigned i = 0; i < r->noffer; i++)
+    if (r->offer[i] != UINT_MAX)
+      beamd_landing_put(r->land, r->offer[i]);
+  r->noffer = 0;
+}
+
+static void shm_status(beamd_t *d, json_t *st) {
+  replay_t *r = R(d);
+  json_t *e = json_object_get(st, "shm_error");
+  int refused = json_is_string(e);
+  if (refused && !r->shm_refused)
+    BEAM_LOG(LOG_WARNING, "replay: the server does not use shared memory (%s); frames come inside "
+             "the replies", json_string_value(e));
+  else if (!refused && r->shm_refused && json_is_true(json_object_get(st, "shm")))
+    BEAM_LOG(LOG_NOTICE, "replay: the server now uses shared memory");
+  if (refused || json_is_true(json_object_get(st, "shm")))
+    r->shm_refused = refused;
 }
 
 /* ---- replies ------------------------------------------------------------- */
@@ -207,6 +258,33 @@ static void on_status(beamd_t *d, json_t *st, int was_info, size_t nparts) {
   (void)nparts;
 }
 
+/* A FRAME whose payload the server put in landing slot offer[nframe]: an
+ * empty payload part stands for it. Fills bp with the message's parts,
+ * the payload pointing into the slot, and sets d->in.cur_land. Returns 0,
+ * also for messages without a landed payload (bp is then left to the
+ * caller), or -1 when the reply does not match what was offered. */
+static int landed(beamd_t *d, unsigned nframe, zmq_msg_t *zp, size_t k, beam_part_t *bp) {
+  replay_t *r = R(d);
+  beam_hdr_t h;
+  const char *why;
+  beam_limits_t lim = beam_limits_default;
+  if (beam_hdr_decode(zmq_msg_data(&zp[0]), zmq_msg_size(&zp[0]), &lim, &h, &why) < 0 ||
+      h.type != BEAM_MSG_FRAME || h.nparts != 1 || zmq_msg_size(&zp[1]) != 0 || h.payload_size == 0)
+    return 0;
+  if (nframe >= r->noffer || h.payload_size > beamd_landing_slot_bytes(r->land))
+    return -1;
+  for (size_t j = 0; j < k; j++) {
+    bp[j].data = zmq_msg_data(&zp[j]);
+    bp[j].size = zmq_msg_size(&zp[j]);
+  }
+  bp[1].data = beamd_landing_ptr(r->land, r->offer[nframe]);
+  bp[1].size = h.payload_size;
+  d->in.cur_land = r->land;
+  d->in.cur_land_idx = r->offer[nframe];
+  d->in.cur_land_taken = 0;
+  return 0;
+}
+
 static void on_reply(beamd_t *d, size_t n) {
   replay_t *r = R(d);
   int was_info = r->info_pending;
@@ -221,6 +299,7 @@ static void on_reply(beamd_t *d, size_t n) {
     beam_log_rl(&rl, LOG_ERR, "replay: server refused the request %s: %s", r->req,
                 json_is_string(e) ? json_string_value(e) : "unreadable status part");
     json_decref(st);
+    offer_return(r);
     /* Retried at the next tick after the timeout, so a broken server is
      * not hammered. */
     r->waiting = 1;
@@ -228,6 +307,9 @@ static void on_reply(beamd_t *d, size_t n) {
     return;
   }
   on_status(d, st, was_info, n);
+  int in_shm = r->noffer && json_is_true(json_object_get(st, "shm"));
+  if (r->noffer)
+    shm_status(d, st);
   if (was_info) {
     json_decref(st);
     beamd_replay_pump(d);
@@ -241,8 +323,15 @@ static void on_reply(beamd_t *d, size_t n) {
   json_decref(st);
   uint64_t idx = next2 >= count ? next2 - count : 0;
   beam_part_t bp[2 + BEAM_MAX_PAYLOAD_PARTS];
+  unsigned nframe = 0; /* FRAME ordinal in the reply: its landing slot is offer[nframe] */
   for (size_t i = 1; i < n;) {
     size_t k = msg_parts(r->parts, i, n);
+    if (k > 0 && in_shm && landed(d, nframe, &r->parts[i], k, bp) < 0) {
+      BEAM_LOG(LOG_ERR, "replay: reply to frame index %llu names a landing slot it was not "
+               "offered or a payload larger than a slot; the rest of the reply is asked for again",
+               (unsigned long long)idx);
+      k = 0;
+    }
     if (k == 0) {
       atomic_fetch_add(&d->in.malformed, 1);
       BEAM_LOG(LOG_ERR, "replay: reply to %s has an undecodable message at part %zu; the rest of "
@@ -250,10 +339,11 @@ static void on_reply(beamd_t *d, size_t n) {
       next2 = idx;
       break;
     }
-    for (size_t j = 0; j < k; j++) {
-      bp[j].data = zmq_msg_data(&r->parts[i + j]);
-      bp[j].size = zmq_msg_size(&r->parts[i + j]);
-    }
+    if (!d->in.cur_land)
+      for (size_t j = 0; j < k; j++) {
+        bp[j].data = zmq_msg_data(&r->parts[i + j]);
+        bp[j].size = zmq_msg_size(&r->parts[i + j]);
+      }
     beam_hdr_t h;
     const char *why;
     beam_limits_t lim = beam_limits_default;
@@ -265,10 +355,18 @@ static void on_reply(beamd_t *d, size_t n) {
     beamd_ingest_handle(d, bp, k);
     d->in.cur_zparts = NULL;
     d->in.cur_nz = 0;
-    if (is_frame)
+    if (d->in.cur_land && d->in.cur_land_taken) {
+      r->offer[nframe] = UINT_MAX; /* the frame holds it now */
+      r->shm_frames++;
+    }
+    d->in.cur_land = NULL;
+    if (is_frame) {
       d->in.fed_next = ++idx; /* a frame dropped at ingest counts as handled */
+      nframe++;
+    }
     i += k;
   }
+  offer_return(r);
   r->next = next2;
   r->want_start = 0;
   if (r->eof && !r->eof_logged) {
@@ -304,10 +402,12 @@ static void on_replay_event(beamd_zsock_t *zs) {
       BEAM_LOG(LOG_ERR, "replay: reply with more than %zu parts rejected", r->parts_cap);
       atomic_fetch_add(&d->in.malformed, 1);
       r->waiting = 0;
+      offer_return(r);
     } else if (d->state == BEAMD_RUNNING) {
       on_reply(d, n);
     } else {
       r->waiting = 0; /* draining: frames not taken are asked for again after a restart */
+      offer_return(r);
     }
     for (size_t i = 0; i < n; i++)
       zmq_msg_close(&r->parts[i]);
@@ -362,6 +462,12 @@ static void tick_cb(uv_timer_t *t) {
 
 /* ---- open / close -------------------------------------------------------------- */
 
+static int want_shm(const beam_config_t *c) {
+  if (c->input.shm == BEAM_SHM_AUTO)
+    return strncmp(c->input.endpoint, "ipc://", 6) == 0;
+  return c->input.shm == BEAM_SHM_ON;
+}
+
 int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
   replay_t *r = calloc(1, sizeof *r);
   if (!r) {
@@ -371,9 +477,23 @@ int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
   d->in.replay = r;
   r->parts_cap = MAX_REPLY_PARTS(d->cfg->input.credit);
   r->parts = calloc(r->parts_cap, sizeof *r->parts);
-  if (!r->parts) {
+  /* The endpoint and a list of up to `credit` slot numbers. */
+  r->req_cap = 512 + BEAM_ENDPOINT_MAX + 11u * d->cfg->input.credit;
+  r->req = malloc(r->req_cap);
+  r->offer = calloc(d->cfg->input.credit, sizeof *r->offer);
+  if (!r->parts || !r->req || !r->offer) {
     snprintf(err, errlen, "input: out of memory");
     return BEAM_ENOMEM;
+  }
+  if (want_shm(d->cfg)) {
+    /* Slots as many as the pool's: a frame holds at most one, so a free
+     * pool slot always finds a free landing slot. Sized for the largest
+     * compressed chunk a frame_bytes frame can take. */
+    size_t fb = d->cfg->pool.frame_bytes;
+    size_t b1 = beam_codec_bound(BEAM_CODEC_BSLZ4, fb, 1), b2 = beam_codec_bound(BEAM_CODEC_LZ4, fb, 1);
+    r->land = beamd_landing_new(d->cfg->pool.frames, b1 > b2 ? b1 : b2, err, errlen);
+    if (!r->land)
+      return BEAM_ENOMEM;
   }
   uv_timer_init(&d->loop, &r->tick);
   r->tick.data = d;
@@ -392,7 +512,7 @@ int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
   state_read(d);
   /* Always start with "info": it tells the file and whether a stored
    * position belongs to it. */
-  snprintf(r->req, sizeof r->req, "{\"op\":\"info\"}");
+  snprintf(r->req, r->req_cap, "{\"op\":\"info\"}");
   r->info_pending = 1;
   send_req(d);
   return 0;
@@ -409,6 +529,13 @@ void beamd_replay_close(beamd_t *d) {
   if (!uv_is_closing((uv_handle_t *)&r->tick))
     uv_close((uv_handle_t *)&r->tick, NULL);
   free(r->parts);
+  if (r->land)
+    offer_return(r);
+  beamd_landing_close(&r->land);
+  free(r->req);
+  free(r->offer);
+  r->req = NULL;
+  r->offer = NULL;
   d->in.replay = NULL;
   /* The timer handle lives in r: free it after its close callback ran,
    * which beamd_fini's last uv_run does; leaking it instead is wrong, so
@@ -430,6 +557,8 @@ void beamd_replay_stats(beamd_t *d, void *obj) {
   json_object_set_new(o, "replies", json_integer((json_int_t)r->replies));
   json_object_set_new(o, "resends", json_integer((json_int_t)r->resends));
   json_object_set_new(o, "corrupt", json_integer((json_int_t)r->corrupt));
+  json_object_set_new(o, "shm", json_string(!r->land ? "off" : r->shm_refused ? "refused" : "on"));
+  json_object_set_new(o, "shm_frames", json_integer((json_int_t)r->shm_frames));
   json_object_set_new(o, "committed", r->have_committed ? json_integer((json_int_t)r->committed) : json_null());
   json_object_set_new((json_t *)obj, "replay", o);
 }

@@ -422,7 +422,10 @@ static void on_frame(node_t *nd, beam_frame_t *f) {
   beam_diag_clear(&nd->stage.diag);
   uint64_t t0 = beam_now_ns();
   const char *why = NULL;
-  if (atomic_load(&f->dec_state) != BEAM_DEC_NONE && beam_frame_decode(f, nd->dec_scratch, &why) < 0) {
+  int rc = 0;
+  if (nd->stage.process_encoded && atomic_load(&f->dec_state) == BEAM_DEC_PENDING)
+    rc = nd->stage.process_encoded(&nd->stage, f, &e);
+  if (rc == 0 && atomic_load(&f->dec_state) != BEAM_DEC_NONE && beam_frame_decode(f, nd->dec_scratch, &why) < 0) {
     /* Passed on as CORRUPT, as a frame the source could not read: the
      * stage keeps its per-frame accounting (a NaN row, a skipped frame). */
     atomic_fetch_add(&nd->errors, 1);
@@ -430,7 +433,8 @@ static void on_frame(node_t *nd, beam_frame_t *f) {
     snprintf(msg, sizeof msg, "undecodable payload (%s); processed as CORRUPT", why ? why : "?");
     report(nd, f->series_id, f->frame_id, msg);
   }
-  int rc = nd->stage.ops->process(&nd->stage, f, &e);
+  if (rc == 0)
+    rc = nd->stage.ops->process(&nd->stage, f, &e);
   uint64_t dt = beam_now_ns() - t0;
   atomic_fetch_add(&nd->busy_ns, dt);
   beam_hist_add(&nd->lat, dt);
@@ -650,8 +654,11 @@ int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
     }
     glog(g, LOG_INFO, "stage \"%s\": backend %s", nd->stage.name, nd->backend);
   }
-  g->pinned = gp->pinned;
-  g->input = beam_pool_new(gp->pool_frames, gp->frame_bytes, gp->pinned, d);
+  int any_cuda = 0;
+  for (size_t i = 0; i < n; i++)
+    any_cuda |= g->nodes[i].backend && !strcmp(g->nodes[i].backend, "cuda");
+  g->pinned = gp->pinned && (!gp->pin_auto || any_cuda);
+  g->input = beam_pool_new(gp->pool_frames, gp->frame_bytes, g->pinned, d);
   if (!g->input) {
     rc = BEAM_ENOMEM;
     goto fail;
@@ -914,6 +921,11 @@ void beam_graph_stage_stats(const beam_graph_t *g, size_t i, beam_stage_stats_t 
   s->queue_cap = nd->q.cap;
   s->busy_s = (double)atomic_load(&nd->busy_ns) * 1e-9;
   s->latency = &nd->lat;
+  s->ncounters = nd->stage.ncounters;
+  for (unsigned k = 0; k < s->ncounters; k++) {
+    s->counter_names[k] = nd->stage.counters[k].name;
+    s->counters[k] = atomic_load(&nd->stage.counters[k].value);
+  }
 }
 
 unsigned beam_graph_input_free(beam_graph_t *g) { return beam_pool_free_count(g->input); }

@@ -57,6 +57,9 @@ typedef struct beam_graph_params_s {
   unsigned pool_frames;  /* input slots */
   size_t frame_bytes;    /* input slot size */
   int pinned;
+  /* pinned only if a stage's backend resolved to cuda (pool.pinned auto):
+   * a graph of CPU stages then keeps frames zero-copy and lazily decoded. */
+  int pin_auto;
   size_t slot_user_bytes; /* per input slot scratch for the ingest (0 = none) */
   int prefault;           /* write the input pool once now (resident at once) */
 } beam_graph_params_t;
@@ -115,6 +118,9 @@ typedef struct beam_stage_stats_s {
   unsigned queue_depth, queue_cap;
   double busy_s; /* time inside process/end */
   const beam_hist_t *latency; /* process time per frame */
+  unsigned ncounters;         /* the stage's own counters (beam_stage_t.counters) */
+  const char *counter_names[BEAM_STAGE_MAX_COUNTERS];
+  uint64_t counters[BEAM_STAGE_MAX_COUNTERS];
 } beam_stage_stats_t;
 
 size_t beam_graph_nstages(const beam_graph_t *g);

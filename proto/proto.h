@@ -33,6 +33,9 @@ extern "C" {
 #define BEAM_MAX_NDIM 4
 #define BEAM_TOPIC_MAX 64
 #define BEAM_MAX_PAYLOAD_PARTS 16
+/* Replay over shared memory (section 13.6): the memfd name of a consumer's
+ * landing area; a server maps only memfds whose name starts with it. */
+#define BEAM_SHM_MEMFD_NAME "beamd-landing"
 #define BEAM_MAGIC0 0x89u
 #define BEAM_MAGIC1 'B'
 #define BEAM_MAGIC2 'M'

@@ -156,16 +156,27 @@ def _write_input(tmp_path, kind, n):
     return str(path), mk.make_dataset_file(str(path), kind, n=n, shape=(H, W)), False
 
 
+def check_shm(st, shm, n):
+    """input.replay's shm state: "on" with every payload landed in shared
+    memory, or "off" with none."""
+    rp = st["input"]["replay"]
+    if shm == "on":
+        assert rp["shm"] == "on" and rp["shm_frames"] == n, rp
+    else:
+        assert rp["shm"] == "off" and rp["shm_frames"] == 0, rp
+
+
+@pytest.mark.parametrize("shm", ["off", "on"])
 @pytest.mark.parametrize("kind,compress", [("raw", "none"), ("gzip", "bslz4"),
                                            ("bslz4", "bslz4"), ("master", "none")])
-def test_round_trip_bit_exact(tmp_path, ports, start_beamd, run_tool, kind, compress):
+def test_round_trip_bit_exact(tmp_path, ports, start_beamd, run_tool, kind, compress, shm):
     n = 30
     path, data, master = _write_input(tmp_path, kind, n)
     rec_dir = tmp_path / "frames"
     stages = [{"name": "rec", "kind": "record", "input": "frames", "dir": str(rec_dir),
                "compress": compress, "queue": 64},
               vd_stage()]
-    b = start_beamd(replay_config(ports, stages))
+    b = start_beamd(replay_config(ports, stages, shm=shm))
     rec = start_recorder(run_tool, ports, tmp_path / "results")
     srv = start_replay(run_tool, ports, path)
     out = rec_dir / ("series_%d.h5" % SERIES)
@@ -206,6 +217,7 @@ def test_round_trip_bit_exact(tmp_path, ports, start_beamd, run_tool, kind, comp
     assert inp["mode"] == "replay" and inp["frames"] == n and inp["corrupt"] == 0
     assert inp["replay"]["eof"] is True and inp["replay"]["next"] == n
     assert inp["replay"]["total"] == n and inp["replay"]["resends"] == 0
+    check_shm(st, shm, n)
     assert b.alive() and srv.alive()
 
 
@@ -252,13 +264,16 @@ def test_ready_line_names_replay_mode(tmp_path, ports, start_beamd):
 
 # ---- 2. kill -9 and resume -------------------------------------------------------
 
-def test_daemon_kill9_resumes_exactly_once(tmp_path, ports, start_beamd, run_tool):
+@pytest.mark.parametrize("shm", ["off", "on"])
+def test_daemon_kill9_resumes_exactly_once(tmp_path, ports, start_beamd, run_tool, shm):
+    """With shm on, the restarted daemon offers a new landing area (a new
+    memfd) and the server, which mapped the dead daemon's, maps the new one."""
     n, rate = 240, 80  # about 3 s of replay; the kill lands after about 1 s
     path = tmp_path / "slow.h5"
     data = mk.make_dataset_file(str(path), "bslz4", n=n, shape=(H, W))
     state = tmp_path / "replay.state"
     cfg = replay_config(ports, [vd_stage()], state_file=str(state), commit_delay="0.3s",
-                        timeout="1s")
+                        timeout="1s", shm=shm)
     rec = start_recorder(run_tool, ports, tmp_path / "results")
     srv = start_replay(run_tool, ports, path, "--rate", str(rate))
     b1 = start_beamd(cfg)
@@ -280,6 +295,7 @@ def test_daemon_kill9_resumes_exactly_once(tmp_path, ports, start_beamd, run_too
     # The second daemon started at k: it was given only the rest of the file.
     assert st2["input"]["frames"] == n - k, (st2["input"]["frames"], n, k)
     assert st2["input"]["replay"]["next"] == n
+    check_shm(st2, shm, n - k)
     rs = recorder_stats(rec)
     print("daemon killed at %d frames in, committed %d, resumed at %d; recorder: %s" %
           (st["input"]["frames"], saved["next"], k, rs))
@@ -290,11 +306,14 @@ def test_daemon_kill9_resumes_exactly_once(tmp_path, ports, start_beamd, run_too
     assert srv.alive()
 
 
-def test_server_kill9_request_resent(tmp_path, ports, start_beamd, run_tool):
+@pytest.mark.parametrize("shm", ["off", "on"])
+def test_server_kill9_request_resent(tmp_path, ports, start_beamd, run_tool, shm):
+    """With shm on, the request in flight at the kill keeps its landing
+    slots reserved and the resend offers the same ones to the new server."""
     n, rate = 200, 80
     path = tmp_path / "slow.h5"
     data = mk.make_dataset_file(str(path), "raw", n=n, shape=(H, W))
-    cfg = replay_config(ports, [vd_stage()], timeout="1s")
+    cfg = replay_config(ports, [vd_stage()], timeout="1s", shm=shm)
     b = start_beamd(cfg)
     rec = start_recorder(run_tool, ports, tmp_path / "results")
     srv = start_replay(run_tool, ports, path, "--rate", str(rate))
@@ -311,19 +330,47 @@ def test_server_kill9_request_resent(tmp_path, ports, start_beamd, run_tool):
     # The daemon never restarted, so nothing was delivered twice.
     assert st["input"]["frames"] == n
     assert st["input"]["replay"]["resends"] >= 1
+    check_shm(st, shm, n)
     assert re.search(r"replay: no answer from .* asking again", b.stderr())
     assert recorder_stats(rec)["duplicates"] == 0
     assert srv2.alive()
 
 
+@pytest.mark.parametrize("server_shm", [True, False])
+def test_shm_auto_over_ipc(tmp_path, ports, start_beamd, run_tool, server_shm):
+    """input.shm auto (the default) uses shared memory for an ipc://
+    endpoint; a server started with --no-shm refuses it, the daemon logs
+    why once and every frame still arrives, inline."""
+    n = 40
+    path = tmp_path / "r.h5"
+    data = mk.make_dataset_file(str(path), "raw", n=n, shape=(H, W))
+    ep = "ipc://%s/replay.ipc" % tmp_path
+    cfg = replay_config(ports, [vd_stage()])
+    cfg["input"]["endpoint"] = ep
+    b = start_beamd(cfg)
+    rec = start_recorder(run_tool, ports, tmp_path / "results")
+    run_tool("beamd-replay", [str(path), "--bind", ep, "--quiet"] +
+             ([] if server_shm else ["--no-shm"]))
+    wait_recorder(rec, b, 20)
+    check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data)
+    rp = b.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")["input"]["replay"]
+    if server_shm:
+        assert rp["shm"] == "on" and rp["shm_frames"] == n, rp
+    else:
+        assert rp["shm"] == "refused" and rp["shm_frames"] == 0, rp
+        logs = re.findall(r"does not use shared memory \((.*)\)", b.stderr())
+        assert len(logs) == 1 and "--no-shm" in logs[0], b.stderr()
+
+
 # ---- 3. damaged input ------------------------------------------------------------
 
+@pytest.mark.parametrize("shm", ["off", "on"])
 @pytest.mark.parametrize("kind", ["bslz4", "gzip"])
-def test_corrupt_chunk_counted_and_nan(tmp_path, ports, start_beamd, run_tool, kind):
+def test_corrupt_chunk_counted_and_nan(tmp_path, ports, start_beamd, run_tool, kind, shm):
     n, bad = 12, (3, 7)
     path = tmp_path / ("corrupt_%s.h5" % kind)
     data = mk.make_corrupt(str(path), kind, n=n, bad=bad, shape=(H, W))
-    b = start_beamd(replay_config(ports, [vd_stage()]))
+    b = start_beamd(replay_config(ports, [vd_stage()], shm=shm))
     rec = start_recorder(run_tool, ports, tmp_path / "results")
     start_replay(run_tool, ports, path)
     wait_recorder(rec, b, 20)
@@ -331,6 +378,8 @@ def test_corrupt_chunk_counted_and_nan(tmp_path, ports, start_beamd, run_tool, k
     st = b.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")
     assert st["input"]["corrupt"] == len(bad)
     assert st["input"]["frames"] == n
+    # Corrupt frames travel inline (their error text); the rest landed.
+    check_shm(st, shm, n - len(bad) if shm == "on" else 0)
 
 
 def test_bad_lz4_block_decoded_on_stage_thread(tmp_path, ports, start_beamd, run_tool):

@@ -703,6 +703,12 @@ static void test_daemon_sections(void **state) {
   y = "stages: [{name: b, kind: bin, backend: cpu}, {name: p, kind: preview, backend: cuda}]\n";
   assert_int_equal(beam_config_load_string(y, strlen(y), "s.yaml", &c, &e), 0);
   assert_int_equal(c->pool.pinned, 1);
+  assert_int_equal(c->pool.pin_auto, 1); /* the graph pins only if a stage resolves to cuda */
+  beam_config_free(&c);
+  y = "pool: {pinned: yes}\n";
+  assert_int_equal(beam_config_load_string(y, strlen(y), "s.yaml", &c, &e), 0);
+  assert_int_equal(c->pool.pinned, 1);
+  assert_int_equal(c->pool.pin_auto, 0);
   beam_config_free(&c);
   /* An empty configuration is all defaults and no stages. */
   assert_int_equal(beam_config_load_string("", 0, NULL, &c, &e), 0);
@@ -793,7 +799,7 @@ static void test_dump(void **state) {
   assert_non_null(d);
   assert_non_null(strstr(d, "input:\n  mode: pull\n  endpoint: tcp://127.0.0.1:5500\n  bind: "
                             "true\n  hwm: 1000\n  credit: 64\n  state_file: \"\"\n  commit_delay: 2s\n"
-                            "  timeout: 10s\n  exit_on_eof: false\noutput:\n"));
+                            "  timeout: 10s\n  exit_on_eof: false\n  shm: auto\noutput:\n"));
   assert_non_null(strstr(d, "push: \"\"\n"));
   assert_non_null(strstr(d, "heartbeat: 2s\nstages: []\n"));
   assert_true(strstr(d, "input:") < strstr(d, "heartbeat:"));

@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "pipeline/err.h"
 #include "proto/proto.h"
@@ -26,6 +27,7 @@
 #define RP_CREDIT_MAX 4096u
 #define RP_DEFAULT_MAX_BYTES (256ull << 20)
 #define RP_REASON_MAX 768 /* bytes of a corrupt frame's {"error": ...} */
+#define RP_SHM_NAME BEAM_SHM_MEMFD_NAME
 
 /* One stack of frames in one HDF5 dataset: the dataset itself, or one data
  * file of a master. */
@@ -117,6 +119,7 @@ typedef struct rp_opts_s {
   uint64_t series_id;
   uint64_t max_bytes; /* server cap on a reply's payload bytes */
   int quiet, stats_json, progress;
+  int no_shm;         /* refuse shared-memory payloads (section 13.5) */
 } rp_opts_t;
 
 typedef struct rp_stats_s {
@@ -124,8 +127,26 @@ typedef struct rp_stats_s {
   uint64_t frames, corrupt, series_started, series_ended;
   uint64_t payload_bytes, bytes;
   uint64_t arena_allocs;   /* reply buffers allocated (reuse keeps this small) */
+  uint64_t shm_frames, shm_refused; /* payloads put in a landing area; requests refused it */
   uint64_t t_start_ns, t_first_frame_ns, t_last_frame_ns;
 } rp_stats_t;
+
+/* A consumer's landing area, mapped (shm.c). */
+typedef struct rp_shm_s {
+  char path[128];
+  int fd;
+  uint8_t *base;
+  size_t size;
+  dev_t dev;
+  ino_t ino;
+} rp_shm_t;
+
+/* Maps the landing area `path` names (a /proc/PID/fd/N link to a memfd
+ * named RP_SHM_NAME...) of at least size bytes, reusing the mapping of the
+ * last request when it is the same file. Returns the base, or NULL with
+ * why set (the reply then carries payloads inline). */
+uint8_t *rp_shm_attach(rp_shm_t *m, const char *path, size_t size, char *why, size_t wl);
+void rp_shm_detach(rp_shm_t *m);
 
 typedef struct rp_server_s {
   void *sock;
@@ -140,6 +161,8 @@ typedef struct rp_server_s {
   uint64_t last_next;   /* for the progress line */
   rp_stats_t st;
   struct rp_rec_s *recs; /* RP_CREDIT_MAX + 2 message records */
+  rp_shm_t shm;
+  uint32_t *slots;       /* RP_CREDIT_MAX slot numbers of the request being served */
 } rp_server_t;
 
 int rp_server_init(rp_server_t *self, void *sock, rp_src_t *src, const rp_opts_t *o,

@@ -34,6 +34,7 @@ typedef struct rp_rec_s {
   uint8_t *meta;     /* in the arena, or meta_owned */
   size_t mlen;
   char *meta_owned;  /* malloc'd JSON (SERIES_START), freed after sending */
+  int in_shm;        /* the payload is in the consumer's landing slot */
 } rp_rec_t;
 
 static size_t align_up(size_t n) {
@@ -123,7 +124,9 @@ int rp_server_init(rp_server_t *self, void *sock, rp_src_t *src, const rp_opts_t
   self->T = (last - o->first) / o->stride + 1;
   self->meta = rp_meta_build(src);
   self->recs = calloc(RP_CREDIT_MAX + 2, sizeof *self->recs);
-  if (!self->meta || !self->recs)
+  self->slots = calloc(RP_CREDIT_MAX, sizeof *self->slots);
+  self->shm.fd = -1;
+  if (!self->meta || !self->recs || !self->slots)
     return BEAM_DIAG(d, BEAM_ENOMEM, "server tables");
   json_object_set_new(self->meta, "nframes", json_integer((json_int_t)self->T));
   /* JSON carries UTF-8 only: a path that is not would fail every reply. */
@@ -147,6 +150,9 @@ void rp_server_destroy(rp_server_t *self) {
   self->meta = NULL;
   free(self->recs);
   self->recs = NULL;
+  free(self->slots);
+  self->slots = NULL;
+  rp_shm_detach(&self->shm);
 }
 
 uint64_t rp_server_frame_index(const rp_server_t *self, uint64_t k) {
@@ -188,7 +194,8 @@ static int send_copy(rp_server_t *self, const void *p, size_t n, int more,
   zmq_msg_t m;
   if (zmq_msg_init_size(&m, n) < 0)
     return -1;
-  memcpy(zmq_msg_data(&m), p, n);
+  if (n)
+    memcpy(zmq_msg_data(&m), p, n);
   self->st.bytes += n;
   return send_part(self, &m, more, stop);
 }
@@ -278,15 +285,17 @@ static int add_control(rp_server_t *self, rp_rec_t *r, unsigned type, uint64_t s
   return 0;
 }
 
-/* Reads frame k (sequence index) into record r. Returns 1 when the frame
- * was corrupt. */
-static int add_frame(rp_server_t *self, rp_rec_t *r, uint64_t k, uint64_t series, size_t room) {
+/* Reads frame k (sequence index) into record r: into `land` (a landing
+ * slot of `room` bytes) when given, else into the arena. Returns 1 when the
+ * frame was corrupt. */
+static int add_frame(rp_server_t *self, rp_rec_t *r, uint64_t k, uint64_t series, size_t room,
+                     uint8_t *land) {
   rp_src_t *s = self->src;
   uint64_t g = rp_server_frame_index(self, k);
   beam_hdr_t h;
   memset(r, 0, sizeof *r);
   r->hdr = arena_take(self->arena, HDR_SLOT);
-  uint8_t *buf = arena_take(self->arena, room);
+  uint8_t *buf = land ? land : arena_take(self->arena, room);
   BEAM_ASSERT(r->hdr && buf);
   hdr_common(self, &h, BEAM_MSG_FRAME, series, g);
   if (s->pos) {
@@ -301,24 +310,29 @@ static int add_frame(rp_server_t *self, rp_rec_t *r, uint64_t k, uint64_t series
   char why[RP_REASON_MAX - 16];
   int corrupt = rp_src_read(s, g, buf, room, &codec, &len, why, sizeof why) < 0;
   if (corrupt) {
-    /* The payload room holds the metadata instead: {"error": "..."}. */
-    int n = snprintf((char *)buf, RP_REASON_MAX, "{\"error\":\"");
-    n += (int)json_escape((char *)buf + n, RP_REASON_MAX - (size_t)n - 3, why);
-    n += snprintf((char *)buf + n, RP_REASON_MAX - (size_t)n, "\"}");
-    r->meta = buf;
+    /* The metadata {"error": "..."} goes where the payload would have,
+     * or in the arena when that is the consumer's memory. */
+    char *e = land ? (char *)arena_take(self->arena, RP_REASON_MAX) : (char *)buf;
+    BEAM_ASSERT(e); /* reserved by the sizing in serve_get */
+    int n = snprintf(e, RP_REASON_MAX, "{\"error\":\"");
+    n += (int)json_escape(e + n, RP_REASON_MAX - (size_t)n - 3, why);
+    n += snprintf(e + n, RP_REASON_MAX - (size_t)n, "\"}");
+    r->meta = (uint8_t *)e;
     r->mlen = (size_t)n;
     h.flags |= BEAM_FLAG_CORRUPT | BEAM_FLAG_META;
     h.meta_size = (uint32_t)n;
   } else {
     r->payload = buf;
     r->plen = len;
+    r->in_shm = land != NULL;
     h.codec = (uint8_t)codec;
     h.nparts = 1;
     h.payload_size = len;
   }
   /* The arena keeps only what was used, so small chunks pack tightly. */
-  self->arena->used = (size_t)(buf - self->arena->data) +
-                      align_up(corrupt ? r->mlen : r->plen);
+  if (!land)
+    self->arena->used = (size_t)(buf - self->arena->data) +
+                        align_up(corrupt ? r->mlen : r->plen);
   int n = beam_hdr_encode(&h, r->hdr, HDR_SLOT);
   BEAM_ASSERT(n == (int)BEAM_HDR_SIZE_V1);
   return corrupt;
@@ -385,7 +399,24 @@ static int serve_info(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_
 typedef struct req_s {
   uint64_t next, credit, max_bytes;
   int start;
+  const char *shm_path; /* NULL: payloads inline */
+  uint64_t shm_size, shm_slot_bytes, nslots; /* slot numbers in self->slots */
 } req_t;
+
+/* Whether this reply can put payloads in the consumer's landing area:
+ * returns its base, or NULL with why (sent back as shm_error). */
+static uint8_t *shm_for(rp_server_t *self, const req_t *q, char *why, size_t wl) {
+  if (self->o->no_shm) {
+    snprintf(why, wl, "the server was started with --no-shm");
+    return NULL;
+  }
+  if (q->shm_slot_bytes < self->src->slot_size) {
+    snprintf(why, wl, "frames of this file take up to %zu bytes; landing slots hold %llu",
+             self->src->slot_size, (unsigned long long)q->shm_slot_bytes);
+    return NULL;
+  }
+  return rp_shm_attach(&self->shm, q->shm_path, q->shm_size, why, wl);
+}
 
 static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *stop,
                      beam_diag_t *d) {
@@ -403,12 +434,20 @@ static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *s
     self->last_next = k;
     return send_json(self, status(self, T, 0, o->series_id, 1, 0), 0, stop, d);
   }
+  char shm_why[256] = "";
+  uint8_t *land = q->shm_path ? shm_for(self, q, shm_why, sizeof shm_why) : NULL;
+  if (q->shm_path && !land)
+    self->st.shm_refused++;
   uint64_t want = T - idx < q->credit ? T - idx : q->credit;
+  if (land && want > q->nslots)
+    want = q->nslots;
   want = rate_allow(self, want, stop);
   uint64_t maxb = q->max_bytes && q->max_bytes < o->max_bytes ? q->max_bytes : o->max_bytes;
   const rp_src_t *s = self->src;
   size_t room = s->slot_size > RP_REASON_MAX ? s->slot_size : RP_REASON_MAX;
-  size_t per = HDR_SLOT + align_up(room);
+  /* With a landing area the arena holds headers and error texts only, and
+   * max_bytes (a bound on the reply's size) does not count landed payloads. */
+  size_t per = HDR_SLOT + align_up(land ? RP_REASON_MAX : room);
   /* Room for `want` frames, but never much more than max_bytes of
    * payload: a reply holds at most max_bytes plus one frame. */
   double need = 3.0 * HDR_SLOT + (double)want * per;
@@ -434,10 +473,13 @@ static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *s
       break;
     uint64_t g = rp_server_frame_index(self, k + n);
     size_t fb = rp_src_frame_bytes(self->src, g);
-    if (n > 0 && payload + fb > maxb)
+    if (!land && n > 0 && payload + fb > maxb)
       break;
-    corrupt += (uint64_t)add_frame(self, &recs[nrec++], k + n, series, room);
+    uint8_t *slot = land ? land + (size_t)self->slots[n] * q->shm_slot_bytes : NULL;
+    corrupt += (uint64_t)add_frame(self, &recs[nrec++], k + n, series,
+                                   land ? q->shm_slot_bytes : room, slot);
     payload += recs[nrec - 1].plen;
+    self->st.shm_frames += (uint64_t)recs[nrec - 1].in_shm;
     n++;
   }
   if (rc == 0 && idx + n == T) {
@@ -454,12 +496,19 @@ static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *s
   int eof = !o->loop && k + n == T;
   self->last_next = k + n;
   self->st.corrupt += corrupt; /* before the status, which reports the total */
-  rc = send_json(self, status(self, k + n, n, series, eof, corrupt), nrec > 0, stop, d);
+  json_t *stj = status(self, k + n, n, series, eof, corrupt);
+  if (land)
+    json_object_set_new(stj, "shm", json_true());
+  else if (q->shm_path)
+    json_object_set_new(stj, "shm_error", json_string(shm_why));
+  rc = send_json(self, stj, nrec > 0, stop, d);
   for (size_t i = 0; i < nrec && rc == 0; i++) {
     rp_rec_t *r = &recs[i];
     int last = i + 1 == nrec;
     rc = send_zc(self, r->hdr, BEAM_HDR_SIZE_V1, !last || r->payload || r->meta, stop);
-    if (rc == 0 && r->payload)
+    if (rc == 0 && r->in_shm) /* the payload part stays empty: it is in the slot */
+      rc = send_copy(self, NULL, 0, !last || r->meta, stop);
+    else if (rc == 0 && r->payload)
       rc = send_zc(self, r->payload, r->plen, !last || r->meta, stop);
     if (rc == 0 && r->meta)
       rc = r->meta_owned ? send_copy(self, r->meta, r->mlen, !last, stop)
@@ -504,6 +553,39 @@ static const char *get_uint(json_t *o, const char *key, int required, uint64_t l
     return why;
   }
   *out = (uint64_t)json_integer_value(v);
+  return NULL;
+}
+
+/* The optional "shm" object of a get (section 13.6): path, size,
+ * slot_bytes and one slot number per frame the reply may carry. */
+static const char *get_shm(rp_server_t *self, json_t *o, req_t *q, char *why, size_t wl) {
+  if (!o)
+    return NULL;
+  if (!json_is_object(o))
+    return "\"shm\" must be an object";
+  json_t *path = json_object_get(o, "path"), *slots = json_object_get(o, "slots");
+  if (!json_is_string(path) || !json_is_array(slots))
+    return "\"shm\" needs \"path\" (a string) and \"slots\" (an array)";
+  const char *e = get_uint(o, "size", 1, 1, (uint64_t)INT64_MAX, &q->shm_size, why, wl);
+  if (!e)
+    e = get_uint(o, "slot_bytes", 1, 1, q->shm_size, &q->shm_slot_bytes, why, wl);
+  if (e)
+    return e;
+  size_t n = json_array_size(slots);
+  if (n < 1 || n > RP_CREDIT_MAX)
+    return "\"shm\".\"slots\" must hold 1..4096 slot numbers";
+  uint64_t nslot = q->shm_size / q->shm_slot_bytes;
+  for (size_t i = 0; i < n; i++) {
+    json_t *v = json_array_get(slots, i);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || (uint64_t)json_integer_value(v) >= nslot) {
+      snprintf(why, wl, "\"shm\".\"slots\"[%zu] must be a slot number in 0..%llu", i,
+               (unsigned long long)(nslot - 1));
+      return why;
+    }
+    self->slots[i] = (uint32_t)json_integer_value(v);
+  }
+  q->nslots = n;
+  q->shm_path = json_string_value(path);
   return NULL;
 }
 
@@ -552,7 +634,7 @@ int rp_server_handle(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_t
   }
   json_t *op = json_object_get(req, "op");
   const char *ops = json_is_string(op) ? json_string_value(op) : NULL;
-  req_t q = {0, 0, 0, 0};
+  req_t q = {0};
   if (!ops || (strcmp(ops, "get") && strcmp(ops, "info"))) {
     err = "\"op\" must be \"get\" or \"info\"";
   } else if (!strcmp(ops, "get")) {
@@ -566,6 +648,8 @@ int rp_server_handle(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_t
     if (!err && st && !json_is_boolean(st))
       err = "\"start\" must be true or false";
     q.start = st && json_is_true(st);
+    if (!err)
+      err = get_shm(self, json_object_get(req, "shm"), &q, why, sizeof why);
   }
   if (err)
     rc = send_error(self, err, stop, d);
