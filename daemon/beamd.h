@@ -101,7 +101,8 @@ void beamd_ingest_close(beamd_t *d);
 /* Landing area of the replay input (landing.c, PROTOCOL.md 13.6): a memfd
  * of nslots slots that beamd-replay reads payloads into. */
 typedef struct beamd_landing_s beamd_landing_t;
-beamd_landing_t *beamd_landing_new(unsigned nslots, size_t slot_bytes, char *err, size_t errlen);
+beamd_landing_t *beamd_landing_new(unsigned nslots, size_t slot_bytes, int prefault, char *err,
+                                   size_t errlen);
 /* Drops the owner's reference; borrowed slots keep the area alive. */
 void beamd_landing_close(beamd_landing_t **l);
 const char *beamd_landing_path(const beamd_landing_t *l); /* /proc/PID/fd/N */

@@ -16,6 +16,7 @@
  * which needs the same user (or CAP_SYS_PTRACE) and the same pid
  * namespace; otherwise it says so and payloads travel inline. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -54,7 +55,8 @@ static void landing_unref(beamd_landing_t *l) {
   free(l);
 }
 
-beamd_landing_t *beamd_landing_new(unsigned nslots, size_t slot_bytes, char *err, size_t errlen) {
+beamd_landing_t *beamd_landing_new(unsigned nslots, size_t slot_bytes, int prefault, char *err,
+                                   size_t errlen) {
   long page = sysconf(_SC_PAGESIZE);
   size_t pg = page > 0 ? (size_t)page : 4096;
   slot_bytes = (slot_bytes + pg - 1) / pg * pg; /* slots start on pages: aligned for any load */
@@ -72,9 +74,12 @@ beamd_landing_t *beamd_landing_new(unsigned nslots, size_t slot_bytes, char *err
   l->free_list = calloc(nslots, sizeof *l->free_list);
   l->desc = calloc(nslots, sizeof *l->desc);
   /* ftruncate makes a sparse file: pages are allocated when first written,
-   * as the input pool's are. */
+   * as the input pool's are, unless pool.prefault asks for them now
+   * (fallocate, then MAP_POPULATE for our page tables). */
   if (l->fd < 0 || !l->free_list || !l->desc || ftruncate(l->fd, (off_t)l->size) < 0 ||
-      (l->base = mmap(NULL, l->size, PROT_READ | PROT_WRITE, MAP_SHARED, l->fd, 0)) == MAP_FAILED) {
+      (prefault && fallocate(l->fd, 0, 0, (off_t)l->size) < 0) ||
+      (l->base = mmap(NULL, l->size, PROT_READ | PROT_WRITE, MAP_SHARED | (prefault ? MAP_POPULATE : 0),
+                      l->fd, 0)) == MAP_FAILED) {
     snprintf(err, errlen, "landing area of %u x %zu bytes: %s", nslots, slot_bytes, strerror(errno));
     if (l->fd >= 0)
       close(l->fd);

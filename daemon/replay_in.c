@@ -491,7 +491,8 @@ int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
      * compressed chunk a frame_bytes frame can take. */
     size_t fb = d->cfg->pool.frame_bytes;
     size_t b1 = beam_codec_bound(BEAM_CODEC_BSLZ4, fb, 1), b2 = beam_codec_bound(BEAM_CODEC_LZ4, fb, 1);
-    r->land = beamd_landing_new(d->cfg->pool.frames, b1 > b2 ? b1 : b2, err, errlen);
+    r->land = beamd_landing_new(d->cfg->pool.frames, b1 > b2 ? b1 : b2, d->cfg->pool.prefault, err,
+                                errlen);
     if (!r->land)
       return BEAM_ENOMEM;
   }
