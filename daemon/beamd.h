@@ -111,7 +111,6 @@ size_t beamd_landing_slot_bytes(const beamd_landing_t *l);
 uint8_t *beamd_landing_ptr(const beamd_landing_t *l, unsigned idx);
 int beamd_landing_take(beamd_landing_t *l, unsigned *idx); /* -1 when none is free */
 void beamd_landing_put(beamd_landing_t *l, unsigned idx);  /* any thread */
-unsigned beamd_landing_free(beamd_landing_t *l);
 /* Makes slot idx frame f's payload buffer; f's release puts it back. */
 void beamd_landing_lend(beamd_landing_t *l, unsigned idx, beam_frame_t *f);
 

@@ -130,13 +130,6 @@ void beamd_landing_put(beamd_landing_t *l, unsigned idx) {
   pthread_mutex_unlock(&l->mu);
 }
 
-unsigned beamd_landing_free(beamd_landing_t *l) {
-  pthread_mutex_lock(&l->mu);
-  unsigned n = l->nfree;
-  pthread_mutex_unlock(&l->mu);
-  return n;
-}
-
 static void release_slot(beam_frame_t *f, void *ctx) {
   (void)f;
   land_slot_t *s = ctx;
