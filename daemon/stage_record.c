@@ -16,6 +16,17 @@
  * plugin is loadable here, optional otherwise (HDF5 refuses to create a
  * dataset with a mandatory filter it cannot find).
  *
+ * Pass-through: an input frame that is still bitshuffle-LZ4 on the wire
+ * (ingest's lazy decode) already is a 32008 chunk. With one frame per chunk
+ * it is stored as it came (process_encoded), never decoded and re-encoded.
+ * Its encoded bytes are borrowed under beam_frame_encoded_lend, copied, and
+ * given back at once, so other stages that decode the frame wait for a
+ * memcpy, not for the disk. The copy is checked before it is stored: the
+ * framing must describe exactly this frame's bytes and every LZ4 block must
+ * decompress to its stated size, so a chunk that the filter could not read
+ * is never written; anything else goes the ordinary way (decode, whose
+ * failure makes the frame CORRUPT as before, then encode).
+ *
  * Threads: init runs on the graph build thread and does not touch HDF5; all
  * HDF5 calls are made from start/process/end on the stage's worker thread.
  * The library Debian ships is thread-safe (one global lock), and its error
@@ -35,12 +46,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <lz4.h>
+
 #include "daemon/h5util.h"
 
 #define REC_IDS_FLUSH 1024u     /* companions (frame_id ...) written in batches of this */
 #define REC_IDS_BUF 2048u       /* >= REC_IDS_FLUSH + the largest chunk_frames */
 #define REC_MAX_CHUNK (1u << 30) /* HDF5 chunks must stay below 4 GiB; keep well clear */
 #define REC_FLUSH_NS 1000000000ull
+#define REC_FRAMING_HDR 12u      /* 32008 chunk: BE u64 raw bytes, BE u32 block bytes */
+#define REC_BSHUF_MULT 8u        /* bitshuffle blocks are multiples of 8 elements */
+#define REC_CTR_PASSTHROUGH 0    /* self->counters[]: frames stored without decoding */
 
 static const char *prefix_valid(const beam_cnode_t *v) {
   if (!v->scalar || strchr(v->scalar, '/') || strlen(v->scalar) > 128)
@@ -77,7 +93,7 @@ typedef struct rec_s {
   hid_t file, data, fid, tacq, flg;
   uint64_t written;   /* rows in /entry/data/data (frames accepted) */
   uint64_t committed; /* rows whose chunk is on disk */
-  uint64_t corrupt, errors;
+  uint64_t corrupt, errors, passthrough;
   uint8_t *chunk, *enc, *scratch; /* chunk_bytes, codec bound, chunk_bytes */
   size_t enc_cap;
   unsigned in_chunk; /* frames in the chunk being filled */
@@ -141,6 +157,8 @@ static int check_dir(const char *dir, beam_diag_t *d) {
   return 0;
 }
 
+static int rec_process_encoded(beam_stage_t *self, beam_frame_t *in, beam_emit_t *emit);
+
 static int rec_init(beam_stage_t *self, beam_diag_t *d) {
   rec_t *s = calloc(1, sizeof *s);
   if (!s)
@@ -167,6 +185,9 @@ static int rec_init(beam_stage_t *self, beam_diag_t *d) {
     s->chunk_frames = (unsigned)cf;
     rc = check_dir(s->dir, d);
   }
+  self->process_encoded = rec_process_encoded;
+  self->counters[REC_CTR_PASSTHROUGH].name = "passthrough";
+  self->ncounters = 1;
   if (rc < 0)
     rec_destroy(self);
   return rc;
@@ -328,7 +349,7 @@ static int rec_start(beam_stage_t *self, const beam_series_t *series, const beam
     free_series(s);
     return BEAM_DIAG(d, BEAM_ENOMEM, "record: cannot allocate %zu-byte chunk buffers", s->chunk_bytes);
   }
-  s->written = s->committed = s->corrupt = s->errors = s->ids_written = 0;
+  s->written = s->committed = s->corrupt = s->errors = s->passthrough = s->ids_written = 0;
   s->in_chunk = s->nids = 0;
   pick_names(s, series->series_id);
   int rc = create_file(self, s, series, d);
@@ -387,28 +408,12 @@ static int flush_ids(beam_stage_t *self, rec_t *s, beam_diag_t *d) {
   return 0;
 }
 
-/* Writes the chunk being filled (a last partial chunk is zero padded: HDF5
- * stores a chunk whole). On failure the chunk's frames are forgotten, ids
- * included, so the file never holds a row without its pixels. */
-static int flush_chunk(beam_stage_t *self, rec_t *s, beam_diag_t *d) {
-  if (!s->in_chunk)
-    return 0;
-  unsigned n = s->in_chunk;
-  s->in_chunk = 0;
-  if (n < s->chunk_frames)
-    memset(s->chunk + (size_t)n * s->frame_bytes, 0, (size_t)(s->chunk_frames - n) * s->frame_bytes);
-  const void *buf = s->chunk;
-  size_t size = s->chunk_bytes;
-  int rc = 0;
-  if (s->bslz4) {
-    int64_t e = beam_codec_encode(BEAM_CODEC_BSLZ4, s->chunk, s->chunk_bytes, s->elem, s->enc,
-                                  s->enc_cap, s->scratch);
-    if (e < 0)
-      rc = BEAM_DIAG(d, (int)e, "record \"%s\": %s: bitshuffle-LZ4 encoding failed: %s",
-                     self->name, s->path, beam_strerror((int)e));
-    buf = s->enc;
-    size = e < 0 ? 0 : (size_t)e;
-  }
+/* Stores the n frames of the last n rows (already counted in written and
+ * ids) as one chunk of size bytes, exactly as HDF5 keeps it. On failure the
+ * rows are forgotten, ids included, so the file never holds a row without
+ * its pixels. rc is an error already diagnosed (encoding) or 0. */
+static int store_chunk(beam_stage_t *self, rec_t *s, unsigned n, const void *buf, size_t size,
+                       int rc, beam_diag_t *d) {
   hsize_t dims[BEAM_MAX_NDIM + 1] = {0}, off[BEAM_MAX_NDIM + 1] = {0};
   dims[0] = s->committed + n;
   off[0] = s->committed;
@@ -431,6 +436,30 @@ static int flush_chunk(beam_stage_t *self, rec_t *s, beam_diag_t *d) {
   return 0;
 }
 
+/* Writes the chunk being filled (a last partial chunk is zero padded: HDF5
+ * stores a chunk whole). */
+static int flush_chunk(beam_stage_t *self, rec_t *s, beam_diag_t *d) {
+  if (!s->in_chunk)
+    return 0;
+  unsigned n = s->in_chunk;
+  s->in_chunk = 0;
+  if (n < s->chunk_frames)
+    memset(s->chunk + (size_t)n * s->frame_bytes, 0, (size_t)(s->chunk_frames - n) * s->frame_bytes);
+  const void *buf = s->chunk;
+  size_t size = s->chunk_bytes;
+  int rc = 0;
+  if (s->bslz4) {
+    int64_t e = beam_codec_encode(BEAM_CODEC_BSLZ4, s->chunk, s->chunk_bytes, s->elem, s->enc,
+                                  s->enc_cap, s->scratch);
+    if (e < 0)
+      rc = BEAM_DIAG(d, (int)e, "record \"%s\": %s: bitshuffle-LZ4 encoding failed: %s",
+                     self->name, s->path, beam_strerror((int)e));
+    buf = s->enc;
+    size = e < 0 ? 0 : (size_t)e;
+  }
+  return store_chunk(self, s, n, buf, size, rc, d);
+}
+
 static int periodic_flush(beam_stage_t *self, rec_t *s, int force) {
   uint64_t now = beam_now_ns();
   int rc = 0;
@@ -447,6 +476,21 @@ static int periodic_flush(beam_stage_t *self, rec_t *s, int force) {
   return rc;
 }
 
+static int same_geometry(const rec_t *s, const beam_frame_t *in) {
+  int ok = in->dtype == s->dtype && in->ndim == s->ndim && in->nbytes >= s->frame_bytes;
+  for (uint32_t i = 0; ok && i < s->ndim; i++)
+    ok = in->shape[i] == s->shape[i];
+  return ok;
+}
+
+static void add_row(rec_t *s, const beam_frame_t *in, uint32_t flags) {
+  s->ids[s->nids] = in->frame_id;
+  s->tacqs[s->nids] = in->t_acq_ns;
+  s->flags[s->nids] = flags;
+  s->nids++;
+  s->written++;
+}
+
 static int rec_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *emit) {
   rec_t *s = self->priv;
   (void)emit;
@@ -456,25 +500,87 @@ static int rec_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *
     s->corrupt++; /* no pixels to record; frame_id keeps the numbering honest */
     return 0;
   }
-  int ok = in->dtype == s->dtype && in->ndim == s->ndim && in->nbytes >= s->frame_bytes;
-  for (uint32_t i = 0; ok && i < s->ndim; i++)
-    ok = in->shape[i] == s->shape[i];
-  if (!ok)
+  if (!same_geometry(s, in))
     return BEAM_DIAG(&self->diag, BEAM_ESHAPE, "record \"%s\": frame %llu does not match the series geometry",
                      self->name, (unsigned long long)in->frame_id);
   memcpy(s->chunk + (size_t)s->in_chunk * s->frame_bytes, in->data, s->frame_bytes);
   s->in_chunk++;
-  s->ids[s->nids] = in->frame_id;
-  s->tacqs[s->nids] = in->t_acq_ns;
-  s->flags[s->nids] = in->flags;
-  s->nids++;
-  s->written++;
+  add_row(s, in, in->flags);
   if (s->in_chunk == s->chunk_frames) {
     int rc = flush_chunk(self, s, &self->diag);
     if (rc < 0)
       return rc;
   }
   return periodic_flush(self, s, 0);
+}
+
+static uint64_t rd_be(const uint8_t *p, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; i++)
+    v = v << 8 | p[i];
+  return v;
+}
+
+/* 1 when src is a 32008 chunk the filter will turn into exactly raw_bytes:
+ * the checks of beam_codec_decode, with each LZ4 block decompressed into
+ * scratch (block bytes) but not bit-unshuffled, which cannot fail. */
+static int bslz4_chunk_ok(const uint8_t *src, size_t len, size_t raw_bytes, size_t es, uint8_t *scratch) {
+  if (len < REC_FRAMING_HDR || rd_be(src, 8) != raw_bytes)
+    return 0;
+  size_t bbytes = (size_t)rd_be(src + 8, 4);
+  if (bbytes % es || bbytes / es == 0 || (bbytes / es) % REC_BSHUF_MULT ||
+      bbytes > (size_t)LZ4_MAX_INPUT_SIZE)
+    return 0;
+  size_t b = bbytes / es, n = raw_bytes / es, pos = REC_FRAMING_HDR;
+  for (size_t i = 0; i < n; i += b) {
+    size_t cnt = n - i < b ? n - i : b;
+    cnt -= cnt % REC_BSHUF_MULT;
+    if (!cnt)
+      break;
+    if (len - pos < 4)
+      return 0;
+    size_t c = (size_t)rd_be(src + pos, 4);
+    pos += 4;
+    if (c > len - pos || c > (size_t)LZ4_MAX_INPUT_SIZE)
+      return 0;
+    int got = LZ4_decompress_safe((const char *)src + pos, (char *)scratch, (int)c, (int)(cnt * es));
+    if (got < 0 || (size_t)got != cnt * es)
+      return 0;
+    pos += c;
+  }
+  return len - pos == (n % REC_BSHUF_MULT) * es;
+}
+
+/* Pass-through (see the top of the file). Returns 1 when the frame was
+ * stored (or its store failed: < 0), 0 to have it decoded and given to
+ * rec_process. */
+static int rec_process_encoded(beam_stage_t *self, beam_frame_t *in, beam_emit_t *emit) {
+  rec_t *s = self->priv;
+  (void)emit;
+  if (!s->open || s->file < 0 || !s->bslz4 || s->chunk_frames != 1 || s->in_chunk)
+    return 0;
+  /* A decoder on another thread rewrites data, codec, enc_size, nbytes and
+   * flags: read them only while the frame is lent (dtype and shape are
+   * never rewritten). */
+  if (!beam_frame_encoded_lend(in))
+    return 0;
+  size_t len = in->enc_size;
+  uint32_t flags = in->flags;
+  int fits = in->codec == BEAM_CODEC_BSLZ4 && !(in->flags & BEAM_FLAG_CORRUPT) &&
+             in->nbytes == s->frame_bytes && same_geometry(s, in) && len <= s->enc_cap;
+  if (fits)
+    memcpy(s->enc, in->data, len);
+  beam_frame_encoded_return(in);
+  if (!fits || !bslz4_chunk_ok(s->enc, len, s->frame_bytes, s->elem, s->scratch))
+    return 0;
+  add_row(s, in, flags);
+  int rc = store_chunk(self, s, 1, s->enc, len, 0, &self->diag);
+  if (rc < 0)
+    return rc;
+  s->passthrough++;
+  atomic_fetch_add(&self->counters[REC_CTR_PASSTHROUGH].value, 1);
+  rc = periodic_flush(self, s, 0);
+  return rc < 0 ? rc : 1;
 }
 
 static int rec_end(beam_stage_t *self, beam_emit_t *emit) {
@@ -500,6 +606,7 @@ static int rec_end(beam_stage_t *self, beam_emit_t *emit) {
       arc |= beam_h5_attr_u64(entry, "frames_written", s->committed);
       arc |= beam_h5_attr_u64(entry, "frames_corrupt", s->corrupt);
       arc |= beam_h5_attr_u64(entry, "write_errors", s->errors);
+      arc |= beam_h5_attr_u64(entry, "frames_passthrough", s->passthrough);
       arc |= beam_h5_attr_bool(entry, "complete", complete);
       H5Gclose(entry);
     }

@@ -236,7 +236,9 @@ void beam_frame_unref(beam_frame_t *f) {
 }
 
 int beam_frame_decode(beam_frame_t *f, void *scratch, const char **why) {
-  int st = atomic_load(&f->dec_state);
+  int st;
+again:
+  st = atomic_load(&f->dec_state);
   if (st == BEAM_DEC_PENDING && atomic_compare_exchange_strong(&f->dec_state, &st, BEAM_DEC_BUSY)) {
     const char *w = NULL;
     size_t es = beam_dtype_size(f->dtype);
@@ -270,12 +272,26 @@ int beam_frame_decode(beam_frame_t *f, void *scratch, const char **why) {
     sched_yield();
     st = atomic_load(&f->dec_state);
   }
+  /* BUSY was a loan of the encoded bytes (beam_frame_encoded_lend), not a
+   * decode: the frame is still encoded and someone must decode it. */
+  if (st == BEAM_DEC_PENDING)
+    goto again;
   if (st == BEAM_DEC_FAILED) {
     if (why)
       *why = f->dec_why;
     return BEAM_EPROTO;
   }
   return 0;
+}
+
+int beam_frame_encoded_lend(beam_frame_t *f) {
+  int st = BEAM_DEC_PENDING;
+  return atomic_compare_exchange_strong(&f->dec_state, &st, BEAM_DEC_BUSY);
+}
+
+void beam_frame_encoded_return(beam_frame_t *f) {
+  BEAM_ASSERT(atomic_load(&f->dec_state) == BEAM_DEC_BUSY);
+  atomic_store(&f->dec_state, BEAM_DEC_PENDING);
 }
 
 void beam_frame_copy_ident(beam_frame_t *dst, const beam_frame_t *src) {

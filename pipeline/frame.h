@@ -145,6 +145,19 @@ void beam_frame_unref(beam_frame_t *f);
  * sees the same outcome. Returns 0 otherwise. */
 int beam_frame_decode(beam_frame_t *f, void *scratch, const char **why);
 
+/* Lends the encoded bytes of a frame still in its wire codec to a stage that
+ * can use them as they are (record stores a bitshuffle-LZ4 payload as an
+ * HDF5 chunk). Moves dec_state PENDING -> BUSY, so a concurrent
+ * beam_frame_decode waits instead of decoding (and releasing) the buffer
+ * under the caller. Returns 1 when lent: f->data holds f->enc_size bytes in
+ * codec f->codec until the caller gives them back with
+ * beam_frame_encoded_return, which it must do promptly (other stages spin
+ * meanwhile). Returns 0 when the frame has pixels, is being or has been
+ * decoded, or failed: the caller then decodes as usual. */
+int beam_frame_encoded_lend(beam_frame_t *f);
+/* Ends a loan: BUSY -> PENDING. A decoder waiting on the frame then decodes it. */
+void beam_frame_encoded_return(beam_frame_t *f);
+
 /* Copies identity (ids, times, flags, pos) from src, not pixels or shape. */
 void beam_frame_copy_ident(beam_frame_t *dst, const beam_frame_t *src);
 

@@ -42,6 +42,11 @@ extern "C" {
 
 #define BEAM_STAGE_MAX_OUTS 8
 #define BEAM_NAME_MAX 48
+#define BEAM_STAGE_MAX_COUNTERS 4
+
+#ifdef __cplusplus
+using std::atomic_uint_fast64_t;
+#endif
 
 typedef struct beam_stage_s beam_stage_t;
 typedef struct beam_emit_s beam_emit_t;
@@ -91,6 +96,22 @@ struct beam_stage_s {
                             * (drain, a new SERIES_START, ABORTED flag) */
   int (*idle)(beam_stage_t *self, beam_emit_t *emit); /* optional, see above */
   atomic_int interrupt;    /* set (never cleared) when the graph shuts down */
+  /* Optional, set in init by a stage that can use an input frame still in
+   * its wire codec (dec_state BEAM_DEC_PENDING, see frame.h) without its
+   * pixels. The worker offers such a frame here before decoding it:
+   * return 1 when the frame was handled (process is not called), 0 to
+   * have it decoded and given to process as usual, < 0 on error (counted
+   * and reported like a process error). The frame is borrowed as in
+   * process; take its encoded bytes only through beam_frame_encoded_lend,
+   * since other stages may decode it at the same time. */
+  int (*process_encoded)(beam_stage_t *self, beam_frame_t *in, beam_emit_t *emit);
+  /* Stage-specific counters, named in init (static strings) and counted by
+   * the stage's own thread; stats and metrics read them from any thread. */
+  struct {
+    const char *name;
+    atomic_uint_fast64_t value;
+  } counters[BEAM_STAGE_MAX_COUNTERS];
+  unsigned ncounters;
 };
 
 /* Emitting results from process/end. get returns a frame for output `out`

@@ -543,3 +543,117 @@ def test_daemon_record_stage_end_to_end(tmp_path, ports, start_beamd, run_tool, 
         with h5py.File(str(res_dir / ("series_%d.h5" % sid)), "r") as f:
             assert f["/results/b.frame/data"].shape == (20, 16, 24)
     assert b.alive()
+
+
+@pytest.mark.parametrize("others", [False, True], ids=["alone", "with_decoders"])
+def test_daemon_record_passthrough(tmp_path, ports, start_beamd, zctx, others):
+    """Frames sent bitshuffle-LZ4 by this test (tools/python/beamd/proto.py,
+    random counts) reach a `record` stage still encoded (lazy decode). Alone,
+    the stage stores every one as it came: the chunks are the sent payloads
+    byte for byte, the pixels read back through the HDF5 plugin are the sent
+    arrays, and its stats count them as passed through. A frame whose LZ4
+    stream is broken is not stored: it is recorded as CORRUPT, as without
+    pass-through. With other stages that decode the same frames on their own
+    threads (bin, and a record stage with two frames per chunk, which cannot
+    pass through), record passes through the frames it reaches first and
+    encodes the rest: the files are exact either way."""
+    from conftest import make_config
+    d1, d2 = tmp_path / "pt", tmp_path / "cf2"
+    stages = [{"name": "rec", "kind": "record", "input": "frames", "dir": str(d1)}]
+    if others:
+        stages += [{"name": "rec2", "kind": "record", "input": "frames", "dir": str(d2),
+                    "chunk_frames": 2},
+                   {"name": "b", "kind": "bin", "input": "frames", "factor": 2}]
+    cfg = make_config(ports, stages, mode="pull")
+    # Frames stay encoded up to the stages only in an unpinned pool, and
+    # pinned: auto pins it when a stage (bin) runs on CUDA.
+    cfg["pool"]["pinned"] = "no"
+    b = start_beamd(cfg)
+    push = zctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 1000)
+    push.bind(ports.ep_input)
+    rng = np.random.default_rng(7)
+    n, bad, shape = 12, 5, (64, 80)
+    frames = [rng.poisson(3.0 if i % 2 else 300.0, shape).astype(np.uint16) for i in range(n)]
+    sent = {}
+    seq = 0
+    push.send_multipart(proto.encode_message(proto.SERIES_START, seq=seq, series_id=3,
+                                             shape=shape, dtype="uint16", meta={"nframes": n}))
+    for i, a in enumerate(frames):
+        seq += 1
+        parts = proto.encode_message(proto.FRAME, seq=seq, series_id=3, frame_id=i, array=a,
+                                     codec="bslz4", t_acq_ns=100 + i)
+        hdr = proto.decode_header(parts[0])
+        assert hdr.nparts == 1 and len(parts[1]) == hdr.payload_size
+        if i == bad:  # framing intact, LZ4 stream of the first block ruined
+            p = bytearray(parts[1])
+            p[16:80] = b"\xff" * 64
+            parts[1] = bytes(p)
+        else:
+            sent[i] = parts[1]
+        push.send_multipart(parts)
+    push.send_multipart(proto.encode_message(proto.SERIES_END, seq=seq + 1, series_id=3))
+    dirs = ((d1, 1), (d2, 2)) if others else ((d1, 1),)
+    for d, _ in dirs:
+        wait_file(str(d / "series_3.h5"), timeout=20)
+    deadline = time.monotonic() + 10
+    while True:  # the other stages may still be on their last frames
+        st = {s["name"]: s for s in b.stats()["stages"]}
+        if all(s["frames_in"] == n for s in st.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    good = [i for i in range(n) if i != bad]
+    for d, cf in dirs:
+        with h5py.File(str(d / "series_3.h5"), "r") as f:
+            data = f["/entry/data/data"]
+            assert data.chunks == (cf,) + shape and "32008" in data._filters
+            assert list(f["/entry/data/frame_id"][...]) == good
+            for row, i in enumerate(good):
+                np.testing.assert_array_equal(data[row], frames[i])
+            e = f["/entry"].attrs
+            assert e["frames_corrupt"] == 1 and bool(e["complete"]) is True
+            if cf == 2:
+                assert e["frames_passthrough"] == 0
+                continue
+            assert e["frames_passthrough"] == st["rec"]["passthrough"]
+            if not others:
+                assert e["frames_passthrough"] == len(good)
+                for row, i in enumerate(good):
+                    filt, chunk = data.id.read_direct_chunk((row, 0, 0))
+                    assert filt == 0 and chunk == sent[i], "row %d" % row
+    # the broken frame: one decode error reported by each stage, as before
+    assert all(s["errors"] == 1 for s in st.values()), st
+    if others:
+        assert st["rec2"]["passthrough"] == 0
+        print("record passed through %d of %d frames beside two decoding stages" %
+              (st["rec"]["passthrough"], len(good)))
+    push.close()
+    assert b.alive()
+
+
+def test_daemon_record_passthrough_sim(tmp_path, ports, start_beamd, run_tool):
+    """beamd-sim --codec bslz4 into a daemon whose only stage is `record`:
+    every frame is stored without being decoded (stats: passthrough), and
+    the file holds the sim's counter pattern bit-exact."""
+    from conftest import make_config
+    rec_dir = tmp_path / "frames"
+    cfg = make_config(ports, [{"name": "rec", "kind": "record", "input": "frames",
+                               "dir": str(rec_dir)}], mode="pull")
+    cfg["pool"]["pinned"] = "no"
+    b = start_beamd(cfg)
+    run_tool("beamd-sim", ["--bind", ports.ep_input, "--socket", "push", "--shape", "96x128",
+                           "--frames", "30", "--series-id", "50", "--codec", "bslz4",
+                           "--pattern", "counter", "--quiet"], wait=20)
+    wait_file(str(rec_dir / "series_50.h5"), timeout=20)
+    with h5py.File(str(rec_dir / "series_50.h5"), "r") as f:
+        d = f["/entry/data/data"]
+        assert d.shape == (30, 96, 128) and d.chunks == (1, 96, 128)
+        ids = f["/entry/data/frame_id"][...]
+        assert list(ids) == list(range(30))
+        for i, fid in enumerate(ids):
+            exp = ((fid + np.arange(96 * 128, dtype=np.int64)) % 65536).astype(np.uint16)
+            np.testing.assert_array_equal(d[i], exp.reshape(96, 128))
+        assert f["/entry"].attrs["frames_passthrough"] == 30
+    rs = b.stats()["stages"][0]
+    assert rs["name"] == "rec" and rs["passthrough"] == 30 and rs["errors"] == 0, rs
+    assert b.alive()

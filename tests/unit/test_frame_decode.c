@@ -3,7 +3,8 @@
  * into the slot's own storage, however many stage threads ask at the same
  * time (fan-out); the borrowed encoded buffer is released once; a bad
  * payload turns the frame CORRUPT for every caller; the slot comes back to
- * its pool clean. The reference is the original array (memcmp: exact). */
+ * its pool clean; a decoder waits while the encoded bytes are lent
+ * (beam_frame_encoded_lend) and decodes after they are returned. The reference is the original array (memcmp: exact). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,6 +14,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pipeline/frame.h"
 
@@ -195,6 +197,57 @@ static void test_decode_too_large_for_slot(void **state) {
   beam_pool_close(&p);
 }
 
+/* A decoder that arrives while the encoded bytes are lent (record's
+ * pass-through) waits, and decodes once they come back: it must neither
+ * free the buffer under the borrower nor return with the frame still
+ * encoded. The decoder is started while the loan is held and given time to
+ * reach its wait, so the order is forced, not left to the scheduler. */
+static void test_decode_waits_for_loan(void **state) {
+  (void)state;
+  beam_diag_t d = {0};
+  beam_pool_t *p = beam_pool_new(1, H * W * 2, 0, &d);
+  assert_non_null(p);
+  uint16_t *a = pattern();
+  enc_t e;
+  beam_frame_t *f = encoded_frame(p, BEAM_CODEC_BSLZ4, a, &e, 0);
+  void *enc = f->data;
+  size_t enc_size = f->enc_size;
+  assert_int_equal(beam_frame_encoded_lend(f), 1);
+  assert_int_equal(beam_frame_encoded_lend(f), 0); /* one loan at a time */
+  pthread_barrier_t go;
+  pthread_barrier_init(&go, NULL, 2);
+  call_t c = {.f = f, .scratch = malloc(H * W * 2), .go = &go};
+  assert_non_null(c.scratch);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, decode_thread, &c), 0);
+  pthread_barrier_wait(&go);
+  struct timespec nap = {0, 20 * 1000 * 1000};
+  nanosleep(&nap, NULL);
+  /* Still lent: nothing decoded, nothing released, bytes where they were. */
+  assert_int_equal(atomic_load(&f->dec_state), BEAM_DEC_BUSY);
+  assert_int_equal(atomic_load(&e.released), 0);
+  assert_ptr_equal(f->data, enc);
+  assert_int_equal(f->enc_size, enc_size);
+  beam_frame_encoded_return(f);
+  pthread_join(th, NULL);
+  pthread_barrier_destroy(&go);
+  free(c.scratch);
+  assert_int_equal(c.rc, 0);
+  assert_int_equal(atomic_load(&f->dec_state), BEAM_DEC_DONE);
+  assert_int_equal(atomic_load(&e.released), 1);
+  assert_memory_equal(f->data, a, H * W * 2);
+  /* Decoded frames (and raw ones) have nothing to lend. */
+  assert_int_equal(beam_frame_encoded_lend(f), 0);
+  assert_int_equal(atomic_load(&f->dec_state), BEAM_DEC_DONE);
+  beam_frame_unref(f);
+  beam_frame_t *g = beam_pool_try_get(p);
+  assert_int_equal(beam_frame_encoded_lend(g), 0);
+  assert_int_equal(atomic_load(&g->dec_state), BEAM_DEC_NONE);
+  beam_frame_unref(g);
+  free(a);
+  beam_pool_close(&p);
+}
+
 static void test_raw_frame_untouched(void **state) {
   (void)state;
   beam_diag_t d = {0};
@@ -216,6 +269,7 @@ int main(void) {
       cmocka_unit_test(test_decode_lz4_once),
       cmocka_unit_test(test_decode_bad_payload_corrupt),
       cmocka_unit_test(test_decode_too_large_for_slot),
+      cmocka_unit_test(test_decode_waits_for_loan),
       cmocka_unit_test(test_raw_frame_untouched),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
