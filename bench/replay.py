@@ -26,6 +26,9 @@ while the compressor sees detector-like data). Then, in the same run:
   pass p is the gap between the closing of series p-1 and p (file mtimes):
   the steady state, with the pipeline full across pass boundaries. Pass 0
   is a warm-up (pool pages faulted in) and is not counted.
+- the `none` graph: no stages at all, so a frame is released as soon as
+  it is in: the delivery rate of beamd-replay, the transport and the
+  replay input alone (beamd-record then only sees the series events);
 - for bslz4 files also the `record` graph: the daemon's record stage
   writing the frames to HDF5 (bslz4, one frame per chunk), a graph that
   needs no pixels, so chunks go from file to file still compressed; a
@@ -205,14 +208,20 @@ TRANSPORTS = ("shm", "inline")
 
 def variants(codec):
     """(graph, transport) pairs run for a file: roi_sum over both
-    transports, and for bslz4 the record graph, which needs no pixels."""
-    v = [("roi_sum", tr) for tr in TRANSPORTS]
+    transports, no stages (the transport alone), and for bslz4 the record
+    graph, which needs no pixels."""
+    v = [("roi_sum", tr) for tr in TRANSPORTS] + [("none", "shm")]
     return v + [("record", "shm")] if codec == "bslz4" else v
 
 
 def config(in_ep, out_ep, ctl_ep, frame_bytes, transport, graph="roi_sum", rec_dir=None):
     shm = "on" if transport == "shm" else "off"
-    if graph == "record":
+    if graph == "none":
+        # No stages: frames are released as soon as they are in, so this
+        # is the delivery rate of the transport and the replay input alone.
+        stage = "  []"
+        out = out_ep
+    elif graph == "record":
         # The daemon's own recorder, frames in: a graph that needs no
         # pixels, so bslz4 chunks can go from the file to the new file
         # compressed as they are (daemon/stage_record.c pass-through).
@@ -419,7 +428,10 @@ def beamd_passes(build, tmp, tag, path, frame_bytes, nframes, reps, transport, g
         st = run.ctl(ctl_ep, "stats")
         cpu_s = cpu.groups()
         ends = [os.stat(f).st_mtime_ns for f in files]
-        for p in range(passes):
+        if graph == "none" and st.get("input", {}).get("frames", 0) < passes * nframes:
+            raise RuntimeError("beamd took %s frames of %d" % (st.get("input", {}).get("frames"),
+                                                                passes * nframes))
+        for p in range(passes if graph != "none" else 0):
             with h5py.File(files[p], "r") as f:
                 got = (f["/entry/data/data"].shape[0] if graph == "record"
                        else f["/results/vd.sums/frame_id"].shape[0])
@@ -561,7 +573,8 @@ def summary_lines(rows, reps):
     L.append("  via: shm = payloads read into beamd's landing area (input.shm on), inline = "
              "inside the ZeroMQ replies;")
     L.append("  graph: roi_sum = one roi_sum stage (needs pixels) PUSHing to beamd-record; "
-             "record = the daemon's record stage writing the frames (needs none)")
+             "none = no stages (the transport alone); record = the daemon's record stage "
+             "writing the frames (needs no pixels)")
     L.append("  bdec = H5Dread_chunk + beamd's decoder on one thread; zmq = raw ZeroMQ "
              "PUSH->PULL of uncompressed frames of that size over ipc (the transport's "
              "ceiling); GB/s of decoded frame bytes")

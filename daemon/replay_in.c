@@ -1,11 +1,21 @@
 /* The replay input: a REQ socket asking a beamd-replay server (REP) for
  * frames, as proto/PROTOCOL.md §13 specifies.
  *
- * Lossless by construction: a request never asks for more frames than the
- * graph can take at that moment (free input slots and queue places), so
- * every frame of a reply is accepted without waiting. One request is in
- * flight at a time; a reply carries up to `credit` frames, so throughput is
+ * Lossless by construction: requests never ask for more frames than the
+ * graph can take at that moment (free input slots and queue places, less
+ * what requests in flight asked for), so every frame of a reply is accepted
+ * without waiting. A reply carries up to `credit` frames, so throughput is
  * not bound by the round trip.
+ *
+ * Pipelining (input.depth): a DEALER socket keeps up to `depth` requests
+ * in flight for consecutive ranges, so the server reads the next batch while
+ * we hand this one to the graph. Each request carries an id the server
+ * echoes; replies come back in order on one connection and only the
+ * oldest request's reply is taken. A request is sized never to cross the
+ * end of a pass or the reply size cap, so replies come back full; when one
+ * comes back short anyway (rate limit, eof), the requests after it asked
+ * for the wrong range: their replies are discarded when they arrive
+ * (`discarded`) and pipelining stops until a reply is full again.
  *
  * Resuming: the server is stateless, every request names the next frame
  * index. Progress (the graph's watermark: every frame below it processed by
@@ -36,21 +46,32 @@
 #define HIST 256          /* watermark samples kept for commit_delay */
 #define TICK_MS 100
 #define REPLY_MAX_BYTES (32 << 20)
-#define MAX_REPLY_PARTS(credit) ((size_t)(credit) * (2u + BEAM_MAX_PAYLOAD_PARTS) + 8u)
+#define MAX_REPLY_PARTS(credit) ((size_t)(credit) * (2u + BEAM_MAX_PAYLOAD_PARTS) + 9u)
+#define DEPTH_MAX 4
+
+/* A request in flight. */
+typedef struct inflight_s {
+  uint64_t id, next, sent_ns;
+  unsigned credit;
+  int info;       /* the resume check */
+  int stale;      /* asked for a range an earlier short reply made wrong */
+  char *text;     /* the request (resent as it is) */
+  unsigned *offer; /* landing slots it offered */
+  unsigned noffer;
+} inflight_t;
 
 typedef struct beamd_replay_s {
   uv_timer_t tick;
-  int waiting;          /* a request is in flight */
-  int info_pending;     /* the in-flight request is the resume check */
-  uint64_t sent_ns;
-  char *req;            /* the request in flight (resent as it is) */
+  inflight_t q[DEPTH_MAX]; /* oldest at q0 */
+  unsigned q0, qn, depth;
+  uint64_t next_id;
+  int short_seen;        /* the last reply was short: one request at a time */
   size_t req_cap;
+  size_t frame_bytes;    /* raw bytes of a frame (from info), for the reply cap */
   beamd_landing_t *land; /* NULL: payloads inline only */
-  unsigned *offer;       /* slots offered by the request in flight */
-  unsigned noffer;
   int shm_refused;       /* the last reply said shm_error (logged once per change) */
-  uint64_t shm_frames;
-  uint64_t next;        /* next frame index to ask for */
+  uint64_t shm_frames, discarded;
+  uint64_t next;        /* frame index after the last reply taken */
   int want_start;       /* ask for SERIES_START with the next request */
   int eof;
   int eof_logged;
@@ -61,6 +82,7 @@ typedef struct beamd_replay_s {
   uint64_t total;
   int loop;
   uint64_t requests, replies, resends, corrupt;
+  const char *last_req;  /* for messages */
   /* commit bookkeeping */
   struct {
     uint64_t t_ns, w;
@@ -131,21 +153,83 @@ static void state_read(beamd_t *d) {
 
 /* ---- requests ------------------------------------------------------------ */
 
-static void send_req(beamd_t *d) {
+static inflight_t *qat(replay_t *r, unsigned i) { return &r->q[(r->q0 + i) % DEPTH_MAX]; }
+
+static void send_req(beamd_t *d, inflight_t *e) {
   replay_t *r = R(d);
-  if (zmq_send(d->in.zs.sock, r->req, strlen(r->req), ZMQ_DONTWAIT) < 0) {
+  /* DEALER to REP: an empty delimiter, then the request. */
+  if (zmq_send(d->in.zs.sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+      zmq_send(d->in.zs.sock, e->text, strlen(e->text), ZMQ_DONTWAIT) < 0) {
     BEAM_LOG(LOG_ERR, "replay: cannot send a request: %s", zmq_strerror(errno));
-    return;
+    return; /* resent at the timeout */
   }
-  r->waiting = 1;
-  r->sent_ns = beam_now_ns();
+  e->sent_ns = beam_now_ns();
+  r->last_req = e->text;
   r->requests++;
+}
+
+/* Landing slots the request offered and no frame kept go back. */
+static void offer_return(replay_t *r, inflight_t *e) {
+  for (unsigned i = 0; i < e->noffer; i++)
+    if (e->offer[i] != UINT_MAX)
+      beamd_landing_put(r->land, e->offer[i]);
+  e->noffer = 0;
+}
+
+/* Removes entry i (0 = oldest) from the queue, giving its slots back. */
+static void q_remove(replay_t *r, unsigned i) {
+  offer_return(r, qat(r, i));
+  for (; i + 1 < r->qn; i++) {
+    inflight_t tmp = *qat(r, i);
+    *qat(r, i) = *qat(r, i + 1);
+    *qat(r, i + 1) = tmp; /* buffers move with the entries, none is lost */
+  }
+  r->qn--;
+}
+
+static inflight_t *q_push(replay_t *r) {
+  inflight_t *e = qat(r, r->qn++);
+  e->id = ++r->next_id;
+  e->info = e->stale = 0;
+  e->noffer = 0;
+  return e;
+}
+
+/* Most frames one request may ask for at index `at`: never across the end
+ * of a pass (the server stops a reply there), and inline, never more than
+ * the reply size cap holds (max_bytes would cut the reply short). */
+static unsigned range_cap(const replay_t *r, uint64_t at, unsigned credit) {
+  if (r->total) {
+    uint64_t left = r->total - (r->loop ? at % r->total : (at < r->total ? at : r->total));
+    if (left && left < credit)
+      credit = (unsigned)left;
+  }
+  if (!r->land && r->frame_bytes) {
+    size_t fit = REPLY_MAX_BYTES / r->frame_bytes;
+    if (fit < credit)
+      credit = fit ? (unsigned)fit : 1;
+  }
+  return credit;
 }
 
 void beamd_replay_pump(beamd_t *d) {
   replay_t *r = R(d);
-  if (!r || r->waiting || r->eof || d->state != BEAMD_RUNNING || d->in.stopped)
+  if (!r || r->eof || d->state != BEAMD_RUNNING || d->in.stopped)
     return;
+  unsigned depth = r->short_seen || r->want_start ? 1 : r->depth;
+  if (r->qn >= depth || (r->qn && qat(r, 0)->info))
+    return;
+  uint64_t ask = r->next;
+  unsigned busy = 0;
+  for (unsigned i = 0; i < r->qn; i++) {
+    inflight_t *e = qat(r, i);
+    if (!e->stale) {
+      ask = e->next + e->credit;
+      busy += e->credit;
+    }
+  }
+  if (!r->loop && r->total && ask >= r->total && r->qn)
+    return; /* the end is asked for already */
   /* Batching: when the stages are the bottleneck, room comes back a slot at
    * a time, and asking at once would make a round trip per frame. Wait for
    * a quarter of the pool (or the credit) unless nothing of ours is in the
@@ -153,13 +237,16 @@ void beamd_replay_pump(beamd_t *d) {
    * comes back (stages never keep frames), so the wait always ends. */
   unsigned slots = beam_graph_input_slots(d->graph);
   unsigned want = slots / 4 ? slots / 4 : 1;
-  want = want < d->cfg->input.credit ? want : d->cfg->input.credit;
+  want = range_cap(r, ask, want < d->cfg->input.credit ? want : d->cfg->input.credit);
   unsigned credit = 0;
   for (int again = 0;; again = 1) {
     unsigned room = beam_graph_room_count(d->graph); /* at 0 it asks for on_room itself */
-    credit = d->cfg->input.credit < room ? d->cfg->input.credit : room;
-    if (credit >= want || (credit > 0 && beam_graph_input_free(d->graph) == slots))
+    room = room > busy ? room - busy : 0;
+    credit = range_cap(r, ask, d->cfg->input.credit < room ? d->cfg->input.credit : room);
+    if (credit >= want || (credit > 0 && !busy && beam_graph_input_free(d->graph) == slots))
       break;
+    if (r->qn)
+      return; /* the reply in flight asks again */
     if (credit == 0 || again) {
       beamd_ingest_pause(d); /* on_room resumes us */
       return;
@@ -168,36 +255,30 @@ void beamd_replay_pump(beamd_t *d) {
      * not call on_room. */
     beam_graph_want_room(d->graph, want);
   }
+  inflight_t *e = q_push(r);
+  e->next = ask;
+  e->credit = credit;
   /* max_bytes keeps one reply to a size the allocator reuses instead of
    * mapping afresh (a 256 MiB reply of 2048x2048 frames cost 5x in page
    * faults); the credit still bounds the frame count. */
-  int n = snprintf(r->req, r->req_cap,
-                   "{\"op\":\"get\",\"next\":%llu,\"credit\":%u,\"start\":%s,\"max_bytes\":%d",
-                   (unsigned long long)r->next, credit, r->want_start ? "true" : "false",
-                   REPLY_MAX_BYTES);
-  BEAM_ASSERT(r->noffer == 0);
-  while (r->land && r->noffer < credit && beamd_landing_take(r->land, &r->offer[r->noffer]) == 0)
-    r->noffer++;
-  if (r->noffer) {
-    n += snprintf(r->req + n, r->req_cap - (size_t)n,
+  int n = snprintf(e->text, r->req_cap,
+                   "{\"op\":\"get\",\"id\":%llu,\"next\":%llu,\"credit\":%u,\"start\":%s,"
+                   "\"max_bytes\":%d", (unsigned long long)e->id, (unsigned long long)ask, credit,
+                   r->want_start ? "true" : "false", REPLY_MAX_BYTES);
+  while (r->land && e->noffer < credit && beamd_landing_take(r->land, &e->offer[e->noffer]) == 0)
+    e->noffer++;
+  if (e->noffer) {
+    n += snprintf(e->text + n, r->req_cap - (size_t)n,
                   ",\"shm\":{\"path\":\"%s\",\"size\":%zu,\"slot_bytes\":%zu,\"slots\":[",
                   beamd_landing_path(r->land), beamd_landing_size(r->land),
                   beamd_landing_slot_bytes(r->land));
-    for (unsigned i = 0; i < r->noffer; i++)
-      n += snprintf(r->req + n, r->req_cap - (size_t)n, "%s%u", i ? "," : "", r->offer[i]);
-    n += snprintf(r->req + n, r->req_cap - (size_t)n, "]}");
+    for (unsigned i = 0; i < e->noffer; i++)
+      n += snprintf(e->text + n, r->req_cap - (size_t)n, "%s%u", i ? "," : "", e->offer[i]);
+    n += snprintf(e->text + n, r->req_cap - (size_t)n, "]}");
   }
-  snprintf(r->req + n, r->req_cap - (size_t)n, "}");
-  send_req(d);
-}
-
-/* Offered slots no frame kept go back (after every reply, and when a
- * reply is dropped). */
-static void offer_return(replay_t *r) {
-  for (unsigned i = 0; i < r->noffer; i++)
-    if (r->offer[i] != UINT_MAX)
-      beamd_landing_put(r->land, r->offer[i]);
-  r->noffer = 0;
+  snprintf(e->text + n, r->req_cap - (size_t)n, "}");
+  send_req(d, e);
+  beamd_replay_pump(d); /* fill the pipeline */
 }
 
 static void shm_status(beamd_t *d, json_t *st) {
@@ -237,6 +318,12 @@ static void on_status(beamd_t *d, json_t *st, int was_info, size_t nparts) {
   if ((v = json_object_get(st, "total")) && json_is_integer(v))
     r->total = (uint64_t)json_integer_value(v);
   r->loop = json_is_true(json_object_get(st, "loop"));
+  json_t *dt = json_object_get(st, "dtype"), *sh = json_object_get(st, "shape");
+  if (json_is_string(dt) && json_is_array(sh) && json_array_size(sh) == 2) {
+    size_t es = beam_dtype_size(beam_dtype_from_name(json_string_value(dt)));
+    r->frame_bytes = es * (size_t)json_integer_value(json_array_get(sh, 0)) *
+                     (size_t)json_integer_value(json_array_get(sh, 1));
+  }
   if (was_info) {
     if (r->resume_id[0] && strcmp(r->resume_id, r->file_id) == 0) {
       r->next = r->resume_next;
@@ -263,7 +350,8 @@ static void on_status(beamd_t *d, json_t *st, int was_info, size_t nparts) {
  * the payload pointing into the slot, and sets d->in.cur_land. Returns 0,
  * also for messages without a landed payload (bp is then left to the
  * caller), or -1 when the reply does not match what was offered. */
-static int landed(beamd_t *d, unsigned nframe, zmq_msg_t *zp, size_t k, beam_part_t *bp) {
+static int landed(beamd_t *d, inflight_t *e, unsigned nframe, zmq_msg_t *zp, size_t k,
+                  beam_part_t *bp) {
   replay_t *r = R(d);
   beam_hdr_t h;
   const char *why;
@@ -271,47 +359,77 @@ static int landed(beamd_t *d, unsigned nframe, zmq_msg_t *zp, size_t k, beam_par
   if (beam_hdr_decode(zmq_msg_data(&zp[0]), zmq_msg_size(&zp[0]), &lim, &h, &why) < 0 ||
       h.type != BEAM_MSG_FRAME || h.nparts != 1 || zmq_msg_size(&zp[1]) != 0 || h.payload_size == 0)
     return 0;
-  if (nframe >= r->noffer || h.payload_size > beamd_landing_slot_bytes(r->land))
+  if (nframe >= e->noffer || h.payload_size > beamd_landing_slot_bytes(r->land))
     return -1;
   for (size_t j = 0; j < k; j++) {
     bp[j].data = zmq_msg_data(&zp[j]);
     bp[j].size = zmq_msg_size(&zp[j]);
   }
-  bp[1].data = beamd_landing_ptr(r->land, r->offer[nframe]);
+  bp[1].data = beamd_landing_ptr(r->land, e->offer[nframe]);
   bp[1].size = h.payload_size;
   d->in.cur_land = r->land;
-  d->in.cur_land_idx = r->offer[nframe];
+  d->in.cur_land_idx = e->offer[nframe];
   d->in.cur_land_taken = 0;
   return 0;
 }
 
-static void on_reply(beamd_t *d, size_t n) {
+/* The request a reply answers: its id (servers that do not echo ids answer
+ * the oldest). Returns its queue position, or -1 for a late copy of a reply
+ * already taken (a request resent at the timeout was answered twice). */
+static int match(replay_t *r, json_t *st) {
+  json_t *id = json_object_get(st, "id");
+  if (!json_is_integer(id))
+    return r->qn ? 0 : -1;
+  for (unsigned i = 0; i < r->qn; i++)
+    if (qat(r, i)->id == (uint64_t)json_integer_value(id))
+      return (int)i;
+  return -1;
+}
+
+static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
   replay_t *r = R(d);
-  int was_info = r->info_pending;
-  r->waiting = 0;
-  r->info_pending = 0;
   r->replies++;
   json_error_t je;
-  json_t *st = json_loadb(zmq_msg_data(&r->parts[0]), zmq_msg_size(&r->parts[0]), 0, &je);
-  if (!json_is_object(st) || !json_is_true(json_object_get(st, "ok"))) {
-    json_t *e = json_object_get(st, "error");
-    static beam_ratelimit_t rl = {.per_s = 1};
-    beam_log_rl(&rl, LOG_ERR, "replay: server refused the request %s: %s", r->req,
-                json_is_string(e) ? json_string_value(e) : "unreadable status part");
+  json_t *st = json_loadb(zmq_msg_data(&parts[0]), zmq_msg_size(&parts[0]), 0, &je);
+  int at = json_is_object(st) ? match(r, st) : (r->qn ? 0 : -1);
+  if (at != 0) {
+    /* A later request's reply while the oldest is unanswered (its request
+     * or reply was lost: the server restarted) cannot be taken out of
+     * order; nor can a late copy. Both are asked for again. */
+    if (at > 0)
+      q_remove(r, (unsigned)at);
+    r->discarded++;
     json_decref(st);
-    offer_return(r);
-    /* Retried at the next tick after the timeout, so a broken server is
-     * not hammered. */
-    r->waiting = 1;
-    r->sent_ns = beam_now_ns();
+    beamd_replay_pump(d);
     return;
   }
+  inflight_t *e = qat(r, 0);
+  if (!json_is_object(st) || !json_is_true(json_object_get(st, "ok"))) {
+    json_t *err = json_object_get(st, "error");
+    static beam_ratelimit_t rl = {.per_s = 1};
+    beam_log_rl(&rl, LOG_ERR, "replay: server refused the request %s: %s", e->text,
+                json_is_string(err) ? json_string_value(err) : "unreadable status part");
+    json_decref(st);
+    /* Sent again at the timeout, so a broken server is not hammered; it
+     * stays the oldest, so later replies are discarded meanwhile. */
+    e->sent_ns = beam_now_ns();
+    return;
+  }
+  if (e->stale) {
+    q_remove(r, 0);
+    r->discarded++;
+    json_decref(st);
+    beamd_replay_pump(d);
+    return;
+  }
+  int was_info = e->info;
   on_status(d, st, was_info, n);
-  int in_shm = r->noffer && json_is_true(json_object_get(st, "shm"));
-  if (r->noffer)
+  int in_shm = e->noffer && json_is_true(json_object_get(st, "shm"));
+  if (e->noffer)
     shm_status(d, st);
   if (was_info) {
     json_decref(st);
+    q_remove(r, 0);
     beamd_replay_pump(d);
     return;
   }
@@ -325,8 +443,8 @@ static void on_reply(beamd_t *d, size_t n) {
   beam_part_t bp[2 + BEAM_MAX_PAYLOAD_PARTS];
   unsigned nframe = 0; /* FRAME ordinal in the reply: its landing slot is offer[nframe] */
   for (size_t i = 1; i < n;) {
-    size_t k = msg_parts(r->parts, i, n);
-    if (k > 0 && in_shm && landed(d, nframe, &r->parts[i], k, bp) < 0) {
+    size_t k = msg_parts(parts, i, n);
+    if (k > 0 && in_shm && landed(d, e, nframe, &parts[i], k, bp) < 0) {
       BEAM_LOG(LOG_ERR, "replay: reply to frame index %llu names a landing slot it was not "
                "offered or a payload larger than a slot; the rest of the reply is asked for again",
                (unsigned long long)idx);
@@ -335,14 +453,14 @@ static void on_reply(beamd_t *d, size_t n) {
     if (k == 0) {
       atomic_fetch_add(&d->in.malformed, 1);
       BEAM_LOG(LOG_ERR, "replay: reply to %s has an undecodable message at part %zu; the rest of "
-                        "the reply is skipped and asked for again", r->req, i);
+                        "the reply is skipped and asked for again", e->text, i);
       next2 = idx;
       break;
     }
     if (!d->in.cur_land)
       for (size_t j = 0; j < k; j++) {
-        bp[j].data = zmq_msg_data(&r->parts[i + j]);
-        bp[j].size = zmq_msg_size(&r->parts[i + j]);
+        bp[j].data = zmq_msg_data(&parts[i + j]);
+        bp[j].size = zmq_msg_size(&parts[i + j]);
       }
     beam_hdr_t h;
     const char *why;
@@ -350,13 +468,13 @@ static void on_reply(beamd_t *d, size_t n) {
     int is_frame = beam_hdr_decode(bp[0].data, bp[0].size, &lim, &h, &why) == 0 && h.type == BEAM_MSG_FRAME;
     if (is_frame)
       d->in.fed_next = idx;
-    d->in.cur_zparts = &r->parts[i];
+    d->in.cur_zparts = &parts[i];
     d->in.cur_nz = k;
     beamd_ingest_handle(d, bp, k);
     d->in.cur_zparts = NULL;
     d->in.cur_nz = 0;
     if (d->in.cur_land && d->in.cur_land_taken) {
-      r->offer[nframe] = UINT_MAX; /* the frame holds it now */
+      e->offer[nframe] = UINT_MAX; /* the frame holds it now */
       r->shm_frames++;
     }
     d->in.cur_land = NULL;
@@ -366,7 +484,13 @@ static void on_reply(beamd_t *d, size_t n) {
     }
     i += k;
   }
-  offer_return(r);
+  /* A short reply (rate limit, end of file, a skipped rest) leaves the
+   * requests after it asking for the wrong range. */
+  int full = count == e->credit && next2 == e->next + e->credit;
+  q_remove(r, 0);
+  for (unsigned j = 0; j < r->qn; j++)
+    qat(r, j)->stale |= !full;
+  r->short_seen = !full && !r->eof;
   r->next = next2;
   r->want_start = 0;
   if (r->eof && !r->eof_logged) {
@@ -398,16 +522,20 @@ static void on_replay_event(beamd_zsock_t *zs) {
       if (n < r->parts_cap)
         n++;
     }
-    if (n >= r->parts_cap) {
-      BEAM_LOG(LOG_ERR, "replay: reply with more than %zu parts rejected", r->parts_cap);
+    /* DEALER: the REP envelope's empty delimiter comes first. */
+    size_t base = n > 0 && zmq_msg_size(&r->parts[0]) == 0 ? 1 : 0;
+    if (n >= r->parts_cap || n <= base) {
+      BEAM_LOG(LOG_ERR, "replay: reply with %s parts rejected", n <= base ? "no" : "too many");
       atomic_fetch_add(&d->in.malformed, 1);
-      r->waiting = 0;
-      offer_return(r);
+      if (r->qn)
+        q_remove(r, 0); /* asked for again by the next request */
+      beamd_replay_pump(d);
     } else if (d->state == BEAMD_RUNNING) {
-      on_reply(d, n);
+      on_reply(d, r->parts + base, n - base);
     } else {
-      r->waiting = 0; /* draining: frames not taken are asked for again after a restart */
-      offer_return(r);
+      /* draining: frames not taken are asked for again after a restart */
+      while (r->qn)
+        q_remove(r, 0);
     }
     for (size_t i = 0; i < n; i++)
       zmq_msg_close(&r->parts[i]);
@@ -430,12 +558,20 @@ static void tick_cb(uv_timer_t *t) {
   beamd_t *d = t->data;
   replay_t *r = R(d);
   uint64_t now = beam_now_ns();
-  if (r->waiting && now - r->sent_ns > (uint64_t)(d->cfg->input.timeout_s * 1e9) &&
+  if (r->qn && now - qat(r, 0)->sent_ns > (uint64_t)(d->cfg->input.timeout_s * 1e9) &&
       d->state == BEAMD_RUNNING) {
     BEAM_LOG(LOG_WARNING, "replay: no answer from %s within %.1f s; asking again",
              d->cfg->input.endpoint, d->cfg->input.timeout_s);
     r->resends++;
-    send_req(d); /* ZMQ_REQ_RELAXED allows it; ZMQ_REQ_CORRELATE drops a late old reply */
+    /* Every request in flight again, in order, with its own id: a late
+     * reply to the first sending is then a late copy and is discarded. The
+     * stale ones are dropped; their slots are safe to offer again because
+     * the server handles requests one at a time, in order. */
+    for (unsigned i = 0; i < r->qn;)
+      if (qat(r, i)->stale)
+        q_remove(r, i);
+      else
+        send_req(d, qat(r, i++));
   }
   /* Results of frames below the watermark are in the result queue or
    * already sent; publish what is queued before recording progress. */
@@ -479,9 +615,16 @@ int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
   r->parts = calloc(r->parts_cap, sizeof *r->parts);
   /* The endpoint and a list of up to `credit` slot numbers. */
   r->req_cap = 512 + BEAM_ENDPOINT_MAX + 11u * d->cfg->input.credit;
-  r->req = malloc(r->req_cap);
-  r->offer = calloc(d->cfg->input.credit, sizeof *r->offer);
-  if (!r->parts || !r->req || !r->offer) {
+  r->depth = d->cfg->input.depth;
+  for (unsigned i = 0; i < DEPTH_MAX; i++) {
+    r->q[i].text = malloc(r->req_cap);
+    r->q[i].offer = calloc(d->cfg->input.credit, sizeof *r->q[i].offer);
+    if (!r->q[i].text || !r->q[i].offer) {
+      snprintf(err, errlen, "input: out of memory");
+      return BEAM_ENOMEM;
+    }
+  }
+  if (!r->parts) {
     snprintf(err, errlen, "input: out of memory");
     return BEAM_ENOMEM;
   }
@@ -500,22 +643,20 @@ int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
   r->tick.data = d;
   char zerr[512];
   beamd_zopts_t o = {.rcvhwm = d->cfg->input.hwm};
-  int rc = beamd_zsock_open(d, &d->in.zs, ZMQ_REQ, d->cfg->input.endpoint, d->cfg->input.bind, &o,
-                            on_replay_event, zerr, sizeof zerr);
+  int rc = beamd_zsock_open(d, &d->in.zs, ZMQ_DEALER, d->cfg->input.endpoint, d->cfg->input.bind,
+                            &o, on_replay_event, zerr, sizeof zerr);
   if (rc < 0) {
     snprintf(err, errlen, "input: %s", zerr);
     return rc;
   }
-  int one = 1;
-  zmq_setsockopt(d->in.zs.sock, ZMQ_REQ_RELAXED, &one, sizeof one);
-  zmq_setsockopt(d->in.zs.sock, ZMQ_REQ_CORRELATE, &one, sizeof one);
   uv_timer_start(&r->tick, tick_cb, TICK_MS, TICK_MS);
   state_read(d);
   /* Always start with "info": it tells the file and whether a stored
    * position belongs to it. */
-  snprintf(r->req, r->req_cap, "{\"op\":\"info\"}");
-  r->info_pending = 1;
-  send_req(d);
+  inflight_t *e = q_push(r);
+  e->info = 1;
+  snprintf(e->text, r->req_cap, "{\"op\":\"info\",\"id\":%llu}", (unsigned long long)e->id);
+  send_req(d, e);
   return 0;
 }
 
@@ -530,13 +671,15 @@ void beamd_replay_close(beamd_t *d) {
   if (!uv_is_closing((uv_handle_t *)&r->tick))
     uv_close((uv_handle_t *)&r->tick, NULL);
   free(r->parts);
-  if (r->land)
-    offer_return(r);
+  while (r->qn)
+    q_remove(r, 0);
   beamd_landing_close(&r->land);
-  free(r->req);
-  free(r->offer);
-  r->req = NULL;
-  r->offer = NULL;
+  for (unsigned i = 0; i < DEPTH_MAX; i++) {
+    free(r->q[i].text);
+    free(r->q[i].offer);
+    r->q[i].text = NULL;
+    r->q[i].offer = NULL;
+  }
   d->in.replay = NULL;
   /* The timer handle lives in r: free it after its close callback ran,
    * which beamd_fini's last uv_run does; leaking it instead is wrong, so
@@ -560,6 +703,8 @@ void beamd_replay_stats(beamd_t *d, void *obj) {
   json_object_set_new(o, "corrupt", json_integer((json_int_t)r->corrupt));
   json_object_set_new(o, "shm", json_string(!r->land ? "off" : r->shm_refused ? "refused" : "on"));
   json_object_set_new(o, "shm_frames", json_integer((json_int_t)r->shm_frames));
+  json_object_set_new(o, "inflight", json_integer((json_int_t)r->qn));
+  json_object_set_new(o, "discarded", json_integer((json_int_t)r->discarded));
   json_object_set_new(o, "committed", r->have_committed ? json_integer((json_int_t)r->committed) : json_null());
   json_object_set_new((json_t *)obj, "replay", o);
 }

@@ -362,6 +362,53 @@ def test_shm_auto_over_ipc(tmp_path, ports, start_beamd, run_tool, server_shm):
         assert len(logs) == 1 and "--no-shm" in logs[0], b.stderr()
 
 
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_pipelined_requests_short_replies(tmp_path, ports, start_beamd, run_tool, depth):
+    """input.depth requests in flight: with a rate-limited server every
+    reply is short, so the requests pipelined after it asked for the wrong
+    range; their replies are discarded and asked for again, and every
+    frame still arrives exactly once, in order. With depth 1 nothing is
+    ever discarded."""
+    n = 120
+    path = tmp_path / "r.h5"
+    data = mk.make_dataset_file(str(path), "raw", n=n, shape=(H, W))
+    b = start_beamd(replay_config(ports, [vd_stage()], depth=depth, shm="on"))
+    rec = start_recorder(run_tool, ports, tmp_path / "results")
+    start_replay(run_tool, ports, path, "--rate", "400")
+    wait_recorder(rec, b, 20)
+    check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data)
+    st = b.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")
+    rp = st["input"]
+    assert rp["frames"] == n and rp["dropped_busy"] == 0, rp
+    assert rp["replay"]["shm_frames"] == n and rp["replay"]["inflight"] == 0, rp["replay"]
+    if depth == 1:
+        assert rp["replay"]["discarded"] == 0, rp["replay"]
+    print("depth %d: %d requests, %d replies, %d discarded" %
+          (depth, rp["replay"]["requests"], rp["replay"]["replies"], rp["replay"]["discarded"]))
+    assert recorder_stats(rec)["duplicates"] == 0
+
+
+def test_server_echoes_request_id(tmp_path, run_tool, zctx):
+    """The id a pipelining consumer matches replies by comes back in the
+    status of get, info and error replies alike."""
+    path = tmp_path / "r.h5"
+    mk.make_dataset_file(str(path), "raw", n=3, shape=(H, W))
+    ep = "ipc://%s/id.ipc" % tmp_path
+    run_tool("beamd-replay", [str(path), "--bind", ep, "--quiet"])
+    s = zctx.socket(zmq.REQ)
+    s.setsockopt(zmq.RCVTIMEO, 5000)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(ep)
+    for req in ({"op": "info", "id": 7}, {"op": "get", "next": 0, "credit": 2, "id": 8},
+                {"op": "get", "next": 99, "credit": 2, "id": 9}):
+        s.send_json(req)
+        st = json.loads(s.recv_multipart()[0])
+        assert st["id"] == req["id"], (req, st)
+    s.send_json({"op": "info"})
+    assert "id" not in json.loads(s.recv_multipart()[0])
+    s.close()
+
+
 # ---- 3. damaged input ------------------------------------------------------------
 
 @pytest.mark.parametrize("shm", ["off", "on"])

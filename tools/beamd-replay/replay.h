@@ -162,6 +162,7 @@ typedef struct rp_server_s {
   rp_stats_t st;
   struct rp_rec_s *recs; /* RP_CREDIT_MAX + 2 message records */
   rp_shm_t shm;
+  json_int_t req_id;     /* the request's "id", echoed in its reply; -1 = none */
   uint32_t *slots;       /* RP_CREDIT_MAX slot numbers of the request being served */
 } rp_server_t;
 

@@ -216,7 +216,10 @@ static int send_json(rp_server_t *self, json_t *j, int more, volatile sig_atomic
 static int send_error(rp_server_t *self, const char *why, volatile sig_atomic_t *stop,
                       beam_diag_t *d) {
   self->st.bad_requests++;
-  return send_json(self, json_pack("{s:b, s:s}", "ok", 0, "error", why), 0, stop, d);
+  json_t *j = json_pack("{s:b, s:s}", "ok", 0, "error", why);
+  if (j && self->req_id >= 0)
+    json_object_set_new(j, "id", json_integer(self->req_id));
+  return send_json(self, j, 0, stop, d);
 }
 
 /* ---- building ------------------------------------------------------------------- */
@@ -366,12 +369,15 @@ static uint64_t rate_allow(rp_server_t *self, uint64_t want, volatile sig_atomic
 
 static json_t *status(rp_server_t *self, uint64_t next, uint64_t count, uint64_t series,
                       int eof, uint64_t corrupt) {
-  return json_pack("{s:b, s:I, s:I, s:I, s:b, s:b, s:I, s:s, s:s, s:I, s:I}", "ok", 1,
+  json_t *j = json_pack("{s:b, s:I, s:I, s:I, s:b, s:b, s:I, s:s, s:s, s:I, s:I}", "ok", 1,
                    "next", (json_int_t)next, "count", (json_int_t)count, "total",
                    (json_int_t)self->T, "loop", self->o->loop, "eof", eof, "series_id",
                    (json_int_t)series, "file", self->src->path, "file_id", self->src->file_id,
                    "corrupt", (json_int_t)corrupt, "corrupt_total",
                    (json_int_t)self->st.corrupt);
+  if (j && self->req_id >= 0)
+    json_object_set_new(j, "id", json_integer(self->req_id));
+  return j;
 }
 
 static int serve_info(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_t *d) {
@@ -600,6 +606,7 @@ int rp_server_handle(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_t
     return BEAM_DIAG(d, BEAM_EIO, "receiving a request: %s", zmq_strerror(e)), -1;
   }
   self->st.requests++;
+  self->req_id = -1;
   int nparts = 1;
   while (zmq_msg_more(&m)) {
     /* Every part of the request must be taken before the reply can go. */
@@ -632,6 +639,8 @@ int rp_server_handle(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_t
     json_decref(req);
     return rc < 0 ? -1 : 1;
   }
+  json_t *id = json_object_get(req, "id");
+  self->req_id = json_is_integer(id) && json_integer_value(id) >= 0 ? json_integer_value(id) : -1;
   json_t *op = json_object_get(req, "op");
   const char *ops = json_is_string(op) ? json_string_value(op) : NULL;
   req_t q = {0};
