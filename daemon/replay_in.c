@@ -284,14 +284,14 @@ void beamd_replay_pump(beamd_t *d) {
 static void shm_status(beamd_t *d, json_t *st) {
   replay_t *r = R(d);
   json_t *e = json_object_get(st, "shm_error");
-  int refused = json_is_string(e);
+  /* A server that knows nothing of section 13.6 ignores the offer. */
+  int refused = !json_is_true(json_object_get(st, "shm"));
   if (refused && !r->shm_refused)
     BEAM_LOG(LOG_WARNING, "replay: the server does not use shared memory (%s); frames come inside "
-             "the replies", json_string_value(e));
-  else if (!refused && r->shm_refused && json_is_true(json_object_get(st, "shm")))
+             "the replies", json_is_string(e) ? json_string_value(e) : "it does not support it");
+  else if (!refused && r->shm_refused)
     BEAM_LOG(LOG_NOTICE, "replay: the server now uses shared memory");
-  if (refused || json_is_true(json_object_get(st, "shm")))
-    r->shm_refused = refused;
+  r->shm_refused = refused;
 }
 
 /* ---- replies ------------------------------------------------------------- */

@@ -68,6 +68,10 @@ class ReplayServer:
             return [json.dumps({"ok": False, "error": "expected {\"op\": \"get\"|\"info\"}"}).encode()]
         status = {"ok": True, "total": self.T, "loop": False, "series_id": self.series_id,
                   "file": "<numpy>", "file_id": self.file_id, "corrupt": 0}
+        if isinstance(req.get("id"), int):
+            status["id"] = req["id"]  # section 13.7: consumers with several requests in flight
+        if "shm" in req:
+            status["shm_error"] = "not supported by beamd_client.ReplayServer"
         if req["op"] == "info":
             status.update(op="info", count=0, next=0, eof=False)
             return [json.dumps(status).encode()]
