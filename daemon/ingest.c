@@ -197,6 +197,7 @@ static int borrow_encoded(beamd_t *d, const beam_msg_t *m, beam_frame_t *f) {
     return 0;
   f->codec = m->hdr.codec;
   f->enc_size = m->payload[0].size;
+  f->keep_encoded = (uint8_t)beam_graph_keeps_encoded(d->graph);
   atomic_store(&f->dec_state, BEAM_DEC_PENDING);
   return 1;
 }

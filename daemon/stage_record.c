@@ -562,19 +562,36 @@ static int rec_process_encoded(beam_stage_t *self, beam_frame_t *in, beam_emit_t
   /* A decoder on another thread rewrites data, codec, enc_size, nbytes and
    * flags: read them only while the frame is lent (dtype and shape are
    * never rewritten). */
-  if (!beam_frame_encoded_lend(in))
-    return 0;
-  size_t len = in->enc_size;
+  const void *kept;
+  size_t len;
+  beam_codec_t codec;
   uint32_t flags = in->flags;
-  int fits = in->codec == BEAM_CODEC_BSLZ4 && !(in->flags & BEAM_FLAG_CORRUPT) &&
-             in->nbytes == s->frame_bytes && same_geometry(s, in) && len <= s->enc_cap;
-  if (fits)
-    memcpy(s->enc, in->data, len);
-  beam_frame_encoded_return(in);
-  if (!fits || !bslz4_chunk_ok(s->enc, len, s->frame_bytes, s->elem, s->scratch))
+  const uint8_t *chunk = s->enc;
+  int decoded_ok = beam_frame_encoded_kept(in, &kept, &len, &codec);
+  if (decoded_ok) {
+    /* Decoded by another stage, the wire bytes kept for us (frame.h):
+     * immutable while we hold the frame, no loan or copy needed, and
+     * known good: that decode succeeded. */
+    if (codec != BEAM_CODEC_BSLZ4 || in->nbytes != s->frame_bytes || !same_geometry(s, in))
+      return 0;
+    chunk = kept;
+  } else {
+    if (!beam_frame_encoded_lend(in))
+      return 0;
+    len = in->enc_size;
+    flags = in->flags;
+    int fits = in->codec == BEAM_CODEC_BSLZ4 && !(in->flags & BEAM_FLAG_CORRUPT) &&
+               in->nbytes == s->frame_bytes && same_geometry(s, in) && len <= s->enc_cap;
+    if (fits)
+      memcpy(s->enc, in->data, len);
+    beam_frame_encoded_return(in);
+    if (!fits)
+      return 0;
+  }
+  if (!decoded_ok && !bslz4_chunk_ok(chunk, len, s->frame_bytes, s->elem, s->scratch))
     return 0;
   add_row(s, in, flags);
-  int rc = store_chunk(self, s, 1, s->enc, len, 0, &self->diag);
+  int rc = store_chunk(self, s, 1, chunk, len, 0, &self->diag);
   if (rc < 0)
     return rc;
   s->passthrough++;

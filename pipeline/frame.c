@@ -220,6 +220,9 @@ void beam_frame_unref(beam_frame_t *f) {
   }
   f->codec = BEAM_CODEC_RAW;
   f->enc_size = 0;
+  f->keep_encoded = 0;
+  f->enc_data = NULL;
+  f->enc_len = 0;
   atomic_store(&f->dec_state, BEAM_DEC_NONE);
   beam_pool_t *p = f->pool;
   pthread_mutex_lock(&p->mu);
@@ -249,8 +252,13 @@ again:
       rc = beam_codec_decode((beam_codec_t)f->codec, f->data, f->enc_size, f->own_data, f->nbytes,
                              es ? es : 1, scratch, &w);
     /* The encoded bytes are not needed any more: give the ZeroMQ message
-     * back now rather than when the frame's last reference goes. */
-    if (f->release) {
+     * back now rather than when the frame's last reference goes, unless a
+     * stage will store them as they are. */
+    if (rc == 0 && f->keep_encoded) {
+      f->enc_data = f->data;
+      f->enc_len = f->enc_size;
+      f->enc_codec = f->codec;
+    } else if (f->release) {
       f->release(f, f->release_ctx);
       f->release = NULL;
     }
@@ -287,6 +295,16 @@ again:
 int beam_frame_encoded_lend(beam_frame_t *f) {
   int st = BEAM_DEC_PENDING;
   return atomic_compare_exchange_strong(&f->dec_state, &st, BEAM_DEC_BUSY);
+}
+
+int beam_frame_encoded_kept(beam_frame_t *f, const void **data, size_t *len, beam_codec_t *codec) {
+  /* The decoder wrote enc_* before its release store of DONE. */
+  if (atomic_load(&f->dec_state) != BEAM_DEC_DONE || !f->enc_data)
+    return 0;
+  *data = f->enc_data;
+  *len = f->enc_len;
+  *codec = (beam_codec_t)f->enc_codec;
+  return 1;
 }
 
 void beam_frame_encoded_return(beam_frame_t *f) {

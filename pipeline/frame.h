@@ -71,6 +71,14 @@ struct beam_frame_s {
   uint8_t codec;      /* beam_codec_t of data while pending */
   size_t enc_size;    /* encoded bytes in data while pending */
   const char *dec_why; /* static reason when the decode failed */
+  /* Set at ingest when a stage can store the wire bytes as they are
+   * (record's pass-through) beside stages that decode: the decode then
+   * keeps the encoded buffer, immutable, until the last unref instead of
+   * giving it back at once (beam_frame_encoded_kept). */
+  uint8_t keep_encoded;
+  uint8_t enc_codec;
+  const void *enc_data;
+  size_t enc_len;
 };
 
 enum { BEAM_DEC_NONE = 0, BEAM_DEC_PENDING, BEAM_DEC_BUSY, BEAM_DEC_DONE, BEAM_DEC_FAILED };
@@ -157,6 +165,10 @@ int beam_frame_decode(beam_frame_t *f, void *scratch, const char **why);
 int beam_frame_encoded_lend(beam_frame_t *f);
 /* Ends a loan: BUSY -> PENDING. A decoder waiting on the frame then decodes it. */
 void beam_frame_encoded_return(beam_frame_t *f);
+/* The wire bytes of a frame decoded with keep_encoded set: returns 1 with
+ * them (valid and unchanging while the caller holds its reference), 0 when
+ * the frame was not decoded that way. */
+int beam_frame_encoded_kept(beam_frame_t *f, const void **data, size_t *len, beam_codec_t *codec);
 
 /* Copies identity (ids, times, flags, pos) from src, not pixels or shape. */
 void beam_frame_copy_ident(beam_frame_t *dst, const beam_frame_t *src);

@@ -105,6 +105,7 @@ struct beam_graph_s {
   atomic_int want_room;
   int shutting_down;
   int pinned;
+  int keep_encoded; /* a root stage can store wire bytes as they are */
 };
 
 /* ---- queues ------------------------------------------------------------ */
@@ -423,7 +424,8 @@ static void on_frame(node_t *nd, beam_frame_t *f) {
   uint64_t t0 = beam_now_ns();
   const char *why = NULL;
   int rc = 0;
-  if (nd->stage.process_encoded && atomic_load(&f->dec_state) == BEAM_DEC_PENDING)
+  int dst = atomic_load(&f->dec_state);
+  if (nd->stage.process_encoded && (dst == BEAM_DEC_PENDING || (dst == BEAM_DEC_DONE && f->enc_data)))
     rc = nd->stage.process_encoded(&nd->stage, f, &e);
   if (rc == 0 && atomic_load(&f->dec_state) != BEAM_DEC_NONE && beam_frame_decode(f, nd->dec_scratch, &why) < 0) {
     /* Passed on as CORRUPT, as a frame the source could not read: the
@@ -658,6 +660,10 @@ int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
   for (size_t i = 0; i < n; i++)
     any_cuda |= g->nodes[i].backend && !strcmp(g->nodes[i].backend, "cuda");
   g->pinned = gp->pinned && (!gp->pin_auto || any_cuda);
+  /* Beside stages that decode, such a stage would almost never see a
+   * frame still encoded: the decode keeps the wire bytes for it. */
+  for (unsigned i = 0; i < g->nroots; i++)
+    g->keep_encoded |= g->roots[i]->stage.process_encoded != NULL && g->nroots > 1;
   g->input = beam_pool_new(gp->pool_frames, gp->frame_bytes, g->pinned, d);
   if (!g->input) {
     rc = BEAM_ENOMEM;
@@ -700,6 +706,7 @@ fail:
 /* ---- ingest --------------------------------------------------------------- */
 
 int beam_graph_input_pinned(const beam_graph_t *g) { return g->pinned; }
+int beam_graph_keeps_encoded(const beam_graph_t *g) { return g->keep_encoded; }
 
 int beam_graph_room(beam_graph_t *g) {
   if (g->shutting_down)

@@ -92,6 +92,10 @@ beam_frame_t *beam_graph_input_slot(beam_graph_t *g); /* NULL when none free */
 /* 1 when input slots are page-locked for DMA (then ingest copies into them
  * rather than borrowing the ZeroMQ buffer). */
 int beam_graph_input_pinned(const beam_graph_t *g);
+/* Whether input frames kept encoded (lazy decode) should keep their wire
+ * bytes after decoding (frame.h keep_encoded): a stage fed "frames" can
+ * store them as they are, beside other stages fed "frames". */
+int beam_graph_keeps_encoded(const beam_graph_t *g);
 void beam_graph_series_start(beam_graph_t *g, beam_series_t *s); /* takes a ref */
 void beam_graph_frame(beam_graph_t *g, beam_frame_t *f);         /* takes the ref */
 void beam_graph_series_end(beam_graph_t *g, uint64_t series_id, int aborted);

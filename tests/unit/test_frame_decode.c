@@ -179,6 +179,52 @@ static void test_decode_bad_payload_corrupt(void **state) {
   beam_pool_close(&p);
 }
 
+/* keep_encoded (a pass-through stage beside decoding stages): the decode
+ * keeps the wire bytes, unchanged and unreleased, until the last unref;
+ * a failed decode keeps nothing; a slot comes back without them. */
+static void test_decode_keeps_encoded(void **state) {
+  (void)state;
+  beam_diag_t d = {0};
+  beam_pool_t *p = beam_pool_new(1, H * W * 2, 0, &d);
+  assert_non_null(p);
+  uint16_t *a = pattern();
+  void *scratch = malloc(H * W * 2);
+  assert_non_null(scratch);
+  for (int spoil = 0; spoil <= 1; spoil++) {
+    enc_t e;
+    beam_frame_t *f = encoded_frame(p, BEAM_CODEC_BSLZ4, a, &e, spoil);
+    f->keep_encoded = 1;
+    const void *wire = e.buf;
+    size_t wire_len = f->enc_size;
+    const void *kd;
+    size_t kl;
+    beam_codec_t kc;
+    assert_int_equal(beam_frame_encoded_kept(f, &kd, &kl, &kc), 0); /* not decoded yet */
+    const char *why = NULL;
+    assert_int_equal(beam_frame_decode(f, scratch, &why), spoil ? BEAM_EPROTO : 0);
+    if (!spoil) {
+      assert_memory_equal(f->data, a, H * W * 2);
+      assert_int_equal(beam_frame_encoded_kept(f, &kd, &kl, &kc), 1);
+      assert_ptr_equal(kd, wire);
+      assert_int_equal(kl, wire_len);
+      assert_int_equal(kc, BEAM_CODEC_BSLZ4);
+      assert_int_equal(atomic_load(&e.released), 0);
+    } else {
+      assert_int_equal(beam_frame_encoded_kept(f, &kd, &kl, &kc), 0);
+      assert_int_equal(atomic_load(&e.released), 1);
+    }
+    beam_frame_unref(f);
+    assert_int_equal(atomic_load(&e.released), 1);
+    beam_frame_t *g = beam_pool_try_get(p);
+    assert_int_equal(g->keep_encoded, 0);
+    assert_null(g->enc_data);
+    beam_frame_unref(g);
+  }
+  free(scratch);
+  free(a);
+  beam_pool_close(&p);
+}
+
 static void test_decode_too_large_for_slot(void **state) {
   (void)state;
   beam_diag_t d = {0};
@@ -269,6 +315,7 @@ int main(void) {
       cmocka_unit_test(test_decode_lz4_once),
       cmocka_unit_test(test_decode_bad_payload_corrupt),
       cmocka_unit_test(test_decode_too_large_for_slot),
+      cmocka_unit_test(test_decode_keeps_encoded),
       cmocka_unit_test(test_decode_waits_for_loan),
       cmocka_unit_test(test_raw_frame_untouched),
   };
