@@ -104,6 +104,9 @@ static const beam_param_t pool_params[] = {
      "page-locked slots for fast GPU copies; auto = when a stage runs on CUDA", NULL},
     {"prefault", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
      "write every slot once at start-up so no frame pays first-touch page faults", NULL},
+    {"decode_threads", BEAM_P_INT, "0", 0, 0, 64, NULL, NULL,
+     "threads decoding compressed input frames ahead of the stages; 0 = each frame on the "
+     "first stage thread that reads it", NULL},
     BEAM_PARAM_END};
 
 static const beam_param_t control_params[] = {
@@ -424,6 +427,7 @@ static int fill(beam_config_t *c, beam_cfg_errs_t *errs) {
                                                      : may_cuda;
   c->pool.pin_auto = !pinned || !strcmp(pinned, "auto");
   c->pool.prefault = beam_cfg_bool(pool, "prefault", 0);
+  c->pool.decode_threads = (unsigned)beam_cfg_int(pool, "decode_threads", 0);
   return 0;
 }
 

@@ -61,6 +61,7 @@ typedef struct beam_config_s {
     int pinned;          /* 1 when CUDA may be used (auto) */
     int pin_auto;        /* auto: the graph pins only if a stage runs on CUDA */
     int prefault;        /* touch every slot at start-up */
+    unsigned decode_threads; /* decode compressed input ahead of the stages */
   } pool;
   struct {
     char endpoint[BEAM_ENDPOINT_MAX]; /* "" = no control socket */

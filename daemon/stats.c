@@ -59,6 +59,8 @@ static json_t *input_json(beamd_t *d) {
   if (in->paused)
     paused_s += (double)(beam_now_ns() - in->paused_since) * 1e-9;
   json_object_set_new(o, "paused_s", json_real(paused_s));
+  json_object_set_new(o, "decoded_ahead",
+                      json_integer(d->graph ? (json_int_t)beam_graph_decoded_ahead(d->graph) : 0));
   json_object_set_new(o, "rate_fps", json_real(d->rate_fps));
   json_object_set_new(o, "rate_mbps", json_real(d->rate_mbps));
   beamd_replay_stats(d, o);

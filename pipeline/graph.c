@@ -10,6 +10,8 @@
  * reserve on top so a series can always be closed. */
 #include "pipeline/graph.h"
 
+#include "pipeline/decode_pool.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -106,6 +108,7 @@ struct beam_graph_s {
   int shutting_down;
   int pinned;
   int keep_encoded; /* a root stage can store wire bytes as they are */
+  beam_decode_pool_t *dpool; /* NULL: stages decode lazily themselves */
 };
 
 /* ---- queues ------------------------------------------------------------ */
@@ -660,10 +663,10 @@ int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
   for (size_t i = 0; i < n; i++)
     any_cuda |= g->nodes[i].backend && !strcmp(g->nodes[i].backend, "cuda");
   g->pinned = gp->pinned && (!gp->pin_auto || any_cuda);
-  /* Beside stages that decode, such a stage would almost never see a
-   * frame still encoded: the decode keeps the wire bytes for it. */
+  /* Beside stages or a decode pool that decode, such a stage would almost
+   * never see a frame still encoded: the decode keeps the wire bytes for it. */
   for (unsigned i = 0; i < g->nroots; i++)
-    g->keep_encoded |= g->roots[i]->stage.process_encoded != NULL && g->nroots > 1;
+    g->keep_encoded |= g->roots[i]->stage.process_encoded != NULL && (g->nroots > 1 || gp->decode_threads);
   g->input = beam_pool_new(gp->pool_frames, gp->frame_bytes, g->pinned, d);
   if (!g->input) {
     rc = BEAM_ENOMEM;
@@ -681,6 +684,11 @@ int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
                      (size_t)gp->frame_bytes);
       goto fail;
     }
+  }
+  if (gp->decode_threads && g->nroots &&
+      !(g->dpool = beam_decode_pool_new(gp->decode_threads, gp->pool_frames, gp->frame_bytes, d))) {
+    rc = d->code ? d->code : BEAM_ENOMEM;
+    goto fail;
   }
   if (gp->slot_user_bytes && beam_pool_set_user(g->input, gp->slot_user_bytes) < 0) {
     rc = BEAM_DIAG(d, BEAM_ENOMEM, "graph: out of memory");
@@ -707,6 +715,9 @@ fail:
 
 int beam_graph_input_pinned(const beam_graph_t *g) { return g->pinned; }
 int beam_graph_keeps_encoded(const beam_graph_t *g) { return g->keep_encoded; }
+unsigned long long beam_graph_decoded_ahead(beam_graph_t *g) {
+  return beam_decode_pool_decoded(g->dpool);
+}
 
 int beam_graph_room(beam_graph_t *g) {
   if (g->shutting_down)
@@ -755,6 +766,10 @@ void beam_graph_frame(beam_graph_t *g, beam_frame_t *f) {
   if (g->nroots == 0) {
     beam_frame_unref(f);
     return;
+  }
+  if (g->dpool && atomic_load(&f->dec_state) == BEAM_DEC_PENDING) {
+    beam_frame_ref(f, 1);
+    beam_decode_pool_push(g->dpool, f);
   }
   if (g->nroots > 1)
     beam_frame_ref(f, (int)g->nroots - 1);
@@ -874,6 +889,7 @@ void beam_graph_destroy(beam_graph_t **gp) {
     return;
   beam_graph_t *g = *gp;
   *gp = NULL;
+  beam_decode_pool_free(&g->dpool);
   int any_started = 0;
   for (size_t i = 0; i < g->n; i++)
     any_started |= g->nodes[i].started;

@@ -62,6 +62,7 @@ typedef struct beam_graph_params_s {
   int pin_auto;
   size_t slot_user_bytes; /* per input slot scratch for the ingest (0 = none) */
   int prefault;           /* write the input pool once now (resident at once) */
+  unsigned decode_threads; /* decode encoded input frames ahead of the stages (decode_pool.h) */
 } beam_graph_params_t;
 
 /* Builds the graph: resolves backends (auto -> cuda when a GPU is present),
@@ -96,6 +97,8 @@ int beam_graph_input_pinned(const beam_graph_t *g);
  * bytes after decoding (frame.h keep_encoded): a stage fed "frames" can
  * store them as they are, beside other stages fed "frames". */
 int beam_graph_keeps_encoded(const beam_graph_t *g);
+/* Input frames the decode pool decoded before a stage needed them. */
+unsigned long long beam_graph_decoded_ahead(beam_graph_t *g);
 void beam_graph_series_start(beam_graph_t *g, beam_series_t *s); /* takes a ref */
 void beam_graph_frame(beam_graph_t *g, beam_frame_t *f);         /* takes the ref */
 void beam_graph_series_end(beam_graph_t *g, uint64_t series_id, int aborted);

@@ -409,6 +409,39 @@ def test_server_echoes_request_id(tmp_path, run_tool, zctx):
     s.close()
 
 
+def test_decode_threads(tmp_path, ports, start_beamd, run_tool):
+    """pool.decode_threads: bslz4 frames decoded ahead of the stages by a
+    decode pool give the same exact sums (a corrupt chunk still NaN), the
+    pool did decode (decoded_ahead), and a record stage beside it still
+    stores every good frame as it came (the decode keeps the wire bytes)."""
+    n, bad = 60, (11,)
+    path = tmp_path / "c.h5"
+    data = mk.make_corrupt(str(path), "bslz4", n=n, bad=bad, shape=(H, W))
+    rec_dir = tmp_path / "frames"
+    stages = [vd_stage(), {"name": "rec", "kind": "record", "input": "frames",
+                           "dir": str(rec_dir), "queue": 64}]
+    cfg = replay_config(ports, stages, shm="on")
+    cfg["pool"]["decode_threads"] = 2
+    b = start_beamd(cfg)
+    rec = start_recorder(run_tool, ports, tmp_path / "results")
+    start_replay(run_tool, ports, path)
+    wait_recorder(rec, b, 20)
+    check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data, nan_ids=bad)
+    out = rec_dir / ("series_%d.h5" % SERIES)
+    wait_file(str(out.with_suffix(".h5")))
+    st = b.wait_stats(lambda s: s["input"]["replay"]["eof"] and
+                      all(x["frames_in"] == n for x in s["stages"]), timeout=5, what="eof")
+    assert st["input"]["decoded_ahead"] > 0, st["input"]
+    rs = {x["name"]: x for x in st["stages"]}
+    assert rs["rec"]["passthrough"] == n - len(bad), rs["rec"]
+    with h5py.File(str(out), "r") as f:
+        ids = f["/entry/data/frame_id"][...].tolist()
+        assert ids == [i for i in range(n) if i not in bad]
+        for row, i in enumerate(ids):
+            assert np.array_equal(f["/entry/data/data"][row], data[i]), "frame %d" % i
+    print("decoded ahead: %d of %d" % (st["input"]["decoded_ahead"], n))
+
+
 # ---- 3. damaged input ------------------------------------------------------------
 
 @pytest.mark.parametrize("shm", ["off", "on"])

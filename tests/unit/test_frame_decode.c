@@ -4,7 +4,10 @@
  * time (fan-out); the borrowed encoded buffer is released once; a bad
  * payload turns the frame CORRUPT for every caller; the slot comes back to
  * its pool clean; a decoder waits while the encoded bytes are lent
- * (beam_frame_encoded_lend) and decodes after they are returned. The reference is the original array (memcmp: exact). */
+ * (beam_frame_encoded_lend) and decodes after they are returned; the
+ * decode pool (decode_pool.h) decodes frames handed to it, once, beside
+ * a stage decoding the same frames, and drops what its queue cannot hold.
+ * The reference is the original array (memcmp: exact). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -16,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "pipeline/decode_pool.h"
 #include "pipeline/frame.h"
 
 #define H 61
@@ -225,6 +229,52 @@ static void test_decode_keeps_encoded(void **state) {
   beam_pool_close(&p);
 }
 
+/* NF frames through a 2-thread decode pool with a queue of 4 while this
+ * thread, as a stage, decodes the same frames in order: each is decoded
+ * exactly once (its buffer released once), right, by whichever got there
+ * first; frames beyond the queue are left to the stage; a broken one is
+ * CORRUPT for both. ASan checks the references (every frame back). */
+#define NF 24
+static void test_decode_pool(void **state) {
+  (void)state;
+  beam_diag_t d = {0};
+  beam_pool_t *p = beam_pool_new(NF, H * W * 2, 0, &d);
+  assert_non_null(p);
+  beam_decode_pool_t *dp = beam_decode_pool_new(2, 4, H * W * 2, &d);
+  assert_non_null(dp);
+  uint16_t *a = pattern();
+  void *scratch = malloc(H * W * 2);
+  assert_non_null(scratch);
+  enc_t e[NF];
+  beam_frame_t *f[NF];
+  for (int i = 0; i < NF; i++) {
+    f[i] = encoded_frame(p, i % 3 ? BEAM_CODEC_BSLZ4 : BEAM_CODEC_LZ4, a, &e[i], i == 7);
+    beam_frame_ref(f[i], 1);
+    beam_decode_pool_push(dp, f[i]);
+  }
+  for (int i = 0; i < NF; i++) {
+    const char *why = NULL;
+    int rc = beam_frame_decode(f[i], scratch, &why);
+    if (i == 7) {
+      assert_int_equal(rc, BEAM_EPROTO);
+      assert_true(f[i]->flags & BEAM_FLAG_CORRUPT);
+    } else {
+      assert_int_equal(rc, 0);
+      assert_memory_equal(f[i]->data, a, H * W * 2);
+    }
+    assert_int_equal(atomic_load(&e[i].released), 1);
+    beam_frame_unref(f[i]);
+  }
+  unsigned long long ahead = beam_decode_pool_decoded(dp);
+  beam_decode_pool_free(&dp);
+  assert_null(dp);
+  assert_true(ahead <= NF);
+  assert_int_equal(beam_pool_free_count(p), NF); /* every reference came back */
+  free(scratch);
+  free(a);
+  beam_pool_close(&p);
+}
+
 static void test_decode_too_large_for_slot(void **state) {
   (void)state;
   beam_diag_t d = {0};
@@ -316,6 +366,7 @@ int main(void) {
       cmocka_unit_test(test_decode_bad_payload_corrupt),
       cmocka_unit_test(test_decode_too_large_for_slot),
       cmocka_unit_test(test_decode_keeps_encoded),
+      cmocka_unit_test(test_decode_pool),
       cmocka_unit_test(test_decode_waits_for_loan),
       cmocka_unit_test(test_raw_frame_untouched),
   };

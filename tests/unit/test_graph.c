@@ -286,7 +286,7 @@ static void test_graph_order_and_done(void **state) {
   g_tag_next = 0;
   g_tag_cfg[0].add = 1000;
   beam_stage_spec_t sp[] = {spec("a", "frames", 1, 4)};
-  beam_graph_params_t gp = {8, 64, 0, 0, 0, 0};
+  beam_graph_params_t gp = {8, 64, 0, 0, 0, 0, 0};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -329,7 +329,7 @@ static void test_graph_pin_auto(void **state) {
   beam_stage_spec_t sp[] = {spec("a", "frames", 1, 4)};
   beam_graph_hooks_t h = hooks(s);
   for (int pin_auto = 0; pin_auto <= 1; pin_auto++) {
-    beam_graph_params_t gp = {4, 64, 1, pin_auto, 0, 0};
+    beam_graph_params_t gp = {4, 64, 1, pin_auto, 0, 0, 0};
     beam_graph_t *g = NULL;
     beam_diag_t d = {0};
     assert_int_equal(beam_graph_new(&g, sp, 1, &gp, &h, &d), 0);
@@ -348,7 +348,7 @@ static void test_graph_fanout_chain(void **state) {
   g_tag_cfg[1].add = 10;  /* b: frames + 10 */
   g_tag_cfg[2].add = 100; /* c: a.frame + 100 */
   beam_stage_spec_t sp[] = {spec("a", "frames", 0, 2), spec("b", "frames", 1, 2), spec("c", "a.frame", 1, 2)};
-  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0};
+  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0, 0};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -383,7 +383,7 @@ static void test_graph_backpressure(void **state) {
   g_tag_next = 0;
   g_tag_cfg[0].delay_us = 2000;
   beam_stage_spec_t sp[] = {spec("slow", "frames", 1, 2)};
-  beam_graph_params_t gp = {3, 64, 0, 0, 0, 0};
+  beam_graph_params_t gp = {3, 64, 0, 0, 0, 0, 0};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -430,7 +430,7 @@ static void test_graph_reject_series(void **state) {
   g_tag_next = 0;
   g_tag_cfg[0].reject_series = 1;
   beam_stage_spec_t sp[] = {spec("a", "frames", 1, 4), spec("b", "a", 1, 4)};
-  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0};
+  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0, 0};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -453,7 +453,7 @@ static void test_graph_shutdown_open_series(void **state) {
   memset(g_tag_cfg, 0, sizeof g_tag_cfg);
   g_tag_next = 0;
   beam_stage_spec_t sp[] = {spec("a", "frames", 1, 4)};
-  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0};
+  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0, 0};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -481,7 +481,7 @@ static void test_graph_bad_input_name(void **state) {
   (void)state;
   sink_t *s = sink_new();
   beam_stage_spec_t sp[] = {spec("a", "nosuch", 1, 4)};
-  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0};
+  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0, 0};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -498,7 +498,7 @@ static void test_graph_cuda_without_gpu(void **state) {
   beam_stage_spec_t sp[] = {spec("a", "frames", 1, 4)};
   sp[0].kind_def = &k;
   sp[0].backend = "cuda";
-  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0};
+  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0, 0};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -520,7 +520,7 @@ static void test_graph_watermark(void **state) {
   g_tag_next = 0;
   g_tag_cfg[0].delay_us = 3000; /* a: slow */
   beam_stage_spec_t sp[] = {spec("a", "frames", 0, 8), spec("b", "a", 1, 8)};
-  beam_graph_params_t gp = {16, 64, 0, 0, 0, 0};
+  beam_graph_params_t gp = {16, 64, 0, 0, 0, 0, 0};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -646,7 +646,7 @@ static beam_graph_t *itoy_graph(sink_t *s, int grant, int wait_interrupt, int id
   beam_stage_spec_t sp[] = {spec("it", "frames", 1, 8)};
   sp[0].kind = "itoy";
   sp[0].kind_def = &itoy_kind;
-  beam_graph_params_t gp = {8, 64, 0, 0, 0, 0};
+  beam_graph_params_t gp = {8, 64, 0, 0, 0, 0, 0};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
