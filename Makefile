@@ -187,27 +187,46 @@ check-integration: all
 check-gpu: $(GPUT_BIN)
 	@BEAM_REQUIRE_GPU=1 tests/run-unit.sh $(GPUT_BIN)
 
-# The DM engine's CUDA backend run on the host: gpu/dm_cuda.cu rewritten by
-# tests/emu/emulate.py, built as C++ against tests/emu/include (CUDA runtime
-# and cuFFT emulated: blocks run one by one, FFTW for cuFFT) and checked
-# against the CPU engine by tests/gpu/test_dm_xcheck.c. Host logic and
-# kernel arithmetic only: not atomics racing, launch limits or cuFFT.
-# Needs the CPU-only library (its gpu/stubs.c loses to tests/emu's symbols).
-EMU := $(BUILD)/emu
-CXX ?= g++
-check-gpu-emu: $(LIBBEAM) $(LIBBEAMD) $(TEST_COMMON_OBJ)
-ifeq ($(CUDA),1)
-	$(error check-gpu-emu needs a CPU-only build: make CUDA=0 check-gpu-emu)
-endif
-	@mkdir -p $(EMU)
+# The CUDA backends run on the host: gpu/*.cu rewritten by tests/emu/emulate.py
+# (launches -> emu_launch), built as C++ against tests/emu/include (CUDA
+# runtime, cuBLAS on CBLAS, cuFFT on FFTW; streams run at synchronisation,
+# blocks one by one, threads as fibers where a kernel has barriers) and
+# checked against the CPU backends by the cross-checks in tests/gpu.
+# Each test runs twice, the second time with blocks and threads in reverse
+# order (EMU_REVERSE=1), so a race between threads of one phase shows in one
+# of the two. Host logic, kernel arithmetic, barriers, launch limits and
+# copy bounds; not real concurrency (atomics racing), device rounding or speed.
+# Needs the CPU-only library (its gpu/stubs.c loses to the emulated symbols).
+EMU       := $(BUILD)/emu
+CXX       ?= g++
+EMU_CU    := common bin_cuda pca_cuda dm_cuda ptycho_dm_cuda xpcs_multitau_cuda xpcs_twotime_cuda \
+             roi_sum_cuda correct_cuda preview_cuda
+EMU_TESTS := test_xcheck_pca test_xcheck_xpcs_multitau test_xcheck_xpcs_twotime test_xcheck_roi_sum \
+             test_xcheck_correct test_xcheck_bin test_xcheck_preview test_dm_xcheck
+EMU_SRC   := $(patsubst gpu/%,$(EMU)/src/gpu/%,$(wildcard gpu/*.cu gpu/*.cuh))
+EMU_OBJ   := $(EMU_CU:%=$(EMU)/%.o) $(EMU)/emu_rt.o
+EMU_CXX    = $(CXX) -std=c++17 -O1 -g -ffp-contract=off $(SANFLAGS) -Wall -Wno-unused-parameter \
+             -Wno-unused-function -MMD -MP -I$(EMU)/src -Itests/emu/include -I. $(PKG_CFLAGS)
+
+$(EMU_SRC) &: $(wildcard gpu/*.cu gpu/*.cuh) tests/emu/emulate.py
 	$(PYTHON) tests/emu/emulate.py . $(EMU)/src
-	$(CXX) -std=c++17 -O1 -g $(SANFLAGS) -Wall -Wno-unused-parameter -Wno-unused-function \
-	  -I$(EMU)/src -Itests/emu/include -I. $(PKG_CFLAGS) -x c++ -c $(EMU)/src/gpu/dm_cuda.cu -o $(EMU)/dm_cuda.o
-	$(CXX) -std=c++17 -O1 -g $(SANFLAGS) -Itests/emu/include -c tests/emu/emu_rt.cc -o $(EMU)/emu_rt.o
-	$(CC) $(CFLAGS_BASE) -c tests/gpu/test_dm_xcheck.c -o $(EMU)/test_dm_xcheck.o
-	$(CXX) $(SANFLAGS) -o $(EMU)/test_dm_xcheck $(EMU)/test_dm_xcheck.o $(EMU)/dm_cuda.o $(EMU)/emu_rt.o \
-	  $(TEST_COMMON_OBJ) -Wl,--allow-multiple-definition $(LIBBEAMD) $(LIBBEAM) $(LDLIBS_BASE) -lcmocka
-	ASAN_OPTIONS=detect_odr_violation=0 $(EMU)/test_dm_xcheck
+$(EMU)/%.o: $(EMU)/src/gpu/%.cu $(FLAGS_STAMP)
+	$(EMU_CXX) -x c++ -c $< -o $@
+$(EMU)/emu_rt.o: tests/emu/emu_rt.cc $(FLAGS_STAMP)
+	$(EMU_CXX) -c $< -o $@
+$(EMU)/test_%: $(BUILD)/tests/gpu/test_%.o $(EMU_OBJ) $(TEST_COMMON_OBJ) $(LIBBEAMD) $(LIBBEAM)
+	$(CXX) $(SANFLAGS) -o $@ $< $(EMU_OBJ) $(TEST_COMMON_OBJ) -Wl,--allow-multiple-definition \
+	  $(LIBBEAMD) $(LIBBEAM) $(LDLIBS_BASE) -lcmocka
+
+ifeq ($(CUDA),1)
+check-gpu-emu:
+	$(error check-gpu-emu needs a CPU-only build: make CUDA=0 check-gpu-emu)
+else
+check-gpu-emu: $(EMU_TESTS:%=$(EMU)/%)
+	@set -e; for t in $^; do for r in 0 1; do echo "== $$t (EMU_REVERSE=$$r)"; \
+	  EMU_REVERSE=$$r ASAN_OPTIONS=detect_odr_violation=0 $$t; done; done
+endif
+-include $(wildcard $(EMU)/*.d)
 
 bench: all
 	BEAMD_BUILD=$(BUILD) bench/run.sh
