@@ -15,7 +15,9 @@
  *      s_i = sqrt(l_i), V_i = U_i^T M / s_i for the k largest l_i;
  *      mu = (n mu + b mu_b) / (n + b), n += b.
  * Step 3 never forms a P x P matrix; the scoring and both products are
- * GEMMs over the batch. Frames are therefore scored (and their results
+ * GEMMs over the batch (the CPU backend gets the same scatter from rows
+ * centred on mu, without a pass that centres them on mu_b: pca_cpu.c
+ * update). Frames are therefore scored (and their results
  * emitted) once their batch is complete: b frames of latency, and the
  * first `warmup` (at least b) frames of a series get no per-frame result.
  *
@@ -133,7 +135,7 @@ typedef struct beam_pca_host_s {
   float *tau;      /* b: soft threshold of each frame */
   float *samp;     /* BEAM_PCA_NSAMP: scratch for the MAD */
   float *ctr;      /* P: the first batch's per-pixel median (CPU) */
-  float *colb;     /* b: scratch for one pixel's median (CPU) */
+  float *colb;     /* 16 x b: the columns of 16 pixels, for their medians (CPU) */
   uint64_t nrejected; /* frames left out of the update, this series */
 } beam_pca_host_t;
 
@@ -176,7 +178,7 @@ void beam_pca_emit_batch(beam_pca_host_t *h, beam_emit_t *emit,
 float beam_pca_sigma(size_t P, const float *e, float *scratch);
 
 /* The same from a subsample already gathered (n <= BEAM_PCA_NSAMP values,
- * reordered in place): for a backend that gathers on the device. */
+ * overwritten): for a backend that gathers on the device. */
 float beam_pca_sigma_of(float *v, size_t n);
 
 /* Subsample pixel i (0 <= i < n) of a row of P: n = min(P, NSAMP); every
@@ -197,7 +199,7 @@ static inline size_t beam_pca_samp_idx(size_t P, size_t i) {
   return beam_pca_samp_run0(P, i / BEAM_PCA_SAMP_RUN) + i % BEAM_PCA_SAMP_RUN;
 }
 
-/* Median of v[0..n) (reordered in place), n >= 1. */
+/* Median of v[0..n) (left as it is), 1 <= n <= BEAM_PCA_NSAMP. */
 float beam_pca_median(float *v, size_t n);
 
 /* Robust mode, after emit_batch: marks in h->rej the frames to leave out

@@ -1,23 +1,26 @@
 /* Stage kind `pca`, CPU backend: the batch update of pca.h with OpenBLAS
  * GEMMs (cblas_sgemm, cblas_ssyrk) and LAPACKE (pca.c), and the stage ops.
  *
- * Per batch of b frames of P pixels, k components, m = k + b + 1:
- *   score   S = X V^T - 1 (V mu)^T (sgemm b x k x P), residuals from S
- *   core    G = M M^T (ssyrk m x m x P), dsyevd on the host
- *   update  V = W M (sgemm k x P x m)
- * about (2 b k + m^2 + 2 k m) P flops and two more passes over X (centring).
  * Frames are binned (bin.h, float out; skipped without crop or binning),
- * masked and transformed into their row of M as they arrive, and their
- * pixel sums and |x - mu|^2 taken while the row is in cache, so the batch
- * reads X as few times as possible: the stage is memory-bound at these
+ * masked, transformed and centred on the model's mean mu into their row of
+ * M as they arrive, with |x - mu|^2, the row's sum and the batch's pixel
+ * sums taken in the same pass while the row is in cache. Per batch of b
+ * frames of P pixels, k components, m = k + b rows of M:
+ *   score   Gv = V V^T (ssyrk k x k x P), S = (X - mu) V^T (sgemm b x k x P),
+ *           residuals from S, Gv and |x - mu|^2
+ *   core    G = M M^T (ssyrk m x m x P), recentred on the host (update),
+ *           dsyevd (pca.c)
+ *   update  V = W M (sgemm k x P x m)
+ * about (k^2 + 2 b k + m^2 + 2 k m) P flops, and X is read by the GEMMs
+ * only: no centring pass (update). The stage is memory-bound at these
  * sizes (bench/pca.c).
  *
- * robust (pca.h): the split x = y + s runs over the whole batch with the
- * same GEMM shapes, A = X V^T - 1 (V mu)^T once, then per step
- * A_t = A - S V^T (b x k x P) and E = A_t V (b x P x k), the noise scale
- * from a subsample of e = x - mu - E, and one fused pass s = soft(e, tau)
- * per frame; the sparse parts live in E
- * (b x P more floats), y = x - s overwrites the batch rows of M. */
+ * robust (pca.h): the split x = y + s runs over the whole batch, A0 =
+ * (X - mu) V^T once, then per step the noise scales from a subsample and,
+ * chunk by chunk of pixels, E = S V (sgemm b x chunk x k) and one fused
+ * pass s = soft(x - mu - E, tau) per frame that also updates the frame's
+ * scores from the nonzeros of s (robust_split); the last step keeps s in
+ * c->E (b x P more floats) and writes y - mu over the batch rows of M. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
@@ -29,11 +32,18 @@
 typedef struct cpu_s {
   beam_pca_host_t h;
   int direct;  /* no crop, no binning: gather straight from the input */
+  int all;     /* no pixel masked: keep[i] == i */
   double *c2;  /* b: |x_j - mu|^2 against the model the batch is scored with */
+  double *xs;  /* b: sum over pixels of x_j - mu */
   float *Gv;   /* k x k: V V^T */
-  float *vmu;  /* k: V mu */
+  float *gd;   /* P: g d, when the batch is recentred explicitly (update) */
   float *E;    /* robust: b x P, the sparse parts of the batch */
-  float *A0;   /* robust: b x k, X V^T - 1 (V mu)^T */
+  float *A0;   /* robust: b x k, (X - mu) V^T */
+  float *Ec;   /* robust: b x RCHUNK, S V for a chunk of pixels */
+  float *Sn;   /* robust: b x k, the next step's scores */
+  float *Vs;   /* robust: k x NSAMP, V at the noise subsample */
+  float *Es;   /* robust: b x NSAMP, S V there */
+  float *sv;   /* robust: NSAMP, one frame's subsample */
 } cpu_t;
 
 /* Low-rank frame j of the batch just scored: mu + S_j V (the model that
@@ -51,33 +61,21 @@ static void denoise_row(void *ctx, uint32_t j, float *out) {
   }
 }
 
-/* S = (X - mu) V^T as X V^T - 1 (V mu)^T, so X is read once by one GEMM and
- * no centred copy is written. Residual |x - mu - S V|^2 expanded with
- * S = V (x - mu): |x - mu|^2 - 2 |S|^2 + S^T (V V^T) S, exact in algebra
- * (V need not be exactly orthonormal). In float the loss is about
+/* Residual |x - mu - S V|^2 expanded with S = V (x - mu): |x - mu|^2 -
+ * 2 |S|^2 + S^T (V V^T) S, exact in algebra (V need not be exactly
+ * orthonormal), so no b x P residual is formed. In float the loss is about
  * 1e-7 |x - mu|^2 / residual^2 relative: irrelevant unless the residual is
  * below 1e-3 of the frame's deviation (noise-free data), where it is
  * clamped at 0. |x - mu|^2 was summed in double as each frame arrived. */
-static void score_prep(cpu_t *c) {
-  beam_pca_host_t *h = &c->h;
-  size_t P = h->P, k = h->conf.k;
-  cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)k, (int)P, 1.0f, h->V, (int)P, h->mu, 1, 0.0f, c->vmu, 1);
-  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, (int)k, (int)P, 1.0f, h->V, (int)P, 0.0f, c->Gv, (int)k);
-}
-
-/* Residuals from S (minus V mu first when sub_vmu) and c2. */
-static void residuals(cpu_t *c, int sub_vmu) {
+static void residuals(cpu_t *c) {
   beam_pca_host_t *h = &c->h;
   size_t P = h->P, k = h->conf.k, nb = h->nb;
   double isp = 1.0 / sqrt((double)P);
   for (size_t j = 0; j < nb; j++) {
     float *sj = h->S + j * k;
     double s2 = 0, q = 0;
-    for (size_t i = 0; i < k; i++) {
-      if (sub_vmu)
-        sj[i] -= c->vmu[i];
+    for (size_t i = 0; i < k; i++)
       s2 += (double)sj[i] * sj[i];
-    }
     for (size_t i = 0; i < k; i++)
       for (size_t l = 0; l < k; l++) {
         float g = i <= l ? c->Gv[i * k + l] : c->Gv[l * k + i];
@@ -88,45 +86,53 @@ static void residuals(cpu_t *c, int sub_vmu) {
   }
 }
 
+/* The rows of M hold x - mu (centred on the model as they arrived): the
+ * scores are one GEMM, S = (X - mu) V^T. */
 static void score(cpu_t *c) {
   beam_pca_host_t *h = &c->h;
   size_t P = h->P, k = h->conf.k, nb = h->nb;
   const float *X = h->M + k * P;
-  score_prep(c);
+  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, (int)k, (int)P, 1.0f, h->V, (int)P, 0.0f, c->Gv, (int)k);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)k, (int)P, 1.0f, X, (int)P, h->V, (int)P,
               0.0f, h->S, (int)k);
-  residuals(c, 1);
+  residuals(c);
 }
 
-/* x[p] = x[p] - m[p] over P pixels, returning the sum and the sum of
- * squares of the result in double. Eight independent lanes, written out,
- * so the compiler vectorises without reassociating a reduction (which it
- * may not do to floating point): measured 3x on the centring pass. */
+/* x[p] = x[p] - m[p] (m NULL: 0) over n pixels (write: stored back), acc[p]
+ * += the result (acc not NULL), adding its sum and sum of squares in double
+ * to *sum and *sq. Eight independent lanes, written out, so the compiler
+ * vectorises without reassociating a reduction (which it may not do to
+ * floating point): measured 3x on the centring pass. Inline, so each call
+ * with constant flags is its own loop. */
 #define LANES 8
-static void sub_sums(float *restrict x, const float *restrict m, size_t P, int write, double *sum,
-                     double *sq) {
+static inline void sub_sums(float *restrict x, const float *restrict m, size_t n, int write,
+                            float *restrict acc, double *sum, double *sq) {
   double a[LANES] = {0}, q[LANES] = {0};
   size_t p = 0;
-  for (; p + LANES <= P; p += LANES)
+  for (; p + LANES <= n; p += LANES)
     for (int l = 0; l < LANES; l++) {
-      float v = x[p + l] - m[p + l];
+      float v = m ? x[p + l] - m[p + l] : x[p + l];
       if (write)
         x[p + l] = v;
+      if (acc)
+        acc[p + l] += v;
       a[l] += v;
       q[l] += (double)v * v;
     }
   double s = 0, t = 0;
   for (int l = 0; l < LANES; l++)
     s += a[l], t += q[l];
-  for (; p < P; p++) {
-    float v = x[p] - m[p];
+  for (; p < n; p++) {
+    float v = m ? x[p] - m[p] : x[p];
     if (write)
       x[p] = v;
+    if (acc)
+      acc[p] += v;
     s += v;
     t += (double)v * v;
   }
-  *sum = s;
-  *sq = t;
+  *sum += s;
+  *sq += t;
 }
 
 /* ---- robust split (pca.h) --------------------------------------------------- */
@@ -137,118 +143,124 @@ static inline float soft(float e, float t) {
   return a > 0 ? copysignf(a, e) : 0.0f;
 }
 
-#define CHUNK 1024 /* pixels: a chunk of a row stays in L1 between the passes over it */
+/* Pixels per chunk of the robust split: E of a chunk of the batch (b x
+ * RCHUNK, 2 MiB at b = 64) stays in cache between its GEMM and the pass
+ * over it, and each GEMM still has enough to do (2 b k RCHUNK flops) that
+ * the calls cost little. */
+#define RCHUNK 8192
 
 /* The split x = y + s of every frame of the batch against the current
- * model (or, before the first model, the batch's per-pixel median), then
- * y into the rows of M, the batch sums of y into mub and |y - mu|^2 into
- * c2. With a model, h->S ends as the scores of y.
+ * model (or, before the first model, the batch's per-pixel median); the
+ * rows of M hold x - mu on entry and y - mu on return, mub their sums, c2
+ * and xs each row's sum of squares and sum. With a model, h->S ends as the
+ * scores of y.
  *
- * Per step one GEMM, E = S V (the low-rank part's deviation from mu), and
- * one pass per frame that soft-thresholds e = x - mu - E into s (kept in
- * E) and, while each chunk is in L1, subtracts s_p V_p from the frame's
- * scores for every nonzero s_p: S = A0 - s V^T without a GEMM, since s is
- * sparse (all of it only for a glitch frame, where this costs a GEMV).
- * The last step also writes y = x - s and its sums in the same pass. */
+ * Per step, first the noise scale of every frame from its subsample (the
+ * subsample of X and of V gathered once per batch, E at those pixels by one
+ * small GEMM), then the batch chunk by chunk of pixels: E = S V for the
+ * chunk (a GEMM into a scratch that stays in cache) and, frame by frame,
+ * one pass that soft-thresholds e = x - mu - E into s and subtracts s_p V_p
+ * from the frame's next scores for every nonzero s_p: S' = A0 - s V^T
+ * without a GEMM, since s is sparse (all of it only for a glitch frame,
+ * where this costs a GEMV). X is read once per step and E never leaves the
+ * cache; the last step writes E (s, for the sparse output) and y - mu =
+ * x - mu - s with its sums in the same pass. */
 static void robust_split(cpu_t *c) {
   beam_pca_host_t *h = &c->h;
   const beam_pca_conf_t *cf = &h->conf;
   size_t P = h->P, k = cf->k, nb = h->nb, ns = beam_pca_samp_n(P);
-  float *X = h->M + k * P, *E = c->E;
-  const float *mu = h->mu, *V = h->V;
+  float *X = h->M + k * P, *E = c->E, *Xs = h->samp;
+  const float *V = h->V;
   float lam = (float)cf->robust_lambda;
   memset(h->mub, 0, P * sizeof *h->mub);
   if (h->have_model) {
-    score_prep(c);
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, (int)k, (int)P, 1.0f, V, (int)P, 0.0f, c->Gv, (int)k);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)k, (int)P, 1.0f, X, (int)P, V, (int)P,
                 0.0f, c->A0, (int)k);
-    for (size_t j = 0; j < nb; j++)
-      for (size_t i = 0; i < k; i++)
-        c->A0[j * k + i] -= c->vmu[i];
     memcpy(h->S, c->A0, nb * k * sizeof *h->S);
+    for (size_t i = 0; i < ns; i++) {
+      size_t p = beam_pca_samp_idx(P, i);
+      for (size_t l = 0; l < k; l++)
+        c->Vs[l * ns + i] = V[l * P + p];
+      for (size_t j = 0; j < nb; j++)
+        Xs[j * ns + i] = X[j * P + p];
+    }
     for (uint32_t t = 0; t < cf->robust_iters; t++) {
       int last = t + 1 == cf->robust_iters;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, (int)P, (int)k, 1.0f, h->S, (int)k, V,
-                  (int)P, 0.0f, E, (int)P);
+      /* The noise scale from this step's residual: the first step's still
+       * carries every spike's leak through the projection (V^T V x_spike,
+       * spread over all pixels), which would inflate it. */
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, (int)ns, (int)k, 1.0f, h->S, (int)k,
+                  c->Vs, (int)ns, 0.0f, c->Es, (int)ns);
       for (size_t j = 0; j < nb; j++) {
-        float *x = X + j * P, *e = E + j * P, *sj = h->S + j * k;
-        /* The noise scale from this step's residual: the first step's still
-         * carries every spike's leak through the projection (V^T V x_spike,
-         * spread over all pixels), which would inflate it. */
-        if (P <= BEAM_PCA_NSAMP) {
-          for (size_t p = 0; p < P; p++)
-            h->samp[p] = x[p] - mu[p] - e[p];
-        } else {
-          for (size_t r = 0, i = 0; i < ns; r++) {
-            size_t p0 = beam_pca_samp_run0(P, r);
-            for (size_t q = 0; q < BEAM_PCA_SAMP_RUN; q++, i++)
-              h->samp[i] = x[p0 + q] - mu[p0 + q] - e[p0 + q];
-          }
-        }
-        float tj = lam * beam_pca_sigma_of(h->samp, ns);
-        h->tau[j] = tj;
-        memcpy(sj, c->A0 + j * k, k * sizeof *sj);
-        double c2 = 0;
-        for (size_t p0 = 0; p0 < P; p0 += CHUNK) {
-          size_t p1 = p0 + CHUNK < P ? p0 + CHUNK : P;
+        for (size_t i = 0; i < ns; i++)
+          c->sv[i] = Xs[j * ns + i] - c->Es[j * ns + i];
+        h->tau[j] = lam * beam_pca_sigma_of(c->sv, ns);
+        if (last)
+          c->c2[j] = c->xs[j] = 0;
+      }
+      memcpy(c->Sn, c->A0, nb * k * sizeof *c->Sn);
+      for (size_t p0 = 0; p0 < P; p0 += RCHUNK) {
+        size_t w = p0 + RCHUNK < P ? RCHUNK : P - p0, ld = last ? P : w;
+        /* The last step keeps s in E, for the sparse output. */
+        float *Ec = last ? E + p0 : c->Ec;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, (int)w, (int)k, 1.0f, h->S, (int)k,
+                    V + p0, (int)P, 0.0f, Ec, (int)ld);
+        for (size_t j = 0; j < nb; j++) {
+          float *x = X + j * P + p0, *e = Ec + j * ld, *sj = c->Sn + j * k, tj = h->tau[j];
           int nz = 0;
-          for (size_t p = p0; p < p1; p++) {
-            e[p] = soft(x[p] - mu[p] - e[p], tj);
+          for (size_t p = 0; p < w; p++) {
+            e[p] = soft(x[p] - e[p], tj);
             nz |= e[p] != 0.0f;
           }
           /* Most of a chunk holds no sparse pixel: look at it in blocks of
            * 64 without a branch per pixel, and pixel by pixel only where a
            * block has one. */
-          for (size_t q0 = p0; nz && q0 < p1; q0 += 64) {
-            size_t q1 = q0 + 64 < p1 ? q0 + 64 : p1;
+          for (size_t q0 = 0; nz && q0 < w; q0 += 64) {
+            size_t q1 = q0 + 64 < w ? q0 + 64 : w;
             int any = 0;
             for (size_t p = q0; p < q1; p++)
               any |= e[p] != 0.0f;
             for (size_t p = q0; any && p < q1; p++)
               if (e[p] != 0.0f)
                 for (size_t i = 0; i < k; i++)
-                  sj[i] -= e[p] * V[i * P + p];
+                  sj[i] -= e[p] * V[i * P + p0 + p];
           }
-          if (last) {
-            for (size_t p = p0; p < p1; p++) {
-              x[p] -= e[p];
-              h->mub[p] += x[p];
-            }
-            double sum, sq;
-            sub_sums(x + p0, mu + p0, p1 - p0, 0, &sum, &sq);
-            c2 += sq;
-          }
+          if (last)
+            sub_sums(x, e, w, 1, h->mub + p0, &c->xs[j], &c->c2[j]);
         }
-        if (last)
-          c->c2[j] = c2;
       }
+      memcpy(h->S, c->Sn, nb * k * sizeof *h->S);
     }
     return;
   }
   /* No model yet: a rank-0 model centred on the per-pixel median, which a
-   * spike in fewer than half of the batch's frames cannot move. */
-  for (size_t p = 0; p < P; p++) {
+   * spike in fewer than half of the batch's frames cannot move; the
+   * columns gathered 16 pixels (a cache line of each row) at a time. */
+  for (size_t p0 = 0; p0 < P; p0 += 16) {
+    size_t w = p0 + 16 < P ? 16 : P - p0;
     for (size_t j = 0; j < nb; j++)
-      h->colb[j] = X[j * P + p];
-    h->ctr[p] = beam_pca_median(h->colb, nb);
+      for (size_t q = 0; q < w; q++)
+        h->colb[q * nb + j] = X[j * P + p0 + q];
+    for (size_t q = 0; q < w; q++)
+      h->ctr[p0 + q] = beam_pca_median(h->colb + q * nb, nb);
   }
   for (size_t j = 0; j < nb; j++) {
     float *x = X + j * P, *e = E + j * P;
     for (size_t p = 0; p < P; p++)
       e[p] = x[p] - h->ctr[p];
-    float tj = h->tau[j] = lam * beam_pca_sigma(P, e, h->samp);
-    for (size_t p = 0; p < P; p++) {
+    float tj = h->tau[j] = lam * beam_pca_sigma(P, e, c->sv);
+    for (size_t p = 0; p < P; p++)
       e[p] = soft(e[p], tj);
-      x[p] -= e[p];
-      h->mub[p] += x[p];
-    }
-    /* c2 is not used: the first batch is not scored. */
+    c->c2[j] = c->xs[j] = 0;
+    sub_sums(x, e, P, 1, h->mub, &c->xs[j], &c->c2[j]);
   }
 }
 
-/* Frames marked in h->rej leave the batch before the update: their y out
- * of the batch sums, the later rows moved up (the sparse parts and
- * identities are not needed any more: the batch was emitted). */
+/* Frames marked in h->rej leave the batch before the update: their rows
+ * out of the batch sums, the later rows (and their sums) moved up (the
+ * sparse parts and identities are not needed any more: the batch was
+ * emitted). */
 static void robust_drop(cpu_t *c) {
   beam_pca_host_t *h = &c->h;
   size_t P = h->P, k = h->conf.k;
@@ -261,66 +273,135 @@ static void robust_drop(cpu_t *c) {
         h->mub[p] -= x[p];
       continue;
     }
-    if (w != j)
+    if (w != j) {
       memcpy(X + (size_t)w * P, X + (size_t)j * P, P * sizeof *X);
+      c->c2[w] = c->c2[j], c->xs[w] = c->xs[j];
+    }
     w++;
   }
   h->nb = w;
 }
 
-static int update(beam_pca_host_t *h, beam_diag_t *d) {
-  const beam_pca_conf_t *c = &h->conf;
-  size_t P = h->P, k = c->k, nb = h->nb, mrows = k + nb + 1;
-  float *M = h->M, *X = M + k * P, *corr = M + (k + nb) * P;
-  if (h->have_model) {
-    h->n_seen *= c->forget;
-    h->scatter *= c->forget * c->forget;
-    for (size_t i = 0; i < k; i++)
-      h->s[i] *= c->forget;
+/* G <- L G L^T over the mr x mr upper triangle (leading dimension ld), L
+ * the identity except on rows x0 .. mr-1, where L = I - a 1 1^T: in double,
+ * from the float Gram matrix, back to float. */
+static void gram_shift(float *G, size_t ld, size_t mr, size_t x0, double a, double *R) {
+#define GSYM(i, j) (double)((i) <= (j) ? G[(i) * ld + (j)] : G[(j) * ld + (i)])
+  double T = 0;
+  for (size_t i = 0; i < mr; i++) {
+    double r = 0;
+    for (size_t j = x0; j < mr; j++)
+      r += GSYM(i, j);
+    R[i] = r;
   }
-  memset(h->rowsum, 0, mrows * sizeof *h->rowsum);
-  /* Rows 0..k-1: diag(s) V (zero before the first batch). */
+  for (size_t i = x0; i < mr; i++)
+    T += R[i];
+  for (size_t i = 0; i < mr; i++)
+    for (size_t j = i < x0 ? x0 : i; j < mr; j++) {
+      double g = GSYM(i, j) - a * R[i];
+      if (i >= x0)
+        g += -a * R[j] + a * a * T;
+      G[i * ld + j] = (float)g;
+    }
+#undef GSYM
+}
+
+/* The update of pca.h step 3 without the centring pass over the batch.
+ * The rows of M hold x_j - mu (mu: the model's mean, which they were
+ * centred on as they arrived); with d their mean and n the (forgotten)
+ * frame count, the rows x_j - mu - g d, g = 1 - sqrt(n / (n + b)), have
+ * the scatter of pca.h's [X - mu_b ; sqrt(n b / (n + b)) (mu - mu_b)]:
+ * sum (x - mu)(x - mu)^T - (2g - g^2) b d d^T, and 2g - g^2 = b / (n + b).
+ * That shift is L = I - (g / b) 1 1^T on the batch rows, applied to the
+ * Gram matrix (G' = L G L^T, m x m, on the host) and folded into the
+ * weights (V = (W L) M), so M is read by the two GEMMs only. Where the
+ * shift is more than half the batch's scatter about mu (the first batch,
+ * whose mu is 0; a jump of the data), L G L^T would cancel digits, and the
+ * rows are recentred in place instead (one pass, as before). */
+static int update(cpu_t *c, beam_diag_t *d) {
+  beam_pca_host_t *h = &c->h;
+  const beam_pca_conf_t *cf = &h->conf;
+  size_t P = h->P, k = cf->k, nb = h->nb, mr = k + nb, m = h->m;
+  float *M = h->M, *X = M + k * P, *dv = h->mub;
+  if (h->have_model) {
+    h->n_seen *= cf->forget;
+    h->scatter *= cf->forget * cf->forget;
+    for (size_t i = 0; i < k; i++)
+      h->s[i] *= cf->forget;
+  }
+  /* Rows 0..k-1: diag(s) V (zero before the first batch) and their sums. */
   for (size_t i = 0; i < k; i++) {
     float si = (float)h->s[i], *row = M + i * P;
     const float *v = h->V + i * P;
-    for (size_t p = 0; p < P; p++)
+    double a[LANES] = {0}, rs = 0;
+    size_t p = 0;
+    for (; p + LANES <= P; p += LANES)
+      for (int l = 0; l < LANES; l++) {
+        row[p + l] = si * v[p + l];
+        a[l] += v[p + l];
+      }
+    for (int l = 0; l < LANES; l++)
+      rs += a[l];
+    for (; p < P; p++) {
       row[p] = si * v[p];
-    double rs = 0; /* k x P per batch: not worth lanes */
-    for (size_t p = 0; p < P; p++)
       rs += v[p];
+    }
     h->rowsum[i] = si * rs;
   }
-  /* h->mub holds the batch's pixel sums, added as the frames arrived. */
+  /* mub holds the batch's sums of x - mu: d = their mean. */
   float inb = 1.0f / (float)nb;
-  for (size_t p = 0; p < P; p++)
-    h->mub[p] *= inb;
-  double ss = 0;
-  for (size_t j = 0; j < nb; j++) {
-    double a;
-    sub_sums(X + j * P, h->mub, P, 1, &h->rowsum[k + j], &a);
-    ss += a;
-  }
-  double n = h->n_seen, cf = sqrt(n * (double)nb / (n + (double)nb));
-  double rs = 0, a = 0;
+  double dd = 0, sc2 = 0;
   for (size_t p = 0; p < P; p++) {
-    float v = (float)(cf * ((double)h->mu[p] - h->mub[p]));
-    corr[p] = v;
-    rs += v;
-    a += (double)v * v;
+    dv[p] *= inb;
+    dd += (double)dv[p] * dv[p];
   }
-  h->rowsum[k + nb] = rs;
-  h->scatter += ss + a;
-  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, (int)mrows, (int)P, 1.0f, M, (int)P, 0.0f, h->Gf,
-              (int)h->m);
-  int rc = beam_pca_core(h, (uint32_t)mrows, d);
+  for (size_t j = 0; j < nb; j++)
+    sc2 += c->c2[j];
+  double n = h->n_seen, g = 1.0 - sqrt(n / (n + (double)nb)), shift = (double)nb * nb / (n + nb) * dd;
+  int recentre = shift > 0.5 * sc2;
+  double a = recentre ? 0.0 : g / (double)nb;
+  if (recentre) {
+    for (size_t p = 0; p < P; p++)
+      c->gd[p] = (float)(g * dv[p]);
+    double ss = 0;
+    for (size_t j = 0; j < nb; j++) {
+      h->rowsum[k + j] = 0;
+      sub_sums(X + j * P, c->gd, P, 1, NULL, &h->rowsum[k + j], &ss);
+    }
+    h->scatter += ss;
+  } else {
+    for (size_t j = 0; j < nb; j++)
+      h->rowsum[k + j] = c->xs[j];
+    h->scatter += sc2 - shift;
+  }
+  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, (int)mr, (int)P, 1.0f, M, (int)P, 0.0f, h->Gf, (int)m);
+  if (a != 0) {
+    gram_shift(h->Gf, m, mr, k, a, h->w); /* w: scratch until the eigensolver */
+    double t = 0;
+    for (size_t j = k; j < mr; j++)
+      t += h->rowsum[j];
+    for (size_t j = k; j < mr; j++)
+      h->rowsum[j] -= a * t;
+  }
+  int rc = beam_pca_core(h, (uint32_t)mr, d);
   if (rc < 0)
     return rc;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)k, (int)P, (int)mrows, 1.0f, h->W, (int)h->m,
-              M, (int)P, 0.0f, h->V, (int)P);
-  double wn = n / (n + (double)nb), wb = (double)nb / (n + (double)nb);
+  if (a != 0)
+    for (size_t i = 0; i < k; i++) {
+      float *wr = h->W + i * m;
+      double t = 0;
+      for (size_t j = k; j < mr; j++)
+        t += wr[j];
+      for (size_t j = k; j < mr; j++)
+        wr[j] = (float)(wr[j] - a * t);
+    }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)k, (int)P, (int)mr, 1.0f, h->W, (int)m, M, (int)P,
+              0.0f, h->V, (int)P);
+  /* mu + b / (n + b) d = (n mu + b mu_b) / (n + b). */
+  double wb = (double)nb / (n + (double)nb);
   for (size_t p = 0; p < P; p++) {
-    h->mu[p] = (float)(wn * h->mu[p] + wb * h->mub[p]);
-    h->mub[p] = 0;
+    h->mu[p] = (float)(h->mu[p] + wb * dv[p]);
+    dv[p] = 0;
   }
   h->n_seen = n + (double)nb;
   h->have_model = 1;
@@ -344,7 +425,7 @@ static int batch(beam_stage_t *self, cpu_t *c, beam_emit_t *emit) {
     robust_split(c);
   if (h->have_model) {
     if (robust) {
-      residuals(c, 0);
+      residuals(c);
       beam_pca_emit_batch(h, emit, denoise_row_c, sparse_row, c);
     } else {
       score(c);
@@ -355,7 +436,7 @@ static int batch(beam_stage_t *self, cpu_t *c, beam_emit_t *emit) {
   if (robust && h->have_model && beam_pca_rejects(h) > 0)
     robust_drop(c);
   if (h->nb > 0)
-    rc = update(h, &self->diag);
+    rc = update(c, &self->diag);
   else
     memset(h->mub, 0, h->P * sizeof *h->mub);
   h->nb = 0;
@@ -378,10 +459,16 @@ static void cpu_destroy(beam_stage_t *self) {
   beam_pca_host_free(&s->h);
   beam_pca_conf_free(&s->h.conf);
   free(s->c2);
+  free(s->xs);
   free(s->Gv);
-  free(s->vmu);
+  free(s->gd);
   free(s->E);
   free(s->A0);
+  free(s->Sn);
+  free(s->Vs);
+  free(s->Es);
+  free(s->Ec);
+  free(s->sv);
   free(s);
   self->priv = NULL;
 }
@@ -405,45 +492,85 @@ static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam
     return rc;
   size_t k = s->h.conf.k, b = s->h.conf.b;
   free(s->c2);
+  free(s->xs);
   free(s->Gv);
-  free(s->vmu);
+  free(s->gd);
   free(s->E);
   free(s->A0);
-  s->E = s->A0 = NULL;
+  free(s->Sn);
+  free(s->Vs);
+  free(s->Es);
+  free(s->Ec);
+  free(s->sv);
+  s->E = s->A0 = s->Sn = s->Vs = s->Es = s->Ec = s->sv = NULL;
   s->c2 = calloc(b, sizeof *s->c2);
+  s->xs = calloc(b, sizeof *s->xs);
   s->Gv = calloc(k * k, sizeof *s->Gv);
-  s->vmu = calloc(k, sizeof *s->vmu);
-  if (!s->c2 || !s->Gv || !s->vmu)
+  s->gd = calloc(s->h.P, sizeof *s->gd);
+  if (!s->c2 || !s->xs || !s->Gv || !s->gd)
     return BEAM_DIAG(d, BEAM_ENOMEM, "pca: out of memory");
-  if (s->h.conf.robust && (!(s->E = malloc(b * s->h.P * sizeof *s->E)) || !(s->A0 = calloc(b * k, sizeof *s->A0))))
+  size_t ns = BEAM_PCA_NSAMP;
+  if (s->h.conf.robust &&
+      (!(s->E = malloc(b * s->h.P * sizeof *s->E)) || !(s->A0 = calloc(b * k, sizeof *s->A0)) ||
+       !(s->Sn = calloc(b * k, sizeof *s->Sn)) || !(s->Vs = calloc(k * ns, sizeof *s->Vs)) ||
+       !(s->Es = calloc(b * ns, sizeof *s->Es)) || !(s->Ec = calloc(b * RCHUNK, sizeof *s->Ec)) ||
+       !(s->sv = calloc(ns, sizeof *s->sv))))
     return BEAM_DIAG(d, BEAM_ENOMEM, "pca: robust: cannot allocate the %zu x %zu sparse batch", b, s->h.P);
   const beam_bin_geom_t *g = &s->h.geom;
   s->direct = g->n == 1 && g->y0 == 0 && g->x0 == 0 && g->out_h == g->in_h && g->out_w == g->in_w;
+  s->all = s->h.P == (size_t)g->out_h * g->out_w;
   return 0;
 }
 
 /* Pixels straight from the input (no crop or binning): the same values
  * beam_bin2d_cpu with n = 1 gives (one rounding to float), one pass fewer. */
-static size_t gather_direct(const beam_pca_host_t *h, beam_dtype_t dt, const void *in, float *restrict row) {
-  size_t bad = 0, P = h->P;
+static size_t gather_direct(const cpu_t *c, beam_dtype_t dt, const void *in, float *restrict row, size_t i0,
+                            size_t i1) {
+  const beam_pca_host_t *h = &c->h;
+  size_t bad = 0;
   const uint32_t *keep = h->keep;
   int poisson = h->conf.poisson;
-  switch (dt) {
+  /* Without a mask the index is the position: a loop the compiler
+   * vectorises (the conversion and the finite count), 5x the indexed one. */
+#define GATHER_LOOP(T, IDX)                                                    \
+  for (size_t i = i0; i < i1; i++) {                                           \
+    float x = (float)(double)px[IDX];                                          \
+    bad += !isfinite(x);                                                       \
+    row[i] = x;                                                                \
+  }                                                                            \
+  if (poisson)                                                                 \
+    for (size_t i = i0; i < i1; i++)                                           \
+      row[i] = 2.0f * sqrtf((row[i] > 0 ? row[i] : 0.0f) + 0.375f);
 #define GATHER_CASE(T, DT)                                                     \
   case DT: {                                                                   \
-    const T *px = in;                                                          \
-    for (size_t i = 0; i < P; i++) {                                           \
-      float x = (float)(double)px[keep[i]];                                    \
-      bad += !isfinite(x);                                                     \
-      row[i] = poisson ? 2.0f * sqrtf((x > 0 ? x : 0.0f) + 0.375f) : x;        \
+    const T *restrict px = in;                                                 \
+    if (c->all) {                                                              \
+      GATHER_LOOP(T, i)                                                        \
+    } else {                                                                   \
+      GATHER_LOOP(T, keep[i])                                                  \
     }                                                                          \
     break;                                                                     \
   }
+  switch (dt) {
     BEAM__REAL_DTYPES(GATHER_CASE)
 #undef GATHER_CASE
+#undef GATHER_LOOP
   default: BEAM_ASSERT(!"pca: dtype not accepted at start");
   }
   return bad;
+}
+
+/* Pixels p0 .. p1 of the batch's newest row centred on the model as the
+ * frame arrives (update, score), with the row's sums while they are in
+ * cache (robust: those of y - mu, known only once the batch is split). */
+#define CHUNK 1024
+static void centre_in(cpu_t *c, float *row, size_t p0, size_t p1) {
+  beam_pca_host_t *h = &c->h;
+  if (h->conf.robust)
+    for (size_t p = p0; p < p1; p++)
+      row[p] -= h->mu[p];
+  else
+    sub_sums(row + p0, h->mu + p0, p1 - p0, 1, h->mub + p0, &c->xs[h->nb], &c->c2[h->nb]);
 }
 
 static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *emit) {
@@ -454,27 +581,30 @@ static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *
   int rc = beam__frame_matches(self, in, h->in.dtype, h->in.ndim, h->in.shape);
   if (rc < 0)
     return rc;
-  float *row = h->M + ((size_t)h->conf.k + h->nb) * h->P;
-  size_t bad;
-  if (c->direct) {
-    bad = gather_direct(h, in->dtype, in->data, row);
+  size_t P = h->P, bad = 0;
+  float *row = h->M + ((size_t)h->conf.k + h->nb) * P;
+  c->c2[h->nb] = c->xs[h->nb] = 0;
+  if (c->direct && in->dtype != BEAM_DT_F32 && in->dtype != BEAM_DT_F64) {
+    /* Integers are finite: converted and centred a chunk at a time, in L1. */
+    for (size_t p0 = 0; p0 < P; p0 += CHUNK) {
+      size_t p1 = p0 + CHUNK < P ? p0 + CHUNK : P;
+      gather_direct(c, in->dtype, in->data, row, p0, p1);
+      centre_in(c, row, p0, p1);
+    }
   } else {
-    beam_bin2d_cpu(&h->geom, in->data, h->img, h->acc);
-    bad = beam_pca_gather(h, h->img, row);
-  }
-  if (bad) {
-    h->nreject++;
-    return BEAM_DIAG(&self->diag, BEAM_EINVAL,
-                     "pca \"%s\": frame %llu has %zu non-finite pixels; left out of the model",
-                     self->name, (unsigned long long)in->frame_id, bad);
-  }
-  /* While the row is in cache: the batch sums and |x - mu|^2 for scoring
-   * (robust: of y = x - s, known only once the batch is split). */
-  if (!h->conf.robust) {
-    double sum;
-    sub_sums(row, h->mu, h->P, 0, &sum, &c->c2[h->nb]);
-    for (size_t p = 0; p < h->P; p++)
-      h->mub[p] += row[p];
+    if (c->direct) {
+      bad = gather_direct(c, in->dtype, in->data, row, 0, P);
+    } else {
+      beam_bin2d_cpu(&h->geom, in->data, h->img, h->acc);
+      bad = beam_pca_gather(h, h->img, row);
+    }
+    if (bad) {
+      h->nreject++;
+      return BEAM_DIAG(&self->diag, BEAM_EINVAL,
+                       "pca \"%s\": frame %llu has %zu non-finite pixels; left out of the model",
+                       self->name, (unsigned long long)in->frame_id, bad);
+    }
+    centre_in(c, row, 0, P);
   }
   beam_frame_copy_ident(&h->ident[h->nb], in);
   h->nb++;
