@@ -62,6 +62,7 @@ typedef struct inflight_s {
 
 typedef struct beamd_replay_s {
   uv_timer_t tick;
+  uv_idle_t kick;          /* reads replies a send left unannounced (send_req) */
   inflight_t q[DEPTH_MAX]; /* oldest at q0 */
   unsigned q0, qn, depth;
   uint64_t next_id;
@@ -155,6 +156,14 @@ static void state_read(beamd_t *d) {
 
 static inflight_t *qat(replay_t *r, unsigned i) { return &r->q[(r->q0 + i) % DEPTH_MAX]; }
 
+static void on_replay_event(beamd_zsock_t *zs);
+
+static void kick_cb(uv_idle_t *h) {
+  beamd_t *d = h->data;
+  uv_idle_stop(h);
+  on_replay_event(&d->in.zs);
+}
+
 static void send_req(beamd_t *d, inflight_t *e) {
   replay_t *r = R(d);
   /* DEALER to REP: an empty delimiter, then the request. */
@@ -166,6 +175,12 @@ static void send_req(beamd_t *d, inflight_t *e) {
   e->sent_ns = beam_now_ns();
   r->last_req = e->text;
   r->requests++;
+  /* ZMQ_FD is edge-triggered and a send may take in a reply that arrived
+   * meanwhile without the fd ever signalling it: with requests pipelined,
+   * sends happen outside the read loop (room came back, a timeout), so
+   * look, and read on the next loop turn. */
+  if (beamd_zsock_events(&d->in.zs) & ZMQ_POLLIN)
+    uv_idle_start(&r->kick, kick_cb);
 }
 
 /* Landing slots the request offered and no frame kept go back. */
@@ -641,6 +656,8 @@ int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
   }
   uv_timer_init(&d->loop, &r->tick);
   r->tick.data = d;
+  uv_idle_init(&d->loop, &r->kick);
+  r->kick.data = d;
   char zerr[512];
   beamd_zopts_t o = {.rcvhwm = d->cfg->input.hwm};
   int rc = beamd_zsock_open(d, &d->in.zs, ZMQ_DEALER, d->cfg->input.endpoint, d->cfg->input.bind,
@@ -670,6 +687,8 @@ void beamd_replay_close(beamd_t *d) {
     state_write(d, d->in.fed_next);
   if (!uv_is_closing((uv_handle_t *)&r->tick))
     uv_close((uv_handle_t *)&r->tick, NULL);
+  if (!uv_is_closing((uv_handle_t *)&r->kick))
+    uv_close((uv_handle_t *)&r->kick, NULL);
   free(r->parts);
   while (r->qn)
     q_remove(r, 0);

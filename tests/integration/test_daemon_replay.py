@@ -388,6 +388,38 @@ def test_pipelined_requests_short_replies(tmp_path, ports, start_beamd, run_tool
     assert recorder_stats(rec)["duplicates"] == 0
 
 
+def test_pipelined_long_replay_does_not_stall(tmp_path, ports, start_beamd, run_tool):
+    """Requests sent from outside the read loop (room coming back, a
+    timeout) may take in a reply without ZMQ_FD ever signalling it: the
+    replay input must look after every send, or it waits for a reply that
+    is already in its queue, until the timeout, again and again. Found by
+    bench/replay.py with this shape of run (512x512 bslz4 frames into a
+    record stage, pipelined, through the landing area); without the check
+    this test stalled within its first pass when tried."""
+    import h5py as h5
+    n, passes, side = 512, 3, 512
+    path = tmp_path / "b.h5"
+    rng = np.random.default_rng(3)
+    bank = rng.poisson(2.0, (8, side, side)).astype(np.uint16)
+    with h5.File(str(path), "w") as f:  # 8 distinct frames repeated: quick to write
+        d = f.create_dataset("/entry/data/data", (n, side, side), "uint16",
+                             chunks=(1, side, side), compression=mk.BSHUF_ID,
+                             compression_opts=(0, 2))
+        for i in range(n):
+            d[i] = bank[i % 8]
+    rec_dir = tmp_path / "frames"
+    stages = [{"name": "rec", "kind": "record", "input": "frames", "dir": str(rec_dir),
+               "queue": 72}]
+    cfg = replay_config(ports, stages, shm="on", timeout="30s", credit=32)
+    cfg["pool"].update({"frames": 64, "frame_bytes": "1Mi"})
+    b = start_beamd(cfg)
+    start_replay(run_tool, ports, path, "--loop")
+    for p in range(passes):
+        wait_file(str(rec_dir / ("series_%d.h5" % (SERIES + p))), timeout=25)
+    rp = b.stats()["input"]["replay"]
+    assert rp["resends"] == 0, rp
+
+
 def test_server_echoes_request_id(tmp_path, run_tool, zctx):
     """The id a pipelining consumer matches replies by comes back in the
     status of get, info and error replies alike."""
