@@ -10,11 +10,7 @@
  * would cost. `--beam-decode` reads the chunk as stored and decodes it with
  * beamd's own decoder (beam_codec_decode, the codec taken from the
  * dataset's filter: 32004 lz4, 32008 bslz4), one thread: what one beamd
- * stage thread pays per frame for lazy decode. `--buffers N` reads frame k
- * into buffer k mod N (each written once before the run) instead of one:
- * a consumer that holds N frames in flight (beamd's pool, its replay
- * landing area) writes every frame to memory no cache holds, where one
- * reused buffer stays in cache. Passes over the file repeat until --min-seconds have passed, so
+ * stage thread pays per frame for lazy decode. Passes over the file repeat until --min-seconds have passed, so
  * a file that sits in the page cache still gives a steady figure.
  *
  * Prints one JSON line: frames, passes, stored and decoded bytes, seconds
@@ -32,8 +28,7 @@
 #include "proto/proto.h"
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: h5chunkread FILE [--dataset PATH] [--min-seconds S] [--buffers N]\n"
-             "                   [--decode | --beam-decode]\n"
+  fprintf(f, "usage: h5chunkread FILE [--dataset PATH] [--min-seconds S] [--decode | --beam-decode]\n"
              "Reads every frame chunk of FILE (default dataset /entry/data/data) and prints\n"
              "one JSON line with frames/s and GB/s.\n");
 }
@@ -43,7 +38,6 @@ typedef struct {
   double min_s;
   int decode;      /* H5Dread through the filter */
   int beam_decode; /* H5Dread_chunk + beam_codec_decode */
-  unsigned buffers; /* destinations read into in turn */
 } opts_t;
 
 static int parse(int argc, char **argv, opts_t *o) {
@@ -52,7 +46,6 @@ static int parse(int argc, char **argv, opts_t *o) {
   o->min_s = 1.0;
   o->decode = 0;
   o->beam_decode = 0;
-  o->buffers = 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help")) {
@@ -67,14 +60,6 @@ static int parse(int argc, char **argv, opts_t *o) {
         fprintf(stderr, "h5chunkread: --min-seconds: expected 0..3600, got \"%s\"\n", argv[i]);
         return -1;
       }
-    } else if (!strcmp(a, "--buffers") && i + 1 < argc) {
-      char *end;
-      long v = strtol(argv[++i], &end, 10);
-      if (*end || v < 1 || v > 65536) {
-        fprintf(stderr, "h5chunkread: --buffers: expected 1..65536, got \"%s\"\n", argv[i]);
-        return -1;
-      }
-      o->buffers = (unsigned)v;
     } else if (!strcmp(a, "--decode")) {
       o->decode = 1;
     } else if (!strcmp(a, "--beam-decode")) {
@@ -142,12 +127,10 @@ int main(int argc, char **argv) {
     if (H5Dget_chunk_storage_size(d, off, &nb) >= 0 && nb > cap)
       cap = (size_t)nb;
   }
-  cap = (cap + 4095) & ~(size_t)4095;
-  if (!(buf = malloc(cap * o.buffers))) {
-    fprintf(stderr, "h5chunkread: out of memory (%zu bytes)\n", cap * o.buffers);
+  if (!(buf = malloc(cap))) {
+    fprintf(stderr, "h5chunkread: out of memory (%zu bytes)\n", cap);
     goto out;
   }
-  memset(buf, 0, cap * o.buffers); /* resident before the clock starts */
   beam_codec_t codec = BEAM_CODEC_RAW;
   if (o.beam_decode) {
     int nf = H5Pget_nfilters(dcpl);
@@ -187,7 +170,7 @@ int main(int argc, char **argv) {
         hsize_t nb = 0;
         uint32_t mask = 0;
         if (H5Dget_chunk_storage_size(d, off, &nb) < 0 ||
-            H5Dread_chunk(d, H5P_DEFAULT, off, &mask, (char *)buf + (frames % o.buffers) * cap) < 0) {
+            H5Dread_chunk(d, H5P_DEFAULT, off, &mask, buf) < 0) {
           fprintf(stderr, "h5chunkread: %s:%s: frame %llu: H5Dread_chunk failed\n", o.file,
                   o.dataset, (unsigned long long)k);
           goto out;
@@ -195,8 +178,7 @@ int main(int argc, char **argv) {
         stored += nb;
         const char *why = NULL;
         if (o.beam_decode &&
-            beam_codec_decode(codec, (char *)buf + (frames % o.buffers) * cap, (size_t)nb, pix,
-                              frame_bytes, elem, scratch, &why) < 0) {
+            beam_codec_decode(codec, buf, (size_t)nb, pix, frame_bytes, elem, scratch, &why) < 0) {
           fprintf(stderr, "h5chunkread: %s:%s: frame %llu: %s\n", o.file, o.dataset,
                   (unsigned long long)k, why ? why : "cannot decode");
           goto out;
@@ -208,10 +190,9 @@ int main(int argc, char **argv) {
     t1 = bench_now_s();
   } while (t1 - t0 < o.min_s);
   double secs = t1 - t0;
-  printf("{\"file\":\"%s\",\"mode\":\"%s\",\"buffers\":%u,\"frames\":%llu,\"passes\":%llu,\"frame_bytes\":%zu,"
+  printf("{\"file\":\"%s\",\"mode\":\"%s\",\"frames\":%llu,\"passes\":%llu,\"frame_bytes\":%zu,"
          "\"stored_bytes\":%llu,\"seconds\":%.6f,\"fps\":%.3f,\"gbps\":%.4f,\"stored_gbps\":%.4f}\n",
-         o.file, o.decode ? "decode" : o.beam_decode ? "beam_decode" : "chunk", o.buffers,
-         (unsigned long long)frames,
+         o.file, o.decode ? "decode" : o.beam_decode ? "beam_decode" : "chunk", (unsigned long long)frames,
          (unsigned long long)passes, frame_bytes, (unsigned long long)stored, secs,
          (double)frames / secs, (double)frames * (double)frame_bytes / secs / 1e9,
          (double)stored / secs / 1e9);

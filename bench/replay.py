@@ -9,11 +9,9 @@ uint16) a file is written with h5py: one frame per chunk, Poisson counts
 while the compressor sees detector-like data). Then, in the same run:
 
 - raw: `h5chunkread` ($BUILD/bench/h5chunkread, H5Dread_chunk into one
-  buffer, no decompression: what beamd-replay itself does per frame; the
-  issue's yardstick), `h5chunkread --buffers POOL_FRAMES` (the same into as
-  many buffers as beamd's pool, in turn: one reused buffer stays in cache,
-  while anything that holds frames in flight writes each to memory no cache
-  holds, which on this VM halves the rate), and
+  reused buffer, no decompression: what beamd-replay itself does per
+  frame, except that beamd-replay must write each frame to different
+  memory while the one buffer stays in cache), and
   for bslz4 also `h5chunkread --decode` (H5Dread through the filter) and
   `h5chunkread --beam-decode` (H5Dread_chunk + beamd's own decoder on one
   thread: what the one stage thread that decodes, lazily, can do at most);
@@ -256,9 +254,8 @@ stages:
 """
 
 
-def h5read(build, path, decode=False, min_s=1.0, beam_decode=False, buffers=1):
-    argv = [os.path.join(build, "bench", "h5chunkread"), path, "--min-seconds", str(min_s),
-            "--buffers", str(buffers)]
+def h5read(build, path, decode=False, min_s=1.0, beam_decode=False):
+    argv = [os.path.join(build, "bench", "h5chunkread"), path, "--min-seconds", str(min_s)]
     if decode:
         argv.append("--decode")
     if beam_decode:
@@ -489,7 +486,6 @@ def run_replay(build, reps=3, pass_mib=1024, logf=log, tmp=None):
                 info = make_file(path, codec, side, nframes)
                 gen_s = time.monotonic() - t
                 raw = [h5read(build, path) for _ in range(reps)]
-                rawpool = [h5read(build, path, buffers=POOL_FRAMES) for _ in range(reps)]
                 dec = h5read(build, path, decode=True) if codec != "raw" else None
                 bdec = ([h5read(build, path, beam_decode=True) for _ in range(reps)]
                         if codec != "raw" else None)
@@ -504,15 +500,12 @@ def run_replay(build, reps=3, pass_mib=1024, logf=log, tmp=None):
                 if os.path.exists(path):
                     os.unlink(path)  # gigabytes: never left behind
             raw_fps = statistics.median(r["fps"] for r in raw)
-            pool_fps = statistics.median(r["fps"] for r in rawpool)
             bdec_fps = statistics.median(r["fps"] for r in bdec) if bdec else None
             for g, tr in variants(codec):
                 rows.append(_row(codec, side, tr, frame_bytes, nframes, info, gen_s, raw, raw_fps,
                                  dec, bdec_fps, mem_gbps, zmq_fps[side], reps, *runs[(g, tr)]))
                 r = rows[-1]
                 r["graph"] = g
-                r["raw_pool_fps"] = pool_fps
-                r["ratio_pool"] = r["beamd_fps"] / pool_fps if pool_fps else 0.0
                 logf("  %-5s %4dx%-4d %-7s %-6s raw %8.1f f/s %6.2f GB/s   beamd %8.1f f/s %6.2f GB/s"
                      "   ratio %5.1f%%   round trips/frame %.4f" %
                      (codec, side, side, g, tr, raw_fps, r["raw_gbps"], r["beamd_fps"],
@@ -564,18 +557,17 @@ def _row(codec, side, transport, frame_bytes, nframes, info, gen_s, raw, raw_fps
 def summary_lines(rows, reps):
     L = ["Replay: HDF5 -> beamd-replay -> beamd (replay input, roi_sum) -> PUSH -> beamd-record, "
          "ipc (median of %d passes)" % reps,
-         "  %-6s %-10s %-10s %-6s %10s %8s %10s %10s %8s %7s %8s %10s %7s %11s %10s %10s  %s" %
-         ("codec", "frame", "graph", "via", "h5 f/s", "h5 GB/s", "h5pool f/s", "beamd f/s", "GB/s",
-          "ratio", "of pool", "zmq f/s", "of zmq", "trips/frame", "h5dec f/s", "bdec f/s",
-          "ratio >= 80%")]
+         "  %-6s %-10s %-10s %-6s %10s %8s %10s %8s %7s %10s %7s %11s %10s %10s  %s" %
+         ("codec", "frame", "graph", "via", "h5 f/s", "h5 GB/s", "beamd f/s", "GB/s",
+          "ratio", "zmq f/s", "of zmq", "trips/frame", "h5dec f/s", "bdec f/s", "ratio >= 80%")]
     for r in rows:
         zmq_f = r.get("zmq_raw_fps") if r["codec"] == "raw" else None
         rz = r.get("ratio_zmq")
-        L.append("  %-6s %-10s %-10s %-6s %10.1f %8.3f %10.1f %10.1f %8.3f %6.1f%% %7.1f%% %10s %7s %11.4f %10s %10s  %s" %
+        L.append("  %-6s %-10s %-10s %-6s %10.1f %8.3f %10.1f %8.3f %6.1f%% %10s %7s %11.4f %10s %10s  %s" %
                  (r["codec"], "%dx%d" % tuple(r["shape"]), r.get("graph", "roi_sum"),
                   r.get("transport", "inline"),
-                  r["raw_fps"], r["raw_gbps"], r.get("raw_pool_fps", 0.0),
-                  r["beamd_fps"], r["beamd_gbps"], 100 * r["ratio"], 100 * r.get("ratio_pool", 0.0),
+                  r["raw_fps"], r["raw_gbps"],
+                  r["beamd_fps"], r["beamd_gbps"], 100 * r["ratio"],
                   "%.1f" % zmq_f if zmq_f else "-", "%.1f%%" % (100 * rz) if rz else "-",
                   r["round_trips_per_frame"] or 0,
                   "%.1f" % r["decode_fps"] if r["decode_fps"] else "-",
@@ -592,9 +584,7 @@ def summary_lines(rows, reps):
                                                  r.get("transport", "inline"), ", ".join("%s %.0f" % (k, v) for k, v in c.items()
                                                 if v >= 0.5)))
     L.append("  h5 = H5Dread_chunk of the same file into one reused buffer (stored bytes, no "
-             "decompression); h5pool = the same into %d buffers in turn, as a consumer holding "
-             "frames in flight writes them (ratio = beamd / h5, of pool = beamd / h5pool); "
-             "h5dec = H5Dread through the filter;" % POOL_FRAMES)
+             "decompression; ratio = beamd / h5); h5dec = H5Dread through the filter;")
     L.append("  via: shm = payloads read into beamd's landing area (input.shm on), inline = "
              "inside the ZeroMQ replies;")
     L.append("  graph: roi_sum = one roi_sum stage (needs pixels) PUSHing to beamd-record; "
