@@ -63,8 +63,8 @@ typedef struct inflight_s {
 typedef struct beamd_replay_s {
   uv_timer_t tick;
   uv_idle_t kick;          /* reads replies a send left unannounced (send_req) */
-  inflight_t q[DEPTH_MAX]; /* oldest at q0 */
-  unsigned q0, qn, depth;
+  inflight_t q[DEPTH_MAX]; /* oldest first */
+  unsigned qn, depth;
   uint64_t next_id;
   int short_seen;        /* the last reply was short: one request at a time */
   size_t req_cap;
@@ -83,7 +83,6 @@ typedef struct beamd_replay_s {
   uint64_t total;
   int loop;
   uint64_t requests, replies, resends, corrupt;
-  const char *last_req;  /* for messages */
   /* commit bookkeeping */
   struct {
     uint64_t t_ns, w;
@@ -154,8 +153,6 @@ static void state_read(beamd_t *d) {
 
 /* ---- requests ------------------------------------------------------------ */
 
-static inflight_t *qat(replay_t *r, unsigned i) { return &r->q[(r->q0 + i) % DEPTH_MAX]; }
-
 static void on_replay_event(beamd_zsock_t *zs);
 
 static void kick_cb(uv_idle_t *h) {
@@ -173,7 +170,6 @@ static void send_req(beamd_t *d, inflight_t *e) {
     return; /* resent at the timeout */
   }
   e->sent_ns = beam_now_ns();
-  r->last_req = e->text;
   r->requests++;
   /* ZMQ_FD is edge-triggered and a send may take in a reply that arrived
    * meanwhile without the fd ever signalling it: with requests pipelined,
@@ -193,17 +189,17 @@ static void offer_return(replay_t *r, inflight_t *e) {
 
 /* Removes entry i (0 = oldest) from the queue, giving its slots back. */
 static void q_remove(replay_t *r, unsigned i) {
-  offer_return(r, qat(r, i));
+  offer_return(r, &r->q[i]);
   for (; i + 1 < r->qn; i++) {
-    inflight_t tmp = *qat(r, i);
-    *qat(r, i) = *qat(r, i + 1);
-    *qat(r, i + 1) = tmp; /* buffers move with the entries, none is lost */
+    inflight_t tmp = r->q[i];
+    r->q[i] = r->q[i + 1];
+    r->q[i + 1] = tmp; /* buffers move with the entries, none is lost */
   }
   r->qn--;
 }
 
 static inflight_t *q_push(replay_t *r) {
-  inflight_t *e = qat(r, r->qn++);
+  inflight_t *e = &r->q[r->qn++];
   e->id = ++r->next_id;
   e->info = e->stale = 0;
   e->noffer = 0;
@@ -232,12 +228,12 @@ void beamd_replay_pump(beamd_t *d) {
   if (!r || r->eof || d->state != BEAMD_RUNNING || d->in.stopped)
     return;
   unsigned depth = r->short_seen || r->want_start ? 1 : r->depth;
-  if (r->qn >= depth || (r->qn && qat(r, 0)->info))
+  if (r->qn >= depth || (r->qn && r->q[0].info))
     return;
   uint64_t ask = r->next;
   unsigned busy = 0;
   for (unsigned i = 0; i < r->qn; i++) {
-    inflight_t *e = qat(r, i);
+    inflight_t *e = &r->q[i];
     if (!e->stale) {
       ask = e->next + e->credit;
       busy += e->credit;
@@ -312,14 +308,13 @@ static void shm_status(beamd_t *d, json_t *st) {
 /* ---- replies ------------------------------------------------------------- */
 
 /* Parts of the message starting at parts[i] (header first, no topic). */
-static size_t msg_parts(const zmq_msg_t *zp, size_t i, size_t n) {
-  beam_hdr_t h;
+static size_t msg_parts(const zmq_msg_t *zp, size_t i, size_t n, beam_hdr_t *h) {
   const char *why;
   beam_limits_t lim = beam_limits_default;
-  if (beam_hdr_decode(zmq_msg_data((zmq_msg_t *)&zp[i]), zmq_msg_size((zmq_msg_t *)&zp[i]), &lim, &h,
+  if (beam_hdr_decode(zmq_msg_data((zmq_msg_t *)&zp[i]), zmq_msg_size((zmq_msg_t *)&zp[i]), &lim, h,
                       &why) < 0)
     return 0;
-  size_t k = 1u + h.nparts + ((h.flags & BEAM_FLAG_META) ? 1u : 0u);
+  size_t k = 1u + h->nparts + ((h->flags & BEAM_FLAG_META) ? 1u : 0u);
   return i + k <= n ? k : 0;
 }
 
@@ -360,28 +355,18 @@ static void on_status(beamd_t *d, json_t *st, int was_info, size_t nparts) {
   (void)nparts;
 }
 
-/* A FRAME whose payload the server put in landing slot offer[nframe]: an
- * empty payload part stands for it. Fills bp with the message's parts,
- * the payload pointing into the slot, and sets d->in.cur_land. Returns 0,
- * also for messages without a landed payload (bp is then left to the
- * caller), or -1 when the reply does not match what was offered. */
-static int landed(beamd_t *d, inflight_t *e, unsigned nframe, zmq_msg_t *zp, size_t k,
-                  beam_part_t *bp) {
+/* A FRAME (header h, parts bp) whose payload the server put in landing
+ * slot offer[nframe] has an empty payload part: point it at the slot and
+ * set d->in.cur_land. Returns 0, also for a payload carried inline, or -1
+ * when the reply does not match what was offered. */
+static int landed(beamd_t *d, inflight_t *e, unsigned nframe, const beam_hdr_t *h, beam_part_t *bp) {
   replay_t *r = R(d);
-  beam_hdr_t h;
-  const char *why;
-  beam_limits_t lim = beam_limits_default;
-  if (beam_hdr_decode(zmq_msg_data(&zp[0]), zmq_msg_size(&zp[0]), &lim, &h, &why) < 0 ||
-      h.type != BEAM_MSG_FRAME || h.nparts != 1 || zmq_msg_size(&zp[1]) != 0 || h.payload_size == 0)
+  if (h->nparts != 1 || bp[1].size != 0 || h->payload_size == 0)
     return 0;
-  if (nframe >= e->noffer || h.payload_size > beamd_landing_slot_bytes(r->land))
+  if (nframe >= e->noffer || h->payload_size > beamd_landing_slot_bytes(r->land))
     return -1;
-  for (size_t j = 0; j < k; j++) {
-    bp[j].data = zmq_msg_data(&zp[j]);
-    bp[j].size = zmq_msg_size(&zp[j]);
-  }
   bp[1].data = beamd_landing_ptr(r->land, e->offer[nframe]);
-  bp[1].size = h.payload_size;
+  bp[1].size = h->payload_size;
   d->in.cur_land = r->land;
   d->in.cur_land_idx = e->offer[nframe];
   d->in.cur_land_taken = 0;
@@ -396,7 +381,7 @@ static int match(replay_t *r, json_t *st) {
   if (!json_is_integer(id))
     return r->qn ? 0 : -1;
   for (unsigned i = 0; i < r->qn; i++)
-    if (qat(r, i)->id == (uint64_t)json_integer_value(id))
+    if (r->q[i].id == (uint64_t)json_integer_value(id))
       return (int)i;
   return -1;
 }
@@ -418,7 +403,7 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
     beamd_replay_pump(d);
     return;
   }
-  inflight_t *e = qat(r, 0);
+  inflight_t *e = &r->q[0];
   if (!json_is_object(st) || !json_is_true(json_object_get(st, "ok"))) {
     json_t *err = json_object_get(st, "error");
     static beam_ratelimit_t rl = {.per_s = 1};
@@ -458,29 +443,23 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
   beam_part_t bp[2 + BEAM_MAX_PAYLOAD_PARTS];
   unsigned nframe = 0; /* FRAME ordinal in the reply: its landing slot is offer[nframe] */
   for (size_t i = 1; i < n;) {
-    size_t k = msg_parts(parts, i, n);
-    if (k > 0 && in_shm && landed(d, e, nframe, &parts[i], k, bp) < 0) {
-      BEAM_LOG(LOG_ERR, "replay: reply to frame index %llu names a landing slot it was not "
-               "offered or a payload larger than a slot; the rest of the reply is asked for again",
-               (unsigned long long)idx);
-      k = 0;
+    beam_hdr_t h;
+    size_t k = msg_parts(parts, i, n, &h);
+    int is_frame = k > 0 && h.type == BEAM_MSG_FRAME;
+    for (size_t j = 0; j < k; j++) {
+      bp[j].data = zmq_msg_data(&parts[i + j]);
+      bp[j].size = zmq_msg_size(&parts[i + j]);
     }
-    if (k == 0) {
+    const char *bad = k == 0 ? "an undecodable message" : NULL;
+    if (!bad && in_shm && is_frame && landed(d, e, nframe, &h, bp) < 0)
+      bad = "a landing slot it was not offered, or a payload larger than a slot,";
+    if (bad) {
       atomic_fetch_add(&d->in.malformed, 1);
-      BEAM_LOG(LOG_ERR, "replay: reply to %s has an undecodable message at part %zu; the rest of "
-                        "the reply is skipped and asked for again", e->text, i);
+      BEAM_LOG(LOG_ERR, "replay: reply to %s has %s at part %zu; the rest of the reply is "
+                        "skipped and asked for again", e->text, bad, i);
       next2 = idx;
       break;
     }
-    if (!d->in.cur_land)
-      for (size_t j = 0; j < k; j++) {
-        bp[j].data = zmq_msg_data(&parts[i + j]);
-        bp[j].size = zmq_msg_size(&parts[i + j]);
-      }
-    beam_hdr_t h;
-    const char *why;
-    beam_limits_t lim = beam_limits_default;
-    int is_frame = beam_hdr_decode(bp[0].data, bp[0].size, &lim, &h, &why) == 0 && h.type == BEAM_MSG_FRAME;
     if (is_frame)
       d->in.fed_next = idx;
     d->in.cur_zparts = &parts[i];
@@ -504,7 +483,7 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
   int full = count == e->credit && next2 == e->next + e->credit;
   q_remove(r, 0);
   for (unsigned j = 0; j < r->qn; j++)
-    qat(r, j)->stale |= !full;
+    r->q[j].stale |= !full;
   r->short_seen = !full && !r->eof;
   r->next = next2;
   r->want_start = 0;
@@ -573,7 +552,7 @@ static void tick_cb(uv_timer_t *t) {
   beamd_t *d = t->data;
   replay_t *r = R(d);
   uint64_t now = beam_now_ns();
-  if (r->qn && now - qat(r, 0)->sent_ns > (uint64_t)(d->cfg->input.timeout_s * 1e9) &&
+  if (r->qn && now - r->q[0].sent_ns > (uint64_t)(d->cfg->input.timeout_s * 1e9) &&
       d->state == BEAMD_RUNNING) {
     BEAM_LOG(LOG_WARNING, "replay: no answer from %s within %.1f s; asking again",
              d->cfg->input.endpoint, d->cfg->input.timeout_s);
@@ -583,10 +562,10 @@ static void tick_cb(uv_timer_t *t) {
      * stale ones are dropped; their slots are safe to offer again because
      * the server handles requests one at a time, in order. */
     for (unsigned i = 0; i < r->qn;)
-      if (qat(r, i)->stale)
+      if (r->q[i].stale)
         q_remove(r, i);
       else
-        send_req(d, qat(r, i++));
+        send_req(d, &r->q[i++]);
   }
   /* Results of frames below the watermark are in the result queue or
    * already sent; publish what is queued before recording progress. */
@@ -630,8 +609,8 @@ int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
   r->parts = calloc(r->parts_cap, sizeof *r->parts);
   /* The endpoint and a list of up to `credit` slot numbers. */
   r->req_cap = 512 + BEAM_ENDPOINT_MAX + 11u * d->cfg->input.credit;
-  r->depth = d->cfg->input.depth;
-  for (unsigned i = 0; i < DEPTH_MAX; i++) {
+  r->depth = d->cfg->input.depth < DEPTH_MAX ? d->cfg->input.depth : DEPTH_MAX;
+  for (unsigned i = 0; i < r->depth; i++) {
     r->q[i].text = malloc(r->req_cap);
     r->q[i].offer = calloc(d->cfg->input.credit, sizeof *r->q[i].offer);
     if (!r->q[i].text || !r->q[i].offer) {
