@@ -427,8 +427,8 @@ static void on_frame(node_t *nd, beam_frame_t *f) {
   uint64_t t0 = beam_now_ns();
   const char *why = NULL;
   int rc = 0;
-  int dst = atomic_load(&f->dec_state);
-  if (nd->stage.process_encoded && (dst == BEAM_DEC_PENDING || (dst == BEAM_DEC_DONE && f->enc_data)))
+  int enc = nd->stage.process_encoded != NULL;
+  if (enc && atomic_load(&f->dec_state) == BEAM_DEC_PENDING)
     rc = nd->stage.process_encoded(&nd->stage, f, &e);
   if (rc == 0 && atomic_load(&f->dec_state) != BEAM_DEC_NONE && beam_frame_decode(f, nd->dec_scratch, &why) < 0) {
     /* Passed on as CORRUPT, as a frame the source could not read: the
@@ -438,6 +438,11 @@ static void on_frame(node_t *nd, beam_frame_t *f) {
     snprintf(msg, sizeof msg, "undecodable payload (%s); processed as CORRUPT", why ? why : "?");
     report(nd, f->series_id, f->frame_id, msg);
   }
+  /* Decoded by another thread (a stage, the decode pool: the loan above
+   * can lose that race, or wait on it) with its wire bytes kept
+   * (keep_encoded): the stage may still store those as they are. */
+  if (rc == 0 && enc && atomic_load(&f->dec_state) == BEAM_DEC_DONE && f->enc_data)
+    rc = nd->stage.process_encoded(&nd->stage, f, &e);
   if (rc == 0)
     rc = nd->stage.ops->process(&nd->stage, f, &e);
   uint64_t dt = beam_now_ns() - t0;

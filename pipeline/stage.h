@@ -98,10 +98,12 @@ struct beam_stage_s {
   atomic_int interrupt;    /* set (never cleared) when the graph shuts down */
   /* Optional, set in init by a stage that can use an input frame still in
    * its wire codec (dec_state BEAM_DEC_PENDING, see frame.h) without its
-   * pixels. The worker offers such a frame here before decoding it:
-   * return 1 when the frame was handled (process is not called), 0 to
-   * have it decoded and given to process as usual, < 0 on error (counted
-   * and reported like a process error). The frame is borrowed as in
+   * pixels. The worker offers such a frame here before decoding it, and
+   * once more after a decode that kept the wire bytes (frame.h
+   * keep_encoded, beam_frame_encoded_kept): return 1 when the frame was
+   * handled (process is not called), 0 to have it decoded and given to
+   * process as usual, < 0 on error (counted and reported like a process
+   * error). The frame is borrowed as in
    * process; take its encoded bytes only through beam_frame_encoded_lend,
    * since other stages may decode it at the same time. */
   int (*process_encoded)(beam_stage_t *self, beam_frame_t *in, beam_emit_t *emit);
