@@ -49,10 +49,13 @@ static void *run(void *a) {
 
 beam_decode_pool_t *beam_decode_pool_new(unsigned nthreads, unsigned cap, size_t scratch_bytes,
                                          beam_diag_t *d) {
-  beam_decode_pool_t *p = calloc(1, sizeof *p);
-  if (!p || !nthreads || !cap) {
-    free(p);
+  if (!nthreads || !cap) {
     BEAM_DIAG(d, BEAM_EINVAL, "decode pool: %u threads, queue of %u", nthreads, cap);
+    return NULL;
+  }
+  beam_decode_pool_t *p = calloc(1, sizeof *p);
+  if (!p) {
+    BEAM_DIAG(d, BEAM_ENOMEM, "decode pool: out of memory");
     return NULL;
   }
   pthread_mutex_init(&p->mu, NULL);

@@ -200,8 +200,12 @@ static int send_copy(rp_server_t *self, const void *p, size_t n, int more,
   return send_part(self, &m, more, stop);
 }
 
+/* Sends a reply's status object: every reply has one, and it carries the
+ * request's id when the request had one (section 13.7). */
 static int send_json(rp_server_t *self, json_t *j, int more, volatile sig_atomic_t *stop,
                      beam_diag_t *d) {
+  if (j && self->req_id >= 0)
+    json_object_set_new(j, "id", json_integer(self->req_id));
   char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17));
   json_decref(j);
   if (!s)
@@ -216,10 +220,7 @@ static int send_json(rp_server_t *self, json_t *j, int more, volatile sig_atomic
 static int send_error(rp_server_t *self, const char *why, volatile sig_atomic_t *stop,
                       beam_diag_t *d) {
   self->st.bad_requests++;
-  json_t *j = json_pack("{s:b, s:s}", "ok", 0, "error", why);
-  if (j && self->req_id >= 0)
-    json_object_set_new(j, "id", json_integer(self->req_id));
-  return send_json(self, j, 0, stop, d);
+  return send_json(self, json_pack("{s:b, s:s}", "ok", 0, "error", why), 0, stop, d);
 }
 
 /* ---- building ------------------------------------------------------------------- */
@@ -369,15 +370,12 @@ static uint64_t rate_allow(rp_server_t *self, uint64_t want, volatile sig_atomic
 
 static json_t *status(rp_server_t *self, uint64_t next, uint64_t count, uint64_t series,
                       int eof, uint64_t corrupt) {
-  json_t *j = json_pack("{s:b, s:I, s:I, s:I, s:b, s:b, s:I, s:s, s:s, s:I, s:I}", "ok", 1,
+  return json_pack("{s:b, s:I, s:I, s:I, s:b, s:b, s:I, s:s, s:s, s:I, s:I}", "ok", 1,
                    "next", (json_int_t)next, "count", (json_int_t)count, "total",
                    (json_int_t)self->T, "loop", self->o->loop, "eof", eof, "series_id",
                    (json_int_t)series, "file", self->src->path, "file_id", self->src->file_id,
                    "corrupt", (json_int_t)corrupt, "corrupt_total",
                    (json_int_t)self->st.corrupt);
-  if (j && self->req_id >= 0)
-    json_object_set_new(j, "id", json_integer(self->req_id));
-  return j;
 }
 
 static int serve_info(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_t *d) {
