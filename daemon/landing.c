@@ -37,7 +37,6 @@ struct beamd_landing_s {
   int fd;
   uint8_t *base;
   size_t slot_bytes, size;
-  unsigned nslots;
   pthread_mutex_t mu;
   unsigned *free_list, nfree;
   land_slot_t *desc;
@@ -91,7 +90,6 @@ beamd_landing_t *beamd_landing_new(unsigned nslots, size_t slot_bytes, int prefa
   atomic_init(&l->refs, 1);
   pthread_mutex_init(&l->mu, NULL);
   l->slot_bytes = slot_bytes;
-  l->nslots = nslots;
   /* Handed out lowest first, so a slow stream keeps touching the same few
    * slots and little of the area becomes resident. */
   for (unsigned i = 0; i < nslots; i++) {
