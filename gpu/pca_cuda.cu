@@ -328,15 +328,12 @@ static void row_or_nan(den_ctx_t *c, int (*fn)(cuda_t *, uint32_t, float *, beam
 
 static void denoise_row(void *ctx, uint32_t j, float *out) { row_or_nan((den_ctx_t *)ctx, denoise_, j, out); }
 
-static int score(cuda_t *s, beam_diag_t *d) {
+/* d_R holds x - mu per row and d_S the scores: R -= V^T S^T, then the
+ * scores and each row's residual norm / sqrt(P) to the host. */
+static int residuals(cuda_t *s, beam_diag_t *d) {
   beam_pca_host_t *h = &s->h;
   int P = (int)h->P, k = (int)h->conf.k, nb = (int)h->nb;
-  const float one = 1.0f, zero = 0.0f, minus = -1.0f;
-  sub_mean_kernel<<<beam__grid_for((size_t)P * nb, THREADS), THREADS, 0, s->cx.stream>>>(
-      s->d_M + (size_t)k * P, s->d_mu, (size_t)P, (size_t)nb, s->d_R);
-  BEAM_CUDA_LAUNCHED(d, "sub_mean_kernel");
-  BEAM_CUBLAS_TRY(d, cublasSgemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, k, nb, P, &one, s->d_V, P, s->d_R, P, &zero,
-                                 s->d_S, k));
+  const float one = 1.0f, minus = -1.0f;
   BEAM_CUBLAS_TRY(d, cublasSgemm(s->blas, CUBLAS_OP_N, CUBLAS_OP_N, P, nb, k, &minus, s->d_V, P, s->d_S, k, &one,
                                  s->d_R, P));
   row_reduce_kernel<<<nb, THREADS, 0, s->cx.stream>>>(s->d_R, (size_t)P, 1, s->d_red);
@@ -348,6 +345,18 @@ static int score(cuda_t *s, beam_diag_t *d) {
   for (int j = 0; j < nb; j++)
     h->res[j] = (float)(sqrt(h->G[j]) * isp);
   return 0;
+}
+
+static int score(cuda_t *s, beam_diag_t *d) {
+  beam_pca_host_t *h = &s->h;
+  int P = (int)h->P, k = (int)h->conf.k, nb = (int)h->nb;
+  const float one = 1.0f, zero = 0.0f;
+  sub_mean_kernel<<<beam__grid_for((size_t)P * nb, THREADS), THREADS, 0, s->cx.stream>>>(
+      s->d_M + (size_t)k * P, s->d_mu, (size_t)P, (size_t)nb, s->d_R);
+  BEAM_CUDA_LAUNCHED(d, "sub_mean_kernel");
+  BEAM_CUBLAS_TRY(d, cublasSgemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, k, nb, P, &one, s->d_V, P, s->d_R, P, &zero,
+                                 s->d_S, k));
+  return residuals(s, d);
 }
 
 static int update(cuda_t *s, beam_diag_t *d) {
@@ -434,7 +443,7 @@ static int robust_scores(cuda_t *s, beam_diag_t *d) {
 static int robust_score(cuda_t *s, beam_diag_t *d) {
   beam_pca_host_t *h = &s->h;
   int P = (int)h->P, k = (int)h->conf.k, nb = (int)h->nb, rc;
-  const float one = 1.0f, zero = 0.0f, minus = -1.0f;
+  const float one = 1.0f, zero = 0.0f;
   float *X = s->d_M + (size_t)k * P;
   unsigned gn = beam__grid_for((size_t)P * nb, THREADS);
   sub_mean_kernel<<<gn, THREADS, 0, s->cx.stream>>>(X, s->d_mu, (size_t)P, (size_t)nb, s->d_R);
@@ -461,17 +470,7 @@ static int robust_score(cuda_t *s, beam_diag_t *d) {
   /* Residuals of y: R = y - mu - V^T S^T. */
   sub_mean_kernel<<<gn, THREADS, 0, s->cx.stream>>>(X, s->d_mu, (size_t)P, (size_t)nb, s->d_R);
   BEAM_CUDA_LAUNCHED(d, "sub_mean_kernel");
-  BEAM_CUBLAS_TRY(d, cublasSgemm(s->blas, CUBLAS_OP_N, CUBLAS_OP_N, P, nb, k, &minus, s->d_V, P, s->d_S, k, &one,
-                                 s->d_R, P));
-  row_reduce_kernel<<<nb, THREADS, 0, s->cx.stream>>>(s->d_R, (size_t)P, 1, s->d_red);
-  BEAM_CUDA_LAUNCHED(d, "row_reduce_kernel");
-  BEAM_CUDA_TRY(d, cudaMemcpyAsync(h->S, s->d_S, (size_t)nb * k * sizeof(float), cudaMemcpyDeviceToHost, s->cx.stream));
-  BEAM_CUDA_TRY(d, cudaMemcpyAsync(h->G, s->d_red, (size_t)nb * sizeof(double), cudaMemcpyDeviceToHost, s->cx.stream));
-  BEAM_CUDA_TRY(d, cudaStreamSynchronize(s->cx.stream));
-  double isp = 1.0 / sqrt((double)P);
-  for (int j = 0; j < nb; j++)
-    h->res[j] = (float)(sqrt(h->G[j]) * isp);
-  return 0;
+  return residuals(s, d);
 }
 
 /* The first batch: one split against the per-pixel median (no model). */
