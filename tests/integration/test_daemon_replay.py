@@ -420,6 +420,76 @@ def test_pipelined_long_replay_does_not_stall(tmp_path, ports, start_beamd, run_
     assert rp["resends"] == 0, rp
 
 
+def test_reply_beyond_offered_slots_is_refused(tmp_path, ports, start_beamd, run_tool, zctx):
+    """A server (here a Python one) whose reply claims more landed frames
+    than the request offered slots: the frames up to the last offered slot
+    are taken, the bad message is counted as malformed and logged, and the
+    rest is asked for again, so every frame still arrives exactly once,
+    with the right pixels."""
+    import threading
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "python"))
+    from beamd import proto
+    n = 24
+    frames = (np.arange(n * H * W, dtype=np.uint16) % 1021).reshape(n, H, W)
+    sock = zctx.socket(zmq.REP)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(ports.ep_input)
+    stop, bad_sent = threading.Event(), []
+
+    def serve():
+        seq = 0
+        while not stop.is_set():
+            if not sock.poll(50):
+                continue
+            req = json.loads(sock.recv())
+            st = {"ok": True, "total": n, "loop": False, "series_id": SERIES, "file": "fake",
+                  "file_id": "fake", "corrupt": 0, "id": req.get("id")}
+            if req["op"] == "info":
+                st.update(op="info", count=0, next=0, eof=False, dtype="uint16", shape=[H, W])
+                sock.send_json(st)
+                continue
+            k, shm = req["next"], req.get("shm")
+            # The first reply lands one frame more than it was offered slots for.
+            extra = 0 if bad_sent else 1
+            k2 = min(n, k + len(shm["slots"]) + extra)
+            msgs = []
+            if k == 0:
+                msgs += proto.encode_message(proto.SERIES_START, seq=seq, series_id=SERIES,
+                                             shape=(H, W), dtype="uint16")
+                seq += 1
+            fd = os.open(shm["path"], os.O_RDWR)
+            for i in range(k, k2):
+                parts = proto.encode_message(proto.FRAME, seq=seq, series_id=SERIES, frame_id=i,
+                                             array=frames[i])
+                seq += 1
+                if i - k < len(shm["slots"]):  # the extra one has no slot to be in
+                    os.pwrite(fd, parts[1], shm["slots"][i - k] * shm["slot_bytes"])
+                msgs += [parts[0], b""]
+            os.close(fd)
+            if k2 == n:
+                msgs += proto.encode_message(proto.SERIES_END, seq=seq, series_id=SERIES,
+                                             frame_id=n, shape=(H, W), dtype="uint16")
+                seq += 1
+            bad_sent.append(extra)
+            st.update(shm=True, next=k2, count=k2 - k, eof=k2 == n)
+            sock.send_multipart([json.dumps(st).encode()] + msgs)
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    try:
+        b = start_beamd(replay_config(ports, [vd_stage()], shm="on", depth=1))
+        rec = start_recorder(run_tool, ports, tmp_path / "results")
+        wait_recorder(rec, b, 20)
+        check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), frames)
+        inp = b.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")["input"]
+        assert inp["malformed"] == 1 and inp["frames"] == n, inp
+        assert re.search(r"has a landing slot it was not offered, or a payload larger than a "
+                         r"slot, at part \d+; the rest of the reply is skipped", b.stderr())
+    finally:
+        stop.set()
+        th.join(timeout=5)
+
+
 def test_server_echoes_request_id(tmp_path, run_tool, zctx):
     """The id a pipelining consumer matches replies by comes back in the
     status of get, info and error replies alike."""
