@@ -596,11 +596,21 @@ static rp_part_t *part_of(rp_src_t *s, uint64_t g) {
 }
 
 /* Stored size of the chunk at `off`: 1 with *n set, 0 when the chunk was
- * never written (H5Dget_chunk_storage_size fails on those), -1 on error
- * with the HDF5 reason in why. */
+ * never written, -1 on error with the HDF5 reason in why.
+ *
+ * HDF5 1.10's H5Dget_chunk_info_by_coord walks the chunk index from the
+ * start until it meets the chunk, so it costs time in proportion to the
+ * frame's position: 12 us at frame 2,000 and 170 us at frame 16,000 on our
+ * machine, more than reading the frame. H5Dget_chunk_storage_size looks
+ * the chunk up in the index (2 us anywhere) but fails alike for a chunk
+ * never written and for a broken index, so the walk is left for those. */
 static int chunk_size(hid_t dset, const hsize_t *off, hsize_t *n, char *why, size_t wl) {
   unsigned mask = 0;
   haddr_t addr = HADDR_UNDEF;
+  *n = 0;
+  if (H5Dget_chunk_storage_size(dset, off, n) >= 0 && *n > 0)
+    return 1;
+  H5Eclear2(H5E_DEFAULT);
   *n = 0;
   if (H5Dget_chunk_info_by_coord(dset, off, &mask, &addr, n) < 0) {
     rp_h5_reason(why, wl);
@@ -609,15 +619,31 @@ static int chunk_size(hid_t dset, const hsize_t *off, hsize_t *n, char *why, siz
   return addr != HADDR_UNDEF && *n > 0;
 }
 
+/* chunk_size of a forwarded frame, remembered for the one frame last asked
+ * about: the server sizes a reply by it and then reads the same frame. */
+static int frame_chunk(rp_src_t *s, rp_part_t *p, uint64_t g, hsize_t *n, char *why,
+                       size_t wl) {
+  if (s->look_valid && s->look_g == g) {
+    *n = s->look_n;
+    return 1;
+  }
+  hsize_t off[3] = {g - p->first, 0, 0};
+  int st = chunk_size(p->dset, off, n, why, wl);
+  s->look_valid = st == 1;
+  s->look_g = g;
+  s->look_n = *n;
+  return st;
+}
+
 size_t rp_src_frame_bytes(rp_src_t *s, uint64_t g) {
   rp_part_t *p = part_of(s, g);
   if (p->dset < 0)
     return 0;
   if (!p->forward)
     return s->raw_size;
-  hsize_t off[3] = {g - p->first, 0, 0}, n = 0;
+  hsize_t n = 0;
   char why[256];
-  if (chunk_size(p->dset, off, &n, why, sizeof why) <= 0)
+  if (frame_chunk(s, p, g, &n, why, sizeof why) <= 0)
     return 0;
   return n > s->slot_size ? s->raw_size : (size_t)n;
 }
@@ -664,7 +690,7 @@ int rp_src_read(rp_src_t *s, uint64_t g, void *buf, size_t cap, beam_codec_t *co
   if (p->forward) {
     hsize_t off[3] = {k, 0, 0}, n = 0;
     uint32_t mask = 0;
-    int st = chunk_size(p->dset, off, &n, why, wl);
+    int st = frame_chunk(s, p, g, &n, why, wl);
     if (st <= 0) {
       snprintf(r, sizeof r, "%s%s", st < 0 ? "chunk index: " : "chunk was never written",
                st < 0 ? why : "");

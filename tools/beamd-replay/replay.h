@@ -66,6 +66,9 @@ typedef struct rp_src_s {
   char pos_units[32];
   char file_id[17];    /* 16 hex digits */
   uint64_t forwarded, decoded; /* frames read either way */
+  uint64_t look_g;     /* the frame whose chunk size was looked up last */
+  hsize_t look_n;
+  int look_valid;
 } rp_src_t;
 
 /* Opens `path` and finds the frames (see docs/replay.md): `dataset` NULL

@@ -475,9 +475,8 @@ static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *s
     rp_arena_t *a = self->arena;
     if (a->cap - a->used < per)
       break;
-    uint64_t g = rp_server_frame_index(self, k + n);
-    size_t fb = rp_src_frame_bytes(self->src, g);
-    if (!land && n > 0 && payload + fb > maxb)
+    if (!land && n > 0 &&
+        payload + rp_src_frame_bytes(self->src, rp_server_frame_index(self, k + n)) > maxb)
       break;
     uint8_t *slot = land ? land + (size_t)self->slots[n] * q->shm_slot_bytes : NULL;
     corrupt += (uint64_t)add_frame(self, &recs[nrec++], k + n, series,
