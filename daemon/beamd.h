@@ -125,8 +125,8 @@ typedef struct beamd_out_s {
   atomic_uint_fast64_t messages, bytes, dropped, results;
   uint64_t blocked_ns, blocked_since;
   int discard; /* drain timed out: the PUSH no longer holds results */
-  atomic_size_t pub_bytes; /* PUB: payload copies queued inside ZeroMQ */
-  size_t pub_budget;       /* output.pub_buffer */
+  atomic_size_t pub_bytes; /* payload copies queued inside ZeroMQ */
+  size_t pub_budget;       /* output.pub_buffer; PUSH: output.push_copy_buffer */
 } beamd_out_t;
 
 /* Descriptor attachment bookkeeping: first result of each output pool (one
@@ -138,6 +138,8 @@ typedef struct beamd_desc_seen_s {
   uint64_t last_ns;
 } beamd_desc_seen_t;
 
+/* Copy budgets of the outputs from the current configuration (start, reload). */
+void beamd_publish_budgets(beamd_t *d);
 int beamd_publish_open(beamd_t *d, char *err, size_t errlen);
 void beamd_publish_result(beamd_t *d, beam_frame_t *f); /* takes the ref */
 void beamd_publish_series(beamd_t *d, const beam_series_t *s, int type, int aborted);

@@ -90,6 +90,9 @@ static const beam_param_t output_params[] = {
     {"pub_buffer", BEAM_P_SIZE, "256Mi", 0, 0, 1099511627776.0, NULL, NULL,
      "bytes of result copies the PUB may hold for slow subscribers; beyond it results are "
      "dropped for the PUB (counted), never held", NULL},
+    {"push_copy_buffer", BEAM_P_SIZE, "32Mi", 0, 0, 1099511627776.0, NULL, NULL,
+     "bytes of small-result copies (16 KiB or less each) the PUSH may hold queued; beyond it "
+     "results are sent without a copy, holding their stage's output slots", NULL},
     {"drain_timeout", BEAM_P_DURATION, "30s", 0, 0, 86400, NULL, NULL,
      "on shutdown, how long results wait for a PUSH consumer before they are dropped", NULL},
     {"publish_frames_meta", BEAM_P_BOOL, "true", 0, 0, 0, NULL, NULL,
@@ -388,6 +391,7 @@ static int fill(beam_config_t *c, beam_cfg_errs_t *errs) {
   c->output.publish_frames_meta = beam_cfg_bool(out, "publish_frames_meta", 1);
   c->output.drain_timeout_s = beam_cfg_float(out, "drain_timeout", 30.0);
   c->output.pub_buffer = (uint64_t)beam_cfg_int(out, "pub_buffer", 256 << 20);
+  c->output.push_copy_buffer = (uint64_t)beam_cfg_int(out, "push_copy_buffer", 32 << 20);
   c->pool.frames = (unsigned)beam_cfg_int(pool, "frames", 128);
   c->pool.frame_bytes = (uint64_t)beam_cfg_int(pool, "frame_bytes", 16 << 20);
   copy_str(c->control.endpoint, sizeof c->control.endpoint, beam_cfg_str(ctl, "endpoint"));

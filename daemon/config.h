@@ -54,6 +54,7 @@ typedef struct beam_config_s {
     int publish_frames_meta;         /* republish SERIES_START/END */
     double drain_timeout_s;          /* drain: how long results wait for a PUSH consumer */
     uint64_t pub_buffer;             /* bytes of result copies the PUB may have queued */
+    uint64_t push_copy_buffer;       /* the same for small results on the PUSH */
   } output;
   struct {
     unsigned frames;     /* input slots */

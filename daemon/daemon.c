@@ -23,12 +23,16 @@ static void heartbeat_cb(uv_timer_t *t);
 
 static void rq_push(beamd_t *d, const beamd_rq_item_t *it) {
   pthread_mutex_lock(&d->rq.mu);
+  int was_empty = d->rq.q.count == 0;
   int rc = beam_fifo_push(&d->rq.q, it);
   pthread_mutex_unlock(&d->rq.mu);
   /* A few dozen bytes per item at most twice the largest backlog; failing
    * here would lose a result silently, so stop loudly instead. */
   BEAM_ASSERT(rc == 0);
-  uv_async_send(&d->wake);
+  /* wake_cb pops until the queue is empty, so items behind others are
+   * taken by the wake-up the first one sent. */
+  if (was_empty)
+    uv_async_send(&d->wake);
 }
 
 static int rq_pop(beamd_t *d, beamd_rq_item_t *it) {
@@ -135,6 +139,7 @@ static void reap_draining(beamd_t *d) {
 
 static void apply_runtime_settings(beamd_t *d) {
   beam_log_set_level(d->cfg->log.level);
+  beamd_publish_budgets(d);
   beam_ratelimit_init(&d->stage_rl, d->cfg->log.rate_limit);
   uint64_t hb = (uint64_t)(d->cfg->heartbeat_s * 1000.0);
   uv_timer_stop(&d->heartbeat);
@@ -149,6 +154,7 @@ static void swap_graph(beamd_t *d) {
   d->next_graph = NULL;
   d->next_cfg = NULL;
   d->reloads++;
+  beam_graph_batch(old, 0); /* its stages must see every frame it was given */
   park_draining(d, old, old_cfg);
   apply_runtime_settings(d);
   BEAM_LOG(LOG_NOTICE, "reload: new pipeline is live (%zu stages)", d->cfg->nstages);

@@ -24,6 +24,8 @@ typedef struct omsg_s {
 
 
 
+#define SMALL_COPY 16384u /* bytes: lossless payloads copied (output.push_copy_buffer) */
+
 static void frame_free(void *data, void *hint) {
   (void)data;
   beam_frame_unref(hint);
@@ -53,15 +55,9 @@ static void pubcopy_free(void *data, void *hint) {
   free(pc);
 }
 
-/* The payload part: zero copy for lossless outputs (the frame is held
- * until sent, which is the backpressure), a budgeted copy for the PUB.
- * Returns 0, or 1 when the PUB budget is spent (nothing queued). */
-static int payload_msg(beamd_out_t *o, beam_frame_t *f, zmq_msg_t *zm) {
-  if (o->lossless) {
-    beam_frame_ref(f, 1);
-    zmq_msg_init_data(zm, f->data, f->nbytes, frame_free, f);
-    return 0;
-  }
+/* A copy of f's payload counted against o's budget of copies queued inside
+ * ZeroMQ. Returns 0, or 1 when the budget is spent or memory is short. */
+static int copy_msg(beamd_out_t *o, beam_frame_t *f, zmq_msg_t *zm) {
   size_t n = f->nbytes;
   if (atomic_fetch_add(&o->pub_bytes, n) + n > o->pub_budget) {
     atomic_fetch_sub(&o->pub_bytes, n);
@@ -74,8 +70,27 @@ static int payload_msg(beamd_out_t *o, beam_frame_t *f, zmq_msg_t *zm) {
   }
   pc->o = o;
   pc->n = n;
-  memcpy(pc + 1, f->data, n);
+  if (n)
+    memcpy(pc + 1, f->data, n);
   zmq_msg_init_data(zm, pc + 1, n, pubcopy_free, pc);
+  return 0;
+}
+
+/* The payload part: a budgeted copy for the PUB, and for lossless outputs
+ * zero copy (the frame is held until sent, which is the backpressure).
+ * Returns 0, or 1 when the PUB budget is spent (nothing queued).
+ *
+ * A small lossless payload (a ROI sum, a g2 row, PCA scores) is copied
+ * too, within its own budget: held zero-copy, its last unref falls to
+ * ZeroMQ's I/O thread, a pool lock and a cross-thread wake-up per result,
+ * and a stage with a few output slots waits on the consumer's socket. */
+static int payload_msg(beamd_out_t *o, beam_frame_t *f, zmq_msg_t *zm) {
+  if (!o->lossless)
+    return copy_msg(o, f, zm);
+  if (f->nbytes <= SMALL_COPY && copy_msg(o, f, zm) == 0)
+    return 0;
+  beam_frame_ref(f, 1);
+  zmq_msg_init_data(zm, f->data, f->nbytes, frame_free, f);
   return 0;
 }
 
@@ -105,6 +120,11 @@ static int omsg_send(beamd_out_t *o, omsg_t *m) {
 static void on_push_event(beamd_zsock_t *zs) { beamd_publish_flush(zs->d); }
 static void on_pub_event(beamd_zsock_t *zs) { (void)zs; }
 
+void beamd_publish_budgets(beamd_t *d) {
+  d->pub.pub_budget = d->cfg->output.pub_buffer;
+  d->push.pub_budget = d->cfg->output.push_copy_buffer;
+}
+
 int beamd_publish_open(beamd_t *d, char *err, size_t errlen) {
   const beam_config_t *c = d->cfg;
   char zerr[512];
@@ -112,8 +132,8 @@ int beamd_publish_open(beamd_t *d, char *err, size_t errlen) {
   d->push.name = "push";
   d->push.lossless = 1;
   beam_fifo_init(&d->push.pending, sizeof(omsg_t));
+  beamd_publish_budgets(d);
   if (c->output.publish[0]) {
-    d->pub.pub_budget = c->output.pub_buffer;
     beamd_zopts_t o = {.sndhwm = c->output.hwm};
     if (beamd_zsock_open(d, &d->pub.zs, ZMQ_PUB, c->output.publish, 1, &o, on_pub_event, zerr,
                          sizeof zerr) < 0) {

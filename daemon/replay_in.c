@@ -442,6 +442,7 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
   uint64_t idx = next2 >= count ? next2 - count : 0;
   beam_part_t bp[2 + BEAM_MAX_PAYLOAD_PARTS];
   unsigned nframe = 0; /* FRAME ordinal in the reply: its landing slot is offer[nframe] */
+  beam_graph_batch(d->graph, 1);
   for (size_t i = 1; i < n;) {
     beam_hdr_t h;
     size_t k = msg_parts(parts, i, n, &h);
@@ -478,6 +479,7 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
     }
     i += k;
   }
+  beam_graph_batch(d->graph, 0);
   /* A short reply (rate limit, end of file, a skipped rest) leaves the
    * requests after it asking for the wrong range. */
   int full = count == e->credit && next2 == e->next + e->credit;

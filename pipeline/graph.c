@@ -26,6 +26,18 @@ enum { IT_START, IT_FRAME, IT_END, IT_QUIT };
 #define CTRL_RESERVE 16u
 #define MAX_CONSUMERS 32
 #define DEFAULT_OUT_SLOTS 8u
+/* Input frames pushed in a batch (beam_graph_batch) wake a root stage once
+ * per this many. A stage that is faster than the loop thread's ingest
+ * otherwise sleeps after every frame and is woken for the next: a futex
+ * call and two context switches per frame, which cost more than a small
+ * stage's work on a virtual machine. */
+#define BATCH_WAKE 16u
+/* Small outputs (sums, scores, g2 rows) get more slots, up to this many
+ * bytes: a stage that may emit only 8 results before the loop thread
+ * publishes them waits on that thread every 8 frames of a 32-frame burst,
+ * a futex and two context switches each time. */
+#define SMALL_OUT_SLOTS 64u
+#define SMALL_OUT_BYTES (1u << 20)
 
 /* Shared by the END items of one series: the last stage to finish it
  * reports the series done. */
@@ -51,6 +63,7 @@ typedef struct queue_s {
   unsigned size;  /* cap + CTRL_RESERVE */
   unsigned head, count;
   unsigned nframes; /* FRAME items among count: only these are held to cap */
+  unsigned unsignalled; /* items pushed in a batch whose consumer was not woken */
 } queue_t;
 
 typedef struct node_s node_t;
@@ -106,6 +119,7 @@ struct beam_graph_s {
   atomic_int running;   /* workers alive */
   atomic_int want_room;
   int shutting_down;
+  int batch; /* beam_graph_batch: root stages woken once per BATCH_WAKE frames */
   int pinned;
   int keep_encoded; /* a root stage can store wire bytes as they are */
   beam_decode_pool_t *dpool; /* NULL: stages decode lazily themselves */
@@ -138,15 +152,38 @@ static void queue_free(queue_t *q) {
 /* Frames are held to cap; control items (START/END/QUIT) only need a
  * free place, which the reserve provides, so a series start never takes a
  * place that room() promised to a frame. */
-static void queue_push(queue_t *q, const item_t *it) {
+static void queue_push_b(queue_t *q, const item_t *it, int batch) {
   int frame = it->kind == IT_FRAME;
   pthread_mutex_lock(&q->mu);
-  while (q->count >= q->size || (frame && q->nframes >= q->cap))
+  while (q->count >= q->size || (frame && q->nframes >= q->cap)) {
+    /* A consumer asleep on an unsignalled batch would never make room. */
+    if (q->unsignalled) {
+      q->unsignalled = 0;
+      pthread_cond_signal(&q->not_empty);
+    }
     pthread_cond_wait(&q->not_full, &q->mu);
+  }
   q->buf[(q->head + q->count) % q->size] = *it;
   q->count++;
   q->nframes += frame;
+  if (batch && ++q->unsignalled < BATCH_WAKE) {
+    pthread_mutex_unlock(&q->mu);
+    return;
+  }
+  q->unsignalled = 0;
   pthread_cond_signal(&q->not_empty);
+  pthread_mutex_unlock(&q->mu);
+}
+
+static void queue_push(queue_t *q, const item_t *it) { queue_push_b(q, it, 0); }
+
+/* Wakes the consumer for what a batch pushed without waking it. */
+static void queue_kick(queue_t *q) {
+  pthread_mutex_lock(&q->mu);
+  if (q->unsignalled) {
+    q->unsignalled = 0;
+    pthread_cond_signal(&q->not_empty);
+  }
   pthread_mutex_unlock(&q->mu);
 }
 
@@ -388,7 +425,10 @@ static void on_start(node_t *nd, item_t *it) {
     const beam_outdesc_t *od = &st->outs[o];
     beam_diag_t pd = {0};
     size_t bytes = out_bytes(od);
-    nd->outs[o].pool = beam_pool_new(od->slots ? od->slots : DEFAULT_OUT_SLOTS, bytes ? bytes : 1, 0, &pd);
+    unsigned slots = od->slots ? od->slots
+                     : bytes * SMALL_OUT_SLOTS <= SMALL_OUT_BYTES ? SMALL_OUT_SLOTS
+                                                                  : DEFAULT_OUT_SLOTS;
+    nd->outs[o].pool = beam_pool_new(slots, bytes ? bytes : 1, 0, &pd);
     if (!nd->outs[o].pool) {
       report(nd, it->series->series_id, 0, pd.msg);
       close_out_pools(nd);
@@ -781,8 +821,15 @@ void beam_graph_frame(beam_graph_t *g, beam_frame_t *f) {
   for (unsigned i = 0; i < g->nroots; i++) {
     item_t it = {.kind = IT_FRAME, .frame = f};
     atomic_fetch_add(&g->inflight, 1);
-    queue_push(&g->roots[i]->q, &it);
+    queue_push_b(&g->roots[i]->q, &it, g->batch);
   }
+}
+
+void beam_graph_batch(beam_graph_t *g, int on) {
+  g->batch = on;
+  if (!on)
+    for (unsigned i = 0; i < g->nroots; i++)
+      queue_kick(&g->roots[i]->q);
 }
 
 void beam_graph_series_end(beam_graph_t *g, uint64_t series_id, int aborted) {

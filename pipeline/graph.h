@@ -101,6 +101,11 @@ int beam_graph_keeps_encoded(const beam_graph_t *g);
 unsigned long long beam_graph_decoded_ahead(beam_graph_t *g);
 void beam_graph_series_start(beam_graph_t *g, beam_series_t *s); /* takes a ref */
 void beam_graph_frame(beam_graph_t *g, beam_frame_t *f);         /* takes the ref */
+/* Between beam_graph_batch(g, 1) and beam_graph_batch(g, 0) the frames
+ * given wake the stages once per few frames instead of every frame; the
+ * end wakes them for the rest. For the frames of one message of many
+ * (a replay reply). Loop thread only. */
+void beam_graph_batch(beam_graph_t *g, int on);
 void beam_graph_series_end(beam_graph_t *g, uint64_t series_id, int aborted);
 /* How many frames frame() can take now without blocking (0 = none). */
 unsigned beam_graph_room_count(beam_graph_t *g);

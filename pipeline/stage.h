@@ -69,7 +69,7 @@ typedef struct beam_outdesc_s {
   const char *units;              /* e.g. "counts", "" */
   const char *axes[BEAM_MAX_NDIM]; /* axis names, e.g. "y", "x", "roi" */
   const char *labels_json;        /* optional JSON array (roi names) or NULL */
-  unsigned slots;                 /* output slots; 0 = default (8) */
+  unsigned slots;                 /* output slots; 0 = default (8, 64 when small) */
   int per_frame;                  /* 1: one result per input frame */
 } beam_outdesc_t;
 

@@ -13,6 +13,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import zmq
 
 from conftest import FastFrames, Receiver, Sender, make_config, proto, stage
@@ -207,6 +208,72 @@ def test_sigterm_drain_loses_nothing(ports, zctx, start_beamd, receivers):
     k = min(accepted, 256)
     assert np.all(flat[:k] == np.float32(ref)) and np.all(np.isnan(flat[k:]))
     tx.close()
+
+
+@pytest.mark.parametrize("copy_buffer", [0, 40000, None])
+def test_push_stalled_consumer_small_results(ports, zctx, start_beamd, tmp_path, copy_buffer):
+    """Small results go to the PUSH as copies within output.push_copy_buffer
+    and without a copy past it (0: never copied; 40000 bytes: the first few
+    of these 8 KiB results). A consumer that stops reading fills the unix
+    socket, ZeroMQ's queue, the copy budget, then the stage's slots, and the
+    input pauses; when it reads again every result arrives once, with the
+    right values, whichever way it was sent."""
+    n, sid, nroi = 400, 51, 1024
+    rois = [{"name": "r%d" % i, "shape": "rect", "rect": [i % W, i // W, i % W + 1, i // W + 1]}
+            for i in range(nroi)]
+    vd = {"name": "vd", "kind": "roi_sum", "input": "frames", "backend": "cpu", "rois": rois,
+          "queue": 4}
+    cfg = make_config(ports, [vd], mode="pull", push=True, pool_frames=8, input_hwm=2)
+    # ipc: a unix socket buffers a few hundred KiB, where loopback TCP
+    # would take every result of the test into its buffers.
+    ep = "ipc://%s/push.ipc" % tmp_path
+    cfg["output"]["push"] = ep
+    cfg["output"]["push_hwm"] = 8
+    if copy_buffer is not None:
+        cfg["output"]["push_copy_buffer"] = copy_buffer
+    b = start_beamd(cfg)
+    pull = zctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.setsockopt(zmq.RCVHWM, 4)
+    pull.connect(ep)
+    tx = Sender(zctx, ports.ep_input, zmq.PUSH, sndhwm=2, send_timeout=30)
+    ff = FastFrames(frame_array())
+    ref = frame_array().astype(np.float64).ravel()[:nroi]
+    sent = []
+
+    def sender():
+        tx.start(sid, (H, W), np.uint16)
+        for fid in range(n):
+            tx.send_parts(ff.parts(sid, fid, tx.seq))
+            sent.append(fid)
+        tx.end(sid)
+
+    t = threading.Thread(target=sender, daemon=True)
+    t.start()
+    ids = collections.Counter()
+    ended = False
+    try:
+        # Nobody reads: the pipeline must stop taking frames, not grow.
+        b.wait_stats(lambda st: st["input"]["paused_s"] > 0.3, timeout=20, what="input paused")
+        assert len(sent) < n, "every frame went in while the consumer read nothing"
+        deadline = time.monotonic() + 60
+        while not ended and time.monotonic() < deadline:
+            if not pull.poll(1000):
+                continue
+            topic, h, v, _ = proto.decode_message(pull.recv_multipart())
+            if topic == "vd.sums":
+                assert v is not None and np.array_equal(v.astype(np.float64), ref), h.frame_id
+                ids[h.frame_id] += 1
+            ended = topic == "beamd.series" and h.type == proto.SERIES_END
+    finally:
+        t.join(30)
+        pull.close()
+        tx.close()
+    assert ended, "no SERIES_END"
+    assert sorted(ids) == list(range(n)), "missing: %s" % sorted(set(range(n)) - set(ids))
+    assert set(ids.values()) == {1}
+    push = b.stats()["outputs"]["push"]
+    assert push["dropped"] == 0 and push["backlog"] == 0
 
 
 def test_sigint_idle_exits_cleanly(ports, start_beamd):

@@ -423,6 +423,63 @@ static void test_graph_backpressure(void **state) {
   sink_free(s);
 }
 
+/* Frames given in a batch wake the stage once per few frames. A batch
+ * larger than the stage's queue must still get through: the loop thread
+ * blocks on the full queue, so the stage must have been woken for what is
+ * in it (else both wait for ever; the alarm turns that into a failure).
+ * The frames of a batch smaller than the wake interval are processed once
+ * the batch ends. */
+static void test_graph_batch_wake(void **state) {
+  (void)state;
+  sink_t *s = sink_new();
+  memset(g_tag_cfg, 0, sizeof g_tag_cfg);
+  g_tag_next = 0;
+  beam_stage_spec_t sp[] = {spec("b", "frames", 1, 4)};
+  beam_graph_params_t gp = {64, 64, 0, 0, 0, 0, 0};
+  beam_graph_hooks_t h = hooks(s);
+  beam_graph_t *g = NULL;
+  beam_diag_t d = {0};
+  assert_int_equal(beam_graph_new(&g, sp, 1, &gp, &h, &d), 0);
+  uint32_t shape[4] = {4, 4, 0, 0};
+  beam_graph_series_start(g, beam_series_new(5, BEAM_DT_U32, 2, shape, NULL, 0));
+  alarm(20);
+  const int sizes[2] = {40, 3};
+  int fid = 0;
+  for (int b = 0; b < 2; b++) {
+    beam_graph_batch(g, 1);
+    for (int i = 0; i < sizes[b]; i++, fid++) {
+      beam_frame_t *f = NULL;
+      for (int t = 0; t < 5000 && !(f = beam_graph_input_slot(g)); t++)
+        usleep(1000);
+      assert_non_null(f);
+      f->series_id = 5;
+      f->frame_id = (uint64_t)fid;
+      f->ingest_idx = (uint64_t)fid;
+      f->dtype = BEAM_DT_U32;
+      f->ndim = 2;
+      f->shape[0] = f->shape[1] = 4;
+      f->nbytes = 64;
+      for (int k = 0; k < 16; k++)
+        ((uint32_t *)f->data)[k] = (uint32_t)fid;
+      beam_graph_frame(g, f); /* blocks while the queue of 4 is full */
+    }
+    beam_graph_batch(g, 0);
+  }
+  beam_graph_series_end(g, 5, 0);
+  wait_for(is_done, s);
+  alarm(0);
+  int frames = 0;
+  for (int i = 0; i < s->n; i++)
+    if (strcmp(s->topic[i], "b.frame") == 0) {
+      assert_int_equal(s->fid[i], (uint64_t)frames);
+      assert_int_equal(s->v0[i], (uint32_t)frames);
+      frames++;
+    }
+  assert_int_equal(frames, 43);
+  beam_graph_destroy(&g);
+  sink_free(s);
+}
+
 static void test_graph_reject_series(void **state) {
   (void)state;
   sink_t *s = sink_new();
@@ -769,6 +826,7 @@ int main(void) {
       cmocka_unit_test(test_graph_order_and_done),
       cmocka_unit_test(test_graph_fanout_chain),
       cmocka_unit_test(test_graph_backpressure),
+      cmocka_unit_test(test_graph_batch_wake),
       cmocka_unit_test(test_graph_reject_series),
       cmocka_unit_test(test_graph_shutdown_open_series),
       cmocka_unit_test(test_graph_bad_input_name),
