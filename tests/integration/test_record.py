@@ -274,6 +274,129 @@ def test_growing_shapes(zctx, recorder):
     assert st["mismatched"] == 3 and st["written"] == 20
 
 
+DESC_BIG = {"stage": "prev", "output": "big", "kind": "preview", "dtype": "uint16",
+            "shape": [256, 256], "units": "", "axes": ["y", "x"], "per_frame": False}
+DESC_IMG = {"stage": "img", "output": "full", "kind": "preview", "dtype": "float32",
+            "shape": [640, 512], "units": "", "axes": ["y", "x"], "per_frame": False}
+
+
+def test_blocks_keep_every_row_in_order(zctx, recorder):
+    """The recorder writes the rows of a topic in blocks (256 rows or 1 MiB,
+    a block per shape; docs/recording.md): across block boundaries, changes
+    of shape inside a block, duplicates straddling a boundary, rows of
+    128 KiB (8 to a block) and rows above 1 MiB (written one by one), every
+    row lands once, in arrival order, with its own shape and padding, and a
+    SWMR reader sees every row sent before a pause within the flush interval,
+    not only the full blocks."""
+    feed = Feed(zctx)
+    p = recorder(feed, "--swmr-after", "50", "--series", "1", "--timeout", "40")
+    sid = 21
+    feed.start(sid)
+    # (fid, array) stored, per topic; the q*.frame topics (1 MiB blocks of
+    # 64 KiB rows) pass the file's 4 MiB of block buffers together
+    qs = ["q%d.frame" % i for i in range(4)]
+    got = {t: [] for t in ["mt.g2", "vd.sums", "prev.big", "img.full"] + qs}
+
+    def g2_shape(fid):
+        return 2 if fid % 37 == 0 else min(3 + (fid // 70) % 10, 12)
+
+    def big(fid):
+        rows = 200 if fid % 30 == 0 else 256
+        return ((np.arange(rows * 256, dtype=np.uint32) * 7 + fid) % 65521).astype(
+            np.uint16).reshape(rows, 256)
+
+    def qframe(fid, i):
+        rows = 100 if fid % 45 == 5 else 128
+        return ((np.arange(rows * 256, dtype=np.uint32) + 31 * fid + i) % 65521).astype(
+            np.uint16).reshape(rows, 256)
+
+    def img(fid):
+        rows = 320 if fid % 2 else 640
+        return (np.arange(rows * 512, dtype=np.float32) + fid).reshape(rows, 512)
+
+    def send(topic, fid, a, desc=None, dup=False):
+        feed.result(topic, sid, fid, a, desc)
+        if not dup:
+            got[topic].append((fid, a))
+
+    def send_fids(lo, hi):
+        for fid in range(lo, hi):
+            send("vd.sums", fid, sums(fid), DESC_SUMS if fid == 0 else None)
+            send("mt.g2", fid, g2_rows(fid, g2_shape(fid)), DESC_G2 if fid == 0 else None)
+            if fid % 10 == 0:
+                send("prev.big", fid, big(fid), DESC_BIG if fid == 0 else None)
+            if fid % 10 == 5:
+                for i, q in enumerate(qs):
+                    send(q, fid, qframe(fid, i), dict(DESC_BIG, shape=[128, 256]) if fid == 5 else None)
+            if fid % 100 == 0:
+                send("img.full", fid, img(fid // 100), DESC_IMG if fid == 0 else None)
+            if fid == 262:  # re-sent (a resumed replay) across the first block boundary
+                for d in range(250, 262):
+                    send("vd.sums", d, sums(d), dup=True)
+                    send("mt.g2", d, g2_rows(d, g2_shape(d)), dup=True)
+
+    def check(g, rows):
+        """The rows of topic group g are exactly `rows` (fid, array), in order."""
+        fids = g["frame_id"][()]
+        assert list(fids) == [fid for fid, _ in rows]
+        d, shp = g["data"], g["shape"][()]
+        assert d.shape[0] == len(rows) and shp.shape[0] == len(rows)
+        assert list(g["t_acq_ns"][()]) == [1000 + fid for fid, _ in rows]
+        ext = np.max([a.shape for _, a in rows], axis=0)
+        assert tuple(d.shape[1:]) == tuple(ext)
+        for k, (fid, a) in enumerate(rows):
+            assert tuple(shp[k]) == a.shape, (g.name, k, fid)
+            row = d[k]
+            inside = tuple(slice(0, n) for n in a.shape)
+            np.testing.assert_array_equal(row[inside], a, err_msg="%s row %d" % (g.name, k))
+            pad = np.ones(row.shape, bool)
+            pad[inside] = False
+            fill = row[pad]
+            assert (np.isnan(fill).all() if a.dtype.kind == "f" else (fill == 0).all()), \
+                (g.name, k, fid)
+
+    send_fids(0, 60)  # SWMR starts after 50 (it writes out every block then)
+    part = os.path.join(p.out_dir, "series_%d.h5.partial" % sid)
+    deadline = time.monotonic() + 10
+    f = None
+    while f is None:
+        try:
+            f = h5py.File(part, "r", libver="latest", swmr=True)
+        except OSError:
+            assert time.monotonic() < deadline, "SWMR never started:\n" + p.stderr()
+            time.sleep(0.05)
+    send_fids(60, 300)
+    with f:
+        # 300 and 312 rows: full blocks and a partial one each; the flush
+        # (at least once a second) must carry the partial ones too.
+        deadline = time.monotonic() + 5
+        while True:
+            ds = [f["/results/%s/%s" % (t, n)] for t in got for n in ("data", "frame_id", "shape")]
+            for x in ds:
+                x.refresh()
+            if all(f["/results/%s/frame_id" % t].shape[0] == len(got[t]) for t in got):
+                break
+            assert time.monotonic() < deadline, {t: f["/results/%s/frame_id" % t].shape for t in got}
+            time.sleep(0.1)
+        for t in got:
+            check(f["/results/" + t], got[t])
+    send_fids(300, 700)
+    feed.end(sid)
+    assert p.wait(30) == 0, p.stderr()
+    with h5py.File(os.path.join(p.out_dir, "series_%d.h5" % sid), "r") as f:
+        for t, rows in got.items():
+            g = f["/results/" + t]
+            check(g, rows)
+            assert g.attrs["results"] == len(rows)
+            first = rows[0][1].shape
+            assert g.attrs["reshaped"] == sum(a.shape != first for _, a in rows)
+        assert f["/results/vd.sums"].attrs["duplicates_skipped"] == 12
+        assert f["/results/mt.g2"].attrs["duplicates_skipped"] == 12
+        assert f["/entry"].attrs["results_written"] == sum(map(len, got.values()))
+    st = stats_of(p)
+    assert st["written"] == sum(map(len, got.values())) and st["duplicates"] == 24
+
+
 def test_duplicates_skipped(zctx, recorder):
     """Replay resumption re-sends results (and the SERIES_START): each
     (topic, frame_id) is stored once; FINAL results are keyed apart."""

@@ -82,12 +82,36 @@ struct rec_ctx_s;
 int xpcs_write(struct rec_ctx_s *ctx, rxpcs_t *x, hid_t file, const char *path);
 
 /* ---- rfile.c: one series file ---- */
+/* Rows of an "every" topic received but not yet in the file, all of one
+ * shape: HDF5's per-call cost (extent, dataspaces, write), five datasets a
+ * result, is far above the cost of copying a small result, so rows go out
+ * in blocks. Written when full (REC_BLOCK_ROWS rows or REC_BLOCK_BYTES of
+ * data), when a result of another shape arrives, when the file's block
+ * buffers would pass REC_FILE_BLOCKS, before SWMR starts, before every flush
+ * and at close. */
+#define REC_BLOCK_ROWS 256
+#define REC_BLOCK_BYTES (1u << 20)
+#define REC_FILE_BLOCKS (4u << 20) /* block buffers of one file, all topics */
+typedef struct rblock_s {
+  uint32_t k;                    /* rows pending */
+  uint32_t shape[BEAM_MAX_NDIM]; /* of every pending row */
+  size_t cap;                    /* bytes allocated at data */
+  uint8_t *data;
+  uint64_t fid[REC_BLOCK_ROWS], tacq[REC_BLOCK_ROWS];
+  uint32_t flg[REC_BLOCK_ROWS], shp[REC_BLOCK_ROWS * BEAM_MAX_NDIM];
+} rblock_t;
+
 typedef struct rtopic_s {
   char name[BEAM_TOPIC_MAX + 1];
   int latest;
   int refused; /* appeared after SWMR started: results counted, not stored */
   hid_t grp, data, fid, tacq, flg;
   hid_t shp; /* per-result shape (ndim > 0 only): results may grow */
+  hid_t mtype; /* data's type, as the memory type of writes */
+  /* data is uncompressed: a row as large as its chunk (chunk: the result
+   * dimensions of data's chunks) is that chunk's bytes, written directly */
+  int direct;
+  hsize_t chunk[BEAM_MAX_NDIM];
   beam_dtype_t dtype;
   uint32_t ndim;
   uint32_t shape[BEAM_MAX_NDIM]; /* of the first result */
@@ -96,8 +120,11 @@ typedef struct rtopic_s {
    * and the current extent of data's result dimensions (every mode: the
    * largest seen, rows padded with the fill value). */
   hsize_t maxd[BEAM_MAX_NDIM], ext[BEAM_MAX_NDIM];
+  hsize_t ext_file[BEAM_MAX_NDIM]; /* ext as far as the file has it (blk not yet written) */
   uint64_t reshaped; /* results whose shape differs from the first */
-  uint64_t n; /* rows (every) or results stored (latest) */
+  uint64_t n; /* rows accepted (every: nfile in the file, the rest in blk) or results stored (latest) */
+  uint64_t nfile;
+  rblock_t *blk; /* every mode, allocated with the first row */
   int have_desc;
   idset_t seen, seen_final;
   uint64_t dups, mismatched, late;
@@ -113,6 +140,7 @@ typedef struct rfile_s {
   int dirty;
   int failed; /* a write failed: closed without reopening (the disk may be full) */
   uint64_t written;
+  size_t block_bytes; /* allocated for the topics' blocks, at most REC_FILE_BLOCKS */
   rtopic_t *topics[REC_MAX_TOPICS];
   int ntopics;
   rxpcs_t *xpcs; /* XPCS results kept for the APS layout */
@@ -135,7 +163,7 @@ int rfile_set_meta(rec_ctx_t *ctx, rfile_t *f, const beam_hdr_t *start, const ch
 /* Stores one RESULT (payload decoded into data). Returns 0 (stored, skipped
  * as duplicate or refused, all counted) or -1 on a write error (ctx->err). */
 int rfile_result(rec_ctx_t *ctx, rfile_t *f, const beam_msg_t *m, const void *data);
-/* Starts SWMR when due, flushes when a second has passed. -1 on error. */
+/* Starts SWMR when due, flushes (blocks too) when a second has passed. -1 on error. */
 int rfile_tick(rec_ctx_t *ctx, rfile_t *f, uint64_t now_ns, int force_flush);
 /* Closes the file: complete renames NAME.partial to NAME (after writing
  * complete=true); otherwise it stays .partial with complete=false. -1 on

@@ -161,6 +161,9 @@ int rfile_set_meta(rec_ctx_t *ctx, rfile_t *f, const beam_hdr_t *start, const ch
 }
 
 static void topic_close(rtopic_t *t) {
+  if (t->mtype > 0)
+    H5Tclose(t->mtype);
+  t->mtype = -1;
   hid_t *h[] = {&t->data, &t->fid, &t->tacq, &t->flg, &t->shp, &t->grp};
   for (size_t i = 0; i < sizeof h / sizeof *h; i++)
     if (*h[i] > 0) {
@@ -310,7 +313,7 @@ static rtopic_t *topic_new(rec_ctx_t *ctx, rfile_t *f, const char *name, const b
     return NULL;
   }
   snprintf(t->name, sizeof t->name, "%s", name);
-  t->grp = t->data = t->fid = t->tacq = t->flg = t->shp = -1;
+  t->grp = t->data = t->fid = t->tacq = t->flg = t->shp = t->mtype = -1;
   f->topics[f->ntopics++] = t;
   if (f->swmr) {
     t->refused = 1;
@@ -325,8 +328,14 @@ static rtopic_t *topic_new(rec_ctx_t *ctx, rfile_t *f, const char *name, const b
   t->ndim = h->ndim;
   memcpy(t->shape, h->shape, sizeof t->shape);
   result_bounds(m, t);
-  for (unsigned i = 0; i < t->ndim; i++)
-    t->ext[i] = t->shape[i];
+  for (unsigned i = 0; i < t->ndim; i++) {
+    t->ext[i] = t->ext_file[i] = t->shape[i];
+    /* as make_ds chooses them */
+    t->chunk[i] = t->maxd[i] != H5S_UNLIMITED ? t->maxd[i] : t->shape[i];
+    if (t->chunk[i] == 0)
+      t->chunk[i] = 1;
+  }
+  t->direct = !t->latest && t->ndim && ctx->o->compress == REC_COMP_NONE;
   char path[BEAM_TOPIC_MAX + 16];
   snprintf(path, sizeof path, "/results/%s", name);
   hid_t type = t->ndim ? beam_h5_type(t->dtype) : H5Tcopy(H5T_STD_U8LE); /* no array: ids only */
@@ -335,6 +344,8 @@ static rtopic_t *topic_new(rec_ctx_t *ctx, rfile_t *f, const char *name, const b
     t->data = make_ds(t->grp, "data", type, t->latest, t->ndim, t->shape, t->maxd, 1,
                       t->ndim ? ctx->o->compress : REC_COMP_NONE);
   if (t->data >= 0)
+    t->mtype = H5Dget_type(t->data);
+  if (t->mtype >= 0)
     t->fid = make_ds(t->grp, "frame_id", H5T_STD_U64LE, t->latest, 0, NULL, NULL, 1024, REC_COMP_NONE);
   if (t->fid >= 0)
     t->tacq = make_ds(t->grp, "t_acq_ns", H5T_STD_U64LE, t->latest, 0, NULL, NULL, 1024, REC_COMP_NONE);
@@ -361,14 +372,15 @@ static rtopic_t *topic_new(rec_ctx_t *ctx, rfile_t *f, const char *name, const b
   return t;
 }
 
-/* Writes row `row` of ds (extent (row + 1, *ext)) from buf of shape; the
- * rest of the row, where shape is smaller than ext, keeps the fill value. */
-static int append_one(hid_t ds, uint64_t row, hid_t memtype, const void *buf, unsigned ndim,
-                      const hsize_t *ext, const uint32_t *shape) {
+/* Writes rows row0 .. row0+k-1 of ds (extent (row0 + k, *ext)) from buf of
+ * k rows of shape; the rest of each row, where shape is smaller than ext,
+ * keeps the fill value. */
+static int append_rows(hid_t ds, uint64_t row0, uint64_t k, hid_t memtype, const void *buf,
+                       unsigned ndim, const hsize_t *ext, const uint32_t *shape) {
   hsize_t dims[BEAM_MAX_NDIM + 1], start[BEAM_MAX_NDIM + 1] = {0}, count[BEAM_MAX_NDIM + 1];
-  dims[0] = row + 1;
-  start[0] = row;
-  count[0] = 1;
+  dims[0] = row0 + k;
+  start[0] = row0;
+  count[0] = k;
   for (unsigned i = 0; i < ndim; i++) {
     dims[i + 1] = ext[i];
     count[i + 1] = shape[i];
@@ -388,6 +400,182 @@ static int append_one(hid_t ds, uint64_t row, hid_t memtype, const void *buf, un
   if (es >= 0)
     H5Eset_current_stack(es);
   return rc;
+}
+
+/* k rows of data of one shape after the topic's nfile rows. A row that
+ * fills its chunk goes in with H5Dwrite_chunk, which skips the selection and
+ * the chunk cache: most of HDF5's cost per row, a chunk per row. */
+static int put_data(rtopic_t *t, uint32_t k, const uint32_t *shape, const void *data) {
+  int direct = t->direct;
+  size_t row_bytes = H5Tget_size(t->mtype);
+  for (unsigned i = 0; i < t->ndim; i++) {
+    direct &= shape[i] == t->chunk[i];
+    row_bytes *= shape[i];
+  }
+  if (!direct)
+    return append_rows(t->data, t->nfile, k, t->mtype, data, t->ndim, t->ext, shape);
+  hsize_t dims[BEAM_MAX_NDIM + 1] = {t->nfile + k}, off[BEAM_MAX_NDIM + 1] = {0};
+  for (unsigned i = 0; i < t->ndim; i++)
+    dims[i + 1] = t->ext[i];
+  if (H5Dset_extent(t->data, dims) < 0)
+    return -1;
+  for (uint32_t j = 0; j < k; j++) {
+    off[0] = t->nfile + j;
+    if (H5Dwrite_chunk(t->data, H5P_DEFAULT, 0, off, row_bytes, (const uint8_t *)data + j * row_bytes) < 0)
+      return -1;
+  }
+  return 0;
+}
+
+/* k rows of one shape after the topic's nfile rows, into all of its
+ * datasets. On failure the error (naming the file) goes to ctx->err when
+ * report is set, and the extents go back to nfile rows (best effort), so
+ * that the rows already in the file keep the same count in every dataset
+ * instead of a block of fill values without frame ids. */
+static int topic_put(rec_ctx_t *ctx, rfile_t *f, rtopic_t *t, uint32_t k, const uint32_t *shape,
+                     const void *data, const uint32_t *shp, const uint64_t *fid,
+                     const uint64_t *tacq, const uint32_t *flg, int report) {
+  const hsize_t rank = t->ndim;
+  int rc = put_data(t, k, shape, data) >= 0 &&
+                   (!t->ndim || append_rows(t->shp, t->nfile, k, H5T_NATIVE_UINT32, shp, 1, &rank,
+                                            &t->ndim) >= 0) &&
+                   append_rows(t->fid, t->nfile, k, H5T_NATIVE_UINT64, fid, 0, NULL, NULL) >= 0 &&
+                   append_rows(t->tacq, t->nfile, k, H5T_NATIVE_UINT64, tacq, 0, NULL, NULL) >= 0 &&
+                   append_rows(t->flg, t->nfile, k, H5T_NATIVE_UINT32, flg, 0, NULL, NULL) >= 0
+               ? 0
+               : -1;
+  if (rc == 0) {
+    t->nfile += k;
+    memcpy(t->ext_file, t->ext, sizeof t->ext);
+    return 0;
+  }
+  if (report)
+    fail(ctx, f->path, "write failed");
+  hsize_t d[BEAM_MAX_NDIM + 1] = {t->nfile}, d2[2] = {t->nfile, rank};
+  for (unsigned i = 0; i < t->ndim; i++)
+    d[i + 1] = t->ext_file[i];
+  H5Dset_extent(t->data, d);
+  if (t->ndim)
+    H5Dset_extent(t->shp, d2);
+  H5Dset_extent(t->fid, d);
+  H5Dset_extent(t->tacq, d);
+  H5Dset_extent(t->flg, d);
+  H5Eclear2(H5E_DEFAULT);
+  f->failed = 1;
+  return -1;
+}
+
+/* The topic's pending rows into the file. When that fails they are lost:
+ * the counters of stored rows drop by as many. */
+static int block_write(rec_ctx_t *ctx, rfile_t *f, rtopic_t *t, int report) {
+  rblock_t *b = t->blk;
+  if (!b || !b->k)
+    return 0;
+  uint32_t k = b->k;
+  b->k = 0;
+  if (topic_put(ctx, f, t, k, b->shape, b->data, b->shp, b->fid, b->tacq, b->flg, report) == 0)
+    return 0;
+  t->n -= k;
+  f->written -= k;
+  ctx->c->written -= k;
+  return -1;
+}
+
+/* Every topic's pending rows into the file; the first failure is the error
+ * reported, the other topics are still tried (their rows may fit). */
+static int write_pending(rec_ctx_t *ctx, rfile_t *f) {
+  int rc = 0;
+  for (int i = 0; i < f->ntopics; i++)
+    if (block_write(ctx, f, f->topics[i], rc == 0) < 0)
+      rc = -1;
+  return rc;
+}
+
+/* Room for a block of need bytes in t's buffer, within the file's bound on
+ * block memory: past it, every topic's rows are written out and their
+ * buffers freed (only a file with several topics of large rows gets there;
+ * their blocks are then smaller, which costs little for large rows). */
+static int block_room(rec_ctx_t *ctx, rfile_t *f, rtopic_t *t, size_t need) {
+  rblock_t *b = t->blk;
+  if (need <= b->cap)
+    return 0;
+  if (f->block_bytes - b->cap + need > REC_FILE_BLOCKS) {
+    if (write_pending(ctx, f) < 0)
+      return -1;
+    for (int i = 0; i < f->ntopics; i++) {
+      rblock_t *o = f->topics[i]->blk;
+      if (o) {
+        free(o->data);
+        o->data = NULL;
+        f->block_bytes -= o->cap;
+        o->cap = 0;
+      }
+    }
+  }
+  uint8_t *p = realloc(b->data, need);
+  if (!p) {
+    snprintf(ctx->err, sizeof ctx->err, "out of memory for a block of rows");
+    return -1;
+  }
+  b->data = p;
+  f->block_bytes += need - b->cap;
+  b->cap = need;
+  return 0;
+}
+
+/* One accepted row of an "every" topic: into its block (written out when
+ * full), or straight into the file when one row is above the block's bound
+ * (HDF5's per-call cost is small beside such a row, and it is not copied). */
+static int topic_append(rec_ctx_t *ctx, rfile_t *f, rtopic_t *t, const beam_hdr_t *h,
+                        const void *data) {
+  static const uint8_t none = 0; /* ndim 0 results have no pixels: the row is still recorded (ids) */
+  const uint32_t flags = h->flags;
+  size_t row_bytes = H5Tget_size(t->mtype);
+  for (unsigned i = 0; i < t->ndim; i++)
+    row_bytes *= h->shape[i];
+  if (!t->ndim)
+    data = &none;
+  rblock_t *b = t->blk;
+  if (!b && !(b = t->blk = calloc(1, sizeof *b))) {
+    snprintf(ctx->err, sizeof ctx->err, "out of memory for a block of rows");
+    return -1;
+  }
+  /* The extent of the block's rows is the one before this row's. */
+  if (b->k && memcmp(b->shape, h->shape, t->ndim * sizeof *h->shape) != 0 &&
+      block_write(ctx, f, t, 1) < 0)
+    return -1;
+  for (unsigned i = 0; i < t->ndim; i++)
+    if (h->shape[i] > t->ext[i])
+      t->ext[i] = h->shape[i];
+  if (row_bytes > REC_BLOCK_BYTES) {
+    if (topic_put(ctx, f, t, 1, h->shape, data, h->shape, &h->frame_id, &h->t_acq_ns, &flags, 1) < 0)
+      return -1;
+    t->n++;
+    f->written++;
+    ctx->c->written++;
+    return 0;
+  }
+  size_t rows = REC_BLOCK_BYTES / (row_bytes ? row_bytes : 1);
+  if (rows > REC_BLOCK_ROWS)
+    rows = REC_BLOCK_ROWS;
+  if (!b->k) {
+    if (block_room(ctx, f, t, row_bytes ? rows * row_bytes : 1) < 0)
+      return -1;
+    memcpy(b->shape, h->shape, sizeof b->shape);
+  }
+  uint32_t k = b->k;
+  memcpy(b->data + k * row_bytes, data, row_bytes);
+  memcpy(b->shp + k * t->ndim, h->shape, t->ndim * sizeof *h->shape);
+  b->fid[k] = h->frame_id;
+  b->tacq[k] = h->t_acq_ns;
+  b->flg[k] = flags;
+  b->k = k + 1;
+  /* Counted as stored from here on: a failing write loses the row with its
+   * block, and block_write uncounts them. */
+  t->n++;
+  f->written++;
+  ctx->c->written++;
+  return b->k == rows ? block_write(ctx, f, t, 1) : 0;
 }
 
 int rfile_result(rec_ctx_t *ctx, rfile_t *f, const beam_msg_t *m, const void *data) {
@@ -438,51 +626,34 @@ int rfile_result(rec_ctx_t *ctx, rfile_t *f, const beam_msg_t *m, const void *da
       return fail(ctx, f->path, "cannot write a descriptor");
     t->have_desc = 1;
   }
-  hid_t mt = H5Dget_type(t->data);
-  uint32_t flags = h->flags;
-  hsize_t ext[BEAM_MAX_NDIM], rank = t->ndim;
-  int rc;
-  if (t->latest) {
-    /* The extent follows the latest result exactly. */
-    for (unsigned i = 0; i < t->ndim; i++)
-      ext[i] = h->shape[i];
-    rc = (!t->ndim || H5Dset_extent(t->data, ext) >= 0) &&
-                 (!t->ndim || H5Dwrite(t->data, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0) &&
-                 (!t->ndim || H5Dwrite(t->shp, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                                       h->shape) >= 0) &&
-                 H5Dwrite(t->fid, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &h->frame_id) >= 0 &&
-                 H5Dwrite(t->tacq, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &h->t_acq_ns) >= 0 &&
-                 H5Dwrite(t->flg, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, &flags) >= 0
-             ? 0
-             : -1;
-  } else {
-    /* ndim 0 results have no pixels: the row is still recorded (ids). */
-    uint8_t none = 0;
-    for (unsigned i = 0; i < t->ndim; i++)
-      ext[i] = h->shape[i] > t->ext[i] ? h->shape[i] : t->ext[i];
-    rc = append_one(t->data, t->n, mt, t->ndim ? data : &none, t->ndim, ext, h->shape) >= 0 &&
-                 (!t->ndim || append_one(t->shp, t->n, H5T_NATIVE_UINT32, h->shape, 1, &rank,
-                                         &t->ndim) >= 0) &&
-                 append_one(t->fid, t->n, H5T_NATIVE_UINT64, &h->frame_id, 0, NULL, NULL) >= 0 &&
-                 append_one(t->tacq, t->n, H5T_NATIVE_UINT64, &h->t_acq_ns, 0, NULL, NULL) >= 0 &&
-                 append_one(t->flg, t->n, H5T_NATIVE_UINT32, &flags, 0, NULL, NULL) >= 0
-             ? 0
-             : -1;
+  f->dirty = 1;
+  if (!t->latest) {
+    if (topic_append(ctx, f, t, h, data) < 0)
+      return -1;
+    t->reshaped += reshaped;
+    return 0;
   }
-  if (rc < 0)
-    fail(ctx, f->path, "write failed"); /* before H5Tclose, which clears the error stack */
-  if (mt >= 0)
-    H5Tclose(mt);
+  /* The extent follows the latest result exactly. */
+  uint32_t flags = h->flags;
+  hsize_t ext[BEAM_MAX_NDIM];
+  for (unsigned i = 0; i < t->ndim; i++)
+    ext[i] = h->shape[i];
+  int rc = (!t->ndim || H5Dset_extent(t->data, ext) >= 0) &&
+                   (!t->ndim || H5Dwrite(t->data, t->mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0) &&
+                   (!t->ndim || H5Dwrite(t->shp, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                         h->shape) >= 0) &&
+                   H5Dwrite(t->fid, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &h->frame_id) >= 0 &&
+                   H5Dwrite(t->tacq, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &h->t_acq_ns) >= 0 &&
+                   H5Dwrite(t->flg, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, &flags) >= 0
+               ? 0
+               : -1;
   if (rc < 0) {
     f->failed = 1;
-    return -1;
+    return fail(ctx, f->path, "write failed");
   }
-  if (!t->latest)
-    memcpy(t->ext, ext, t->ndim * sizeof *ext);
   t->reshaped += reshaped;
   t->n++;
   f->written++;
-  f->dirty = 1;
   ctx->c->written++;
   return 0;
 }
@@ -491,6 +662,9 @@ int rfile_tick(rec_ctx_t *ctx, rfile_t *f, uint64_t now, int force_flush) {
   const rec_opts_t *o = ctx->o;
   if (!f->swmr && !o->no_swmr &&
       (f->written >= o->swmr_after || now - f->opened_ns >= (uint64_t)(o->swmr_delay * 1e9))) {
+    /* Readers that open the file as SWMR begins see every row so far. */
+    if (write_pending(ctx, f) < 0)
+      return -1;
     if (H5Fstart_swmr_write(f->file) < 0) {
       f->failed = 1;
       return fail(ctx, f->path, "cannot start SWMR mode");
@@ -500,6 +674,8 @@ int rfile_tick(rec_ctx_t *ctx, rfile_t *f, uint64_t now, int force_flush) {
     f->last_flush_ns = now;
   }
   if (f->dirty && (force_flush || now - f->last_flush_ns >= FLUSH_NS)) {
+    if (write_pending(ctx, f) < 0)
+      return -1;
     if (H5Fflush(f->file, H5F_SCOPE_GLOBAL) < 0) {
       f->failed = 1;
       return fail(ctx, f->path, "flush failed");
@@ -575,10 +751,12 @@ int rfile_close(rec_ctx_t *ctx, rfile_t **pf, int complete, const char *why) {
   *pf = NULL;
   if (!f)
     return 0;
-  int rc = 0;
+  /* Rows still in blocks go out on every way a file ends, a failed one too:
+   * what was received is kept as far as the disk takes it. */
+  int rc = write_pending(ctx, f);
   for (int i = 0; i < f->ntopics; i++)
     topic_close(f->topics[i]);
-  if (H5Fclose(f->file) < 0)
+  if (H5Fclose(f->file) < 0 && rc == 0)
     rc = fail(ctx, f->path, "closing the file failed");
   /* After a write error the file keeps complete=false from its creation:
    * reopening it for writing on a full disk could leave it unreadable. */
@@ -597,6 +775,9 @@ int rfile_close(rec_ctx_t *ctx, rfile_t **pf, int complete, const char *why) {
     tool_log("series %llu incomplete (%s): left as %s", (unsigned long long)f->series_id,
             why ? why : "no reason", f->path);
   for (int i = 0; i < f->ntopics; i++) {
+    if (f->topics[i]->blk)
+      free(f->topics[i]->blk->data);
+    free(f->topics[i]->blk);
     idset_free(&f->topics[i]->seen);
     idset_free(&f->topics[i]->seen_final);
     free(f->topics[i]);
