@@ -330,11 +330,20 @@ static void pause_input(beamd_t *d) {
   }
 }
 
+/* Returning without a receive would leave ZMQ_FD readable while commands
+ * (a peer leaving, say) wait in the socket, and the loop would spin on it:
+ * ZMQ_EVENTS processes them. Whoever reads next reads until EAGAIN. */
+static void settle(beamd_ingest_t *in) {
+  if (in->zs.open && !in->zs.unwatched)
+    beamd_zsock_events(&in->zs);
+}
+
 static void ingest_read(beamd_t *d) {
   beamd_ingest_t *in = &d->in;
   int draining = d->state == BEAMD_DRAINING && in->drain_read;
   if (!in->zs.open || in->stopped || (d->state != BEAMD_RUNNING && !draining)) {
     set_more(in, 0);
+    settle(in);
     return;
   }
   zmq_msg_t parts[MAX_PARTS];
@@ -343,6 +352,7 @@ static void ingest_read(beamd_t *d) {
       /* The graph calls back (beamd_ingest_resume) when room appears. */
       pause_input(d);
       set_more(in, 0);
+      settle(in);
       return;
     }
     int n = recv_parts(in->zs.sock, parts);

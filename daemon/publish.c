@@ -117,8 +117,23 @@ static int omsg_send(beamd_out_t *o, omsg_t *m) {
   return 0;
 }
 
-static void on_push_event(beamd_zsock_t *zs) { beamd_publish_flush(zs->d); }
-static void on_pub_event(beamd_zsock_t *zs) { (void)zs; }
+/* ZMQ_FD stays readable until ZeroMQ has processed the socket's pending
+ * commands (a peer connecting or leaving, a pipe with room again), which
+ * only a send, a receive or ZMQ_EVENTS does. A handler that did none of
+ * them would leave it readable, and the loop would spin a core for as long
+ * as that lasts. */
+static void on_push_event(beamd_zsock_t *zs) {
+  beamd_publish_flush(zs->d);
+  /* Room may have come with the commands ZMQ_EVENTS just processed: the
+   * FD will not say so again. */
+  while ((beamd_zsock_events(zs) & ZMQ_POLLOUT) && zs->d->push.pending.count) {
+    size_t before = zs->d->push.pending.count;
+    beamd_publish_flush(zs->d);
+    if (zs->d->push.pending.count == before)
+      break;
+  }
+}
+static void on_pub_event(beamd_zsock_t *zs) { beamd_zsock_events(zs); }
 
 void beamd_publish_budgets(beamd_t *d) {
   d->pub.pub_budget = d->cfg->output.pub_buffer;

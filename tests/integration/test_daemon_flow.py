@@ -7,6 +7,7 @@ re-sends one pre-encoded payload with fresh headers, far faster than that.
 """
 
 import collections
+import os
 import re
 import signal
 import threading
@@ -274,6 +275,50 @@ def test_push_stalled_consumer_small_results(ports, zctx, start_beamd, tmp_path,
     assert set(ids.values()) == {1}
     push = b.stats()["outputs"]["push"]
     assert push["dropped"] == 0 and push["backlog"] == 0
+
+
+def _cpu_s(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_stalled_pipeline_with_peers_gone_does_not_spin(ports, zctx, start_beamd, tmp_path):
+    """Input paused (the PUSH consumer stopped reading), then the sender and
+    the consumer close their sockets: ZeroMQ queues commands on beamd's
+    sockets that only a send, a receive or ZMQ_EVENTS processes. beamd
+    must process them and sleep, not spin its loop on a ZMQ_FD that stays
+    readable (it did: a core at 100 % until restarted)."""
+    vd = {"name": "vd", "kind": "roi_sum", "input": "frames", "backend": "cpu", "queue": 2,
+          "rois": [{"name": "r%d" % i, "shape": "rect", "rect": [i, 0, i + 1, 1]}
+                   for i in range(2048)]}
+    cfg = make_config(ports, [vd], mode="pull", push=True, pool_frames=4, input_hwm=2,
+                      heartbeat="1s")
+    ep = "ipc://%s/push.ipc" % tmp_path
+    cfg["output"]["push"] = ep
+    cfg["output"]["push_hwm"] = 2
+    b = start_beamd(cfg)
+    pull = zctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.setsockopt(zmq.RCVHWM, 1)
+    pull.connect(ep)
+    tx = Sender(zctx, ports.ep_input, zmq.PUSH, sndhwm=2, send_timeout=0.5)
+    ff = FastFrames(frame_array())
+    tx.start(61, (H, W), np.uint16)
+    for fid in range(200):
+        try:
+            tx.send_parts(ff.parts(61, fid, tx.seq))
+        except zmq.Again:
+            break
+    b.wait_stats(lambda st: st["input"]["paused"], timeout=20, what="input paused")
+    tx.close()
+    pull.close()
+    time.sleep(0.5)
+    c0, t0 = _cpu_s(b.pid), time.monotonic()
+    time.sleep(2.0)
+    used = (_cpu_s(b.pid) - c0) / (time.monotonic() - t0)
+    assert used < 0.25, "beamd used %.0f %% of a core while nothing could move" % (100 * used)
+    assert b.alive()
 
 
 def test_sigint_idle_exits_cleanly(ports, start_beamd):
