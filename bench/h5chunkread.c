@@ -13,6 +13,11 @@
  * stage thread pays per frame for lazy decode. Passes over the file repeat until --min-seconds have passed, so
  * a file that sits in the page cache still gives a steady figure.
  *
+ * `--ring N` reads frame k into buffer k % N of N, the way any reader that
+ * keeps frames in flight (a pool of N slots) must: each frame lands in
+ * memory that is no longer in cache, where the one reused buffer stays hot.
+ * It shows how much of the yardstick a consumer holding frames can reach.
+ *
  * Prints one JSON line: frames, passes, stored and decoded bytes, seconds
  * (first open to last read), frames/s and GB/s of decoded frame bytes, the
  * figure beamd's throughput is compared with. Not a general HDF5 reader:
@@ -28,7 +33,8 @@
 #include "proto/proto.h"
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: h5chunkread FILE [--dataset PATH] [--min-seconds S] [--decode | --beam-decode]\n"
+  fprintf(f, "usage: h5chunkread FILE [--dataset PATH] [--min-seconds S] [--ring N]\n"
+             "                   [--decode | --beam-decode]\n"
              "Reads every frame chunk of FILE (default dataset /entry/data/data) and prints\n"
              "one JSON line with frames/s and GB/s.\n");
 }
@@ -38,6 +44,7 @@ typedef struct {
   double min_s;
   int decode;      /* H5Dread through the filter */
   int beam_decode; /* H5Dread_chunk + beam_codec_decode */
+  unsigned ring;   /* buffers read into in turn */
 } opts_t;
 
 static int parse(int argc, char **argv, opts_t *o) {
@@ -46,6 +53,7 @@ static int parse(int argc, char **argv, opts_t *o) {
   o->min_s = 1.0;
   o->decode = 0;
   o->beam_decode = 0;
+  o->ring = 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help")) {
@@ -60,6 +68,14 @@ static int parse(int argc, char **argv, opts_t *o) {
         fprintf(stderr, "h5chunkread: --min-seconds: expected 0..3600, got \"%s\"\n", argv[i]);
         return -1;
       }
+    } else if (!strcmp(a, "--ring") && i + 1 < argc) {
+      char *end;
+      unsigned long n = strtoul(argv[++i], &end, 10);
+      if (*end || n < 1 || n > 65536) {
+        fprintf(stderr, "h5chunkread: --ring: expected 1..65536, got \"%s\"\n", argv[i]);
+        return -1;
+      }
+      o->ring = (unsigned)n;
     } else if (!strcmp(a, "--decode")) {
       o->decode = 1;
     } else if (!strcmp(a, "--beam-decode")) {
@@ -127,10 +143,12 @@ int main(int argc, char **argv) {
     if (H5Dget_chunk_storage_size(d, off, &nb) >= 0 && nb > cap)
       cap = (size_t)nb;
   }
-  if (!(buf = malloc(cap))) {
-    fprintf(stderr, "h5chunkread: out of memory (%zu bytes)\n", cap);
+  size_t stride = (cap + 4095) & ~(size_t)4095;
+  if (!(buf = malloc(stride * o.ring))) {
+    fprintf(stderr, "h5chunkread: out of memory (%zu bytes)\n", stride * o.ring);
     goto out;
   }
+  memset(buf, 0, stride * o.ring); /* pages faulted in before the clock starts */
   beam_codec_t codec = BEAM_CODEC_RAW;
   if (o.beam_decode) {
     int nf = H5Pget_nfilters(dcpl);
@@ -151,6 +169,7 @@ int main(int argc, char **argv) {
       goto out;
     }
   }
+  void *const buf0 = buf;
   hsize_t one[3] = {1, dims[1], dims[2]};
   mspace = H5Screate_simple(3, one, NULL);
   uint64_t frames = 0, stored = 0, passes = 0;
@@ -158,6 +177,7 @@ int main(int argc, char **argv) {
   do {
     for (hsize_t k = 0; k < dims[0]; k++) {
       hsize_t off[3] = {k, 0, 0};
+      void *buf = (char *)buf0 + (size_t)(frames % o.ring) * stride;
       if (o.decode) {
         if (H5Sselect_hyperslab(space, H5S_SELECT_SET, off, NULL, one, NULL) < 0 ||
             H5Dread(d, type, mspace, space, H5P_DEFAULT, buf) < 0) {
@@ -191,9 +211,10 @@ int main(int argc, char **argv) {
   } while (t1 - t0 < o.min_s);
   double secs = t1 - t0;
   printf("{\"file\":\"%s\",\"mode\":\"%s\",\"frames\":%llu,\"passes\":%llu,\"frame_bytes\":%zu,"
-         "\"stored_bytes\":%llu,\"seconds\":%.6f,\"fps\":%.3f,\"gbps\":%.4f,\"stored_gbps\":%.4f}\n",
+         "\"ring\":%u,\"stored_bytes\":%llu,\"seconds\":%.6f,\"fps\":%.3f,\"gbps\":%.4f,"
+         "\"stored_gbps\":%.4f}\n",
          o.file, o.decode ? "decode" : o.beam_decode ? "beam_decode" : "chunk", (unsigned long long)frames,
-         (unsigned long long)passes, frame_bytes, (unsigned long long)stored, secs,
+         (unsigned long long)passes, frame_bytes, o.ring, (unsigned long long)stored, secs,
          (double)frames / secs, (double)frames * (double)frame_bytes / secs / 1e9,
          (double)stored / secs / 1e9);
   rc = 0;
