@@ -183,7 +183,9 @@ class Run:
         with open(path, "w") as f:
             f.write(cfg_text)
         p = self.spawn("beamd", ["-c", path], stdout=False)
-        deadline = time.monotonic() + 10
+        # pool.prefault touches every page of the pool and the landing area
+        # (2 GiB at 2048x2048), at ~15 us a page on this VM: many seconds.
+        deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if p.poll() is not None:
                 break
