@@ -826,6 +826,8 @@ void beam_graph_frame(beam_graph_t *g, beam_frame_t *f) {
 }
 
 void beam_graph_batch(beam_graph_t *g, int on) {
+  if (!g)
+    return;
   g->batch = on;
   if (!on)
     for (unsigned i = 0; i < g->nroots; i++)
