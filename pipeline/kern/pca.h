@@ -74,6 +74,9 @@ enum {
 };
 
 #define BEAM_PCA_NSAMP 2048 /* pixels per frame for the robust noise scale */
+/* CPU backend: pixels per chunk of the robust split's E = S V (pca_cpu.c);
+ * bench/pca.c times the same calls. */
+#define BEAM_PCA_RCHUNK 8192
 
 typedef struct beam_pca_conf_s {
   uint32_t k, b;

@@ -20,7 +20,12 @@
  * chunk by chunk of pixels, E = S V (sgemm b x chunk x k) and one fused
  * pass s = soft(x - mu - E, tau) per frame that also updates the frame's
  * scores from the nonzeros of s (robust_split); the last step keeps s in
- * c->E (b x P more floats) and writes y - mu over the batch rows of M. */
+ * c->E (b x P more floats) and writes y - mu over the batch rows of M.
+ * The BLAS calls run on the stage's thread, threaded by OpenBLAS; the
+ * passes between them (noise scales, soft thresholding) on a pool of as
+ * many threads (xpcs_pool.h), whose cores would otherwise wait in
+ * OpenBLAS's spin loop. Frames arrive converted and centred in one pass
+ * (gather_centre). */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
@@ -28,6 +33,8 @@
 #include "pipeline/kern/kern_int.h"
 #include "pipeline/kern/kinds.h"
 #include "pipeline/kern/pca.h"
+#include "pipeline/kern/xpcs_pool.h"
+
 
 typedef struct cpu_s {
   beam_pca_host_t h;
@@ -44,6 +51,12 @@ typedef struct cpu_s {
   float *Vs;   /* robust: k x NSAMP, V at the noise subsample */
   float *Es;   /* robust: b x NSAMP, S V there */
   float *sv;   /* robust: NSAMP, one frame's subsample */
+  float *mubg; /* robust: RGROUPS x RCHUNK, each frame group's sums of y - mu over a chunk */
+  beam_xpcs_pool_t *pool; /* robust: the passes between the BLAS calls */
+  /* the chunk rpass works on (set before each pool run) */
+  size_t rp0, rw, rld;
+  float *rEc;
+  int rlast;
 } cpu_t;
 
 /* Low-rank frame j of the batch just scored: mu + S_j V (the model that
@@ -147,7 +160,128 @@ static inline float soft(float e, float t) {
  * RCHUNK, 2 MiB at b = 64) stays in cache between its GEMM and the pass
  * over it, and each GEMM still has enough to do (2 b k RCHUNK flops) that
  * the calls cost little. */
-#define RCHUNK 8192
+#define RCHUNK BEAM_PCA_RCHUNK
+/* Frame groups of the pass over a chunk (its tasks): a task soft-thresholds
+ * the chunk's pixels of its frames (rows of 32 KiB at RCHUNK pixels, which
+ * the hardware prefetcher streams) and owns their scores and sums; the
+ * batch sums per pixel (mub) of a group go into the group's own row and
+ * are added in group order after the pass. The split is fixed, not by
+ * thread count: the result is the same, bit for bit, on 1 thread or many. */
+#define RGROUPS 8
+/* Pixels per block of the sparse-pixel search (see rpass). */
+#define RBLK 64
+
+/* sub_sums(x, s, n, 1, acc, sum, sq) of the robust split's last step,
+ * the same arithmetic in the same order, written as one small loop per
+ * step without sub_sums's optional operands: gcc 12 vectorises the float
+ * to double sums of the AVX2 clone in this form (vcvtps2pd), and leaves
+ * them scalar in sub_sums's. */
+__attribute__((target_clones("avx2", "default"))) static void y_sums(float *restrict x, const float *restrict s,
+                                                                     size_t n, float *restrict acc, double *sum,
+                                                                     double *sq) {
+  double a[LANES] = {0}, q[LANES] = {0};
+  size_t p = 0;
+  for (; p + LANES <= n; p += LANES) {
+    float v[LANES];
+    for (int l = 0; l < LANES; l++)
+      v[l] = x[p + l] - s[p + l];
+    for (int l = 0; l < LANES; l++) {
+      x[p + l] = v[l];
+      acc[p + l] += v[l];
+    }
+    for (int l = 0; l < LANES; l++) {
+      double d = v[l];
+      a[l] += d;
+      q[l] += d * d;
+    }
+  }
+  double t = 0, u = 0;
+  for (int l = 0; l < LANES; l++)
+    t += a[l], u += q[l];
+  for (; p < n; p++) {
+    float v = x[p] - s[p];
+    x[p] = v;
+    acc[p] += v;
+    t += v;
+    u += (double)v * v;
+  }
+  *sum += t;
+  *sq += u;
+}
+
+/* Group g's frames of the batch: [rg0(nb, g), rg0(nb, g + 1)). */
+static inline size_t rg0(size_t nb, unsigned g) { return nb * g / RGROUPS; }
+
+/* One task of the pass over chunk [p0, p0 + w) of the batch: group g's
+ * frames. Ec holds S V there (leading dimension ld); s = soft(x - mu - S V,
+ * tau) (written over Ec on the last step); each nonzero s_p takes s_p V_p off the
+ * frame's next scores (c->Sn); on the last step y - mu = x - mu - s is
+ * written over x, with its sums (c->xs, c->c2, and the group's row of
+ * c->mubg). Built for AVX2 as well as the baseline: the same operations in
+ * the same order (no contraction in ISO C mode), so both give the same
+ * bits. */
+__attribute__((target_clones("avx2", "default"))) static void rpass(void *ctx, unsigned g) {
+  cpu_t *c = ctx;
+  beam_pca_host_t *h = &c->h;
+  size_t P = h->P, k = h->conf.k, nb = h->nb, p0 = c->rp0, ld = c->rld, n = c->rw;
+  const float *V = h->V + p0;
+  float *X = h->M + k * P + p0, *mub = c->mubg + (size_t)g * RCHUNK;
+  if (c->rlast)
+    memset(mub, 0, n * sizeof *mub);
+  for (size_t j = rg0(nb, g); j < rg0(nb, g + 1); j++) {
+    float *restrict x = X + j * P, *restrict e = c->rEc + j * ld, *restrict sj = c->Sn + j * k, tj = h->tau[j];
+    /* Most blocks hold no sparse pixel: soft-threshold a block without a
+     * branch per pixel, then look pixel by pixel only where it had one.
+     * Only the last step keeps s; the others recompute it in the blocks
+     * that have one, which saves a store per pixel. */
+    for (size_t b0 = 0; b0 < n; b0 += RBLK) {
+      size_t b1 = b0 + RBLK < n ? b0 + RBLK : n;
+      int any = 0;
+      if (c->rlast)
+        for (size_t p = b0; p < b1; p++) {
+          float v = soft(x[p] - e[p], tj);
+          e[p] = v;
+          any |= v != 0.0f;
+        }
+      else
+        for (size_t p = b0; p < b1; p++)
+          any |= soft(x[p] - e[p], tj) != 0.0f;
+      for (size_t p = b0; any && p < b1; p++) {
+        float v = c->rlast ? e[p] : soft(x[p] - e[p], tj);
+        if (v != 0.0f)
+          for (size_t i = 0; i < k; i++)
+            sj[i] -= v * V[i * P + p];
+      }
+    }
+    if (c->rlast)
+      y_sums(x, e, n, mub, &c->xs[j], &c->c2[j]);
+  }
+}
+
+/* Noise scale of frame j (a task per frame): from its subsample, x - mu -
+ * S V there (c->Es holds S V; overwritten). */
+static void rsigma(void *ctx, unsigned j) {
+  cpu_t *c = ctx;
+  beam_pca_host_t *h = &c->h;
+  size_t ns = beam_pca_samp_n(h->P);
+  float *v = c->Es + (size_t)j * ns;
+  const float *xs = h->samp + (size_t)j * ns;
+  for (size_t i = 0; i < ns; i++)
+    v[i] = xs[i] - v[i];
+  h->tau[j] = (float)h->conf.robust_lambda * beam_pca_sigma_of(v, ns);
+}
+
+/* Frame j's subsample of x - mu for the noise scale, taken as the frame
+ * arrives, while its row is still in cache (from the whole batch at the
+ * split, the reads missed the cache: 4 % of the robust stage at 256^2). */
+static void robust_samp(cpu_t *c, size_t j) {
+  beam_pca_host_t *h = &c->h;
+  size_t P = h->P, ns = beam_pca_samp_n(P);
+  const float *x = h->M + (h->conf.k + j) * P;
+  float *xs = h->samp + j * ns;
+  for (size_t i = 0; i < ns; i++)
+    xs[i] = x[beam_pca_samp_idx(P, i)];
+}
 
 /* The split x = y + s of every frame of the batch against the current
  * model (or, before the first model, the batch's per-pixel median); the
@@ -155,21 +289,23 @@ static inline float soft(float e, float t) {
  * and xs each row's sum of squares and sum. With a model, h->S ends as the
  * scores of y.
  *
- * Per step, first the noise scale of every frame from its subsample (the
- * subsample of X and of V gathered once per batch, E at those pixels by one
- * small GEMM), then the batch chunk by chunk of pixels: E = S V for the
- * chunk (a GEMM into a scratch that stays in cache) and, frame by frame,
- * one pass that soft-thresholds e = x - mu - E into s and subtracts s_p V_p
- * from the frame's next scores for every nonzero s_p: S' = A0 - s V^T
- * without a GEMM, since s is sparse (all of it only for a glitch frame,
- * where this costs a GEMV). X is read once per step and E never leaves the
- * cache; the last step writes E (s, for the sparse output) and y - mu =
- * x - mu - s with its sums in the same pass. */
+ * Per step, first the noise scale of every frame from its subsample (that
+ * of X gathered as the frames arrived, of V once per batch, E at those
+ * pixels by one small GEMM; a task per frame on the pool), then the batch
+ * chunk by chunk of pixels: E = S V for the chunk (a GEMM into a scratch
+ * that stays in cache) and one pass (rpass, the frames in RGROUPS tasks
+ * on the pool) that soft-thresholds e = x - mu - E into s and subtracts
+ * s_p V_p from the frame's next scores for every nonzero s_p: S' = A0 -
+ * s V^T without a GEMM, since s is sparse (all of it only for a glitch frame, where this
+ * costs a GEMV). X is read once per step and E never leaves the cache; the
+ * last step writes E (s, for the sparse output) and y - mu = x - mu - s
+ * with its sums in the same pass. The BLAS calls run on the caller's
+ * thread (OpenBLAS threads them), the passes between them on the pool. */
 static void robust_split(cpu_t *c) {
   beam_pca_host_t *h = &c->h;
   const beam_pca_conf_t *cf = &h->conf;
   size_t P = h->P, k = cf->k, nb = h->nb, ns = beam_pca_samp_n(P);
-  float *X = h->M + k * P, *E = c->E, *Xs = h->samp;
+  float *X = h->M + k * P, *E = c->E;
   const float *V = h->V;
   float lam = (float)cf->robust_lambda;
   memset(h->mub, 0, P * sizeof *h->mub);
@@ -182,8 +318,6 @@ static void robust_split(cpu_t *c) {
       size_t p = beam_pca_samp_idx(P, i);
       for (size_t l = 0; l < k; l++)
         c->Vs[l * ns + i] = V[l * P + p];
-      for (size_t j = 0; j < nb; j++)
-        Xs[j * ns + i] = X[j * P + p];
     }
     for (uint32_t t = 0; t < cf->robust_iters; t++) {
       int last = t + 1 == cf->robust_iters;
@@ -192,13 +326,10 @@ static void robust_split(cpu_t *c) {
        * spread over all pixels), which would inflate it. */
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, (int)ns, (int)k, 1.0f, h->S, (int)k,
                   c->Vs, (int)ns, 0.0f, c->Es, (int)ns);
-      for (size_t j = 0; j < nb; j++) {
-        for (size_t i = 0; i < ns; i++)
-          c->sv[i] = Xs[j * ns + i] - c->Es[j * ns + i];
-        h->tau[j] = lam * beam_pca_sigma_of(c->sv, ns);
-        if (last)
+      beam_xpcs_pool_run(c->pool, (unsigned)nb, rsigma, c);
+      if (last)
+        for (size_t j = 0; j < nb; j++)
           c->c2[j] = c->xs[j] = 0;
-      }
       memcpy(c->Sn, c->A0, nb * k * sizeof *c->Sn);
       for (size_t p0 = 0; p0 < P; p0 += RCHUNK) {
         size_t w = p0 + RCHUNK < P ? RCHUNK : P - p0, ld = last ? P : w;
@@ -206,29 +337,15 @@ static void robust_split(cpu_t *c) {
         float *Ec = last ? E + p0 : c->Ec;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, (int)w, (int)k, 1.0f, h->S, (int)k,
                     V + p0, (int)P, 0.0f, Ec, (int)ld);
-        for (size_t j = 0; j < nb; j++) {
-          float *x = X + j * P + p0, *e = Ec + j * ld, *sj = c->Sn + j * k, tj = h->tau[j];
-          int nz = 0;
-          for (size_t p = 0; p < w; p++) {
-            e[p] = soft(x[p] - e[p], tj);
-            nz |= e[p] != 0.0f;
+        c->rp0 = p0, c->rw = w, c->rld = ld, c->rEc = Ec, c->rlast = last;
+        beam_xpcs_pool_run(c->pool, RGROUPS, rpass, c);
+        if (last)
+          for (unsigned g = 0; g < RGROUPS; g++) {
+            const float *mg = c->mubg + (size_t)g * RCHUNK;
+            float *mb = h->mub + p0;
+            for (size_t p = 0; p < w; p++)
+              mb[p] += mg[p];
           }
-          /* Most of a chunk holds no sparse pixel: look at it in blocks of
-           * 64 without a branch per pixel, and pixel by pixel only where a
-           * block has one. */
-          for (size_t q0 = 0; nz && q0 < w; q0 += 64) {
-            size_t q1 = q0 + 64 < w ? q0 + 64 : w;
-            int any = 0;
-            for (size_t p = q0; p < q1; p++)
-              any |= e[p] != 0.0f;
-            for (size_t p = q0; any && p < q1; p++)
-              if (e[p] != 0.0f)
-                for (size_t i = 0; i < k; i++)
-                  sj[i] -= e[p] * V[i * P + p0 + p];
-          }
-          if (last)
-            sub_sums(x, e, w, 1, h->mub + p0, &c->xs[j], &c->c2[j]);
-        }
       }
       memcpy(h->S, c->Sn, nb * k * sizeof *h->S);
     }
@@ -469,6 +586,8 @@ static void cpu_destroy(beam_stage_t *self) {
   free(s->Es);
   free(s->Ec);
   free(s->sv);
+  free(s->mubg);
+  beam_xpcs_pool_destroy(&s->pool);
   free(s);
   self->priv = NULL;
 }
@@ -502,7 +621,8 @@ static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam
   free(s->Es);
   free(s->Ec);
   free(s->sv);
-  s->E = s->A0 = s->Sn = s->Vs = s->Es = s->Ec = s->sv = NULL;
+  free(s->mubg);
+  s->E = s->A0 = s->Sn = s->Vs = s->Es = s->Ec = s->sv = s->mubg = NULL;
   s->c2 = calloc(b, sizeof *s->c2);
   s->xs = calloc(b, sizeof *s->xs);
   s->Gv = calloc(k * k, sizeof *s->Gv);
@@ -514,8 +634,19 @@ static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam
       (!(s->E = malloc(b * s->h.P * sizeof *s->E)) || !(s->A0 = calloc(b * k, sizeof *s->A0)) ||
        !(s->Sn = calloc(b * k, sizeof *s->Sn)) || !(s->Vs = calloc(k * ns, sizeof *s->Vs)) ||
        !(s->Es = calloc(b * ns, sizeof *s->Es)) || !(s->Ec = calloc(b * RCHUNK, sizeof *s->Ec)) ||
-       !(s->sv = calloc(ns, sizeof *s->sv))))
+       !(s->sv = calloc(ns, sizeof *s->sv)) || !(s->mubg = calloc(RGROUPS * RCHUNK, sizeof *s->mubg))))
     return BEAM_DIAG(d, BEAM_ENOMEM, "pca: robust: cannot allocate the %zu x %zu sparse batch", b, s->h.P);
+  /* The robust passes run on as many threads as the BLAS calls between
+   * them (OPENBLAS_NUM_THREADS, else every core): those threads only wait
+   * while the passes run. */
+  if (s->h.conf.robust && !s->pool) {
+    int nt = openblas_get_num_threads();
+    unsigned cores = beam_xpcs_pool_cores(), n = nt < 1 ? 1 : (unsigned)nt;
+    n = n > cores ? cores : n;
+    n = n > BEAM_XPCS_POOL_MAX ? BEAM_XPCS_POOL_MAX : n;
+    if ((rc = beam_xpcs_pool_new(&s->pool, n, "pca", d)) < 0)
+      return rc;
+  }
   const beam_bin_geom_t *g = &s->h.geom;
   s->direct = g->n == 1 && g->y0 == 0 && g->x0 == 0 && g->out_h == g->in_h && g->out_w == g->in_w;
   s->all = s->h.P == (size_t)g->out_h * g->out_w;
@@ -560,6 +691,44 @@ static size_t gather_direct(const cpu_t *c, beam_dtype_t dt, const void *in, flo
   return bad;
 }
 
+/* Robust without the Anscombe transform: pixels straight from the input
+ * and centred on the model's mean in one pass, row = x - mu with x as
+ * gather_direct converts it, so the same bits as gather_direct followed by
+ * centre_in. Measured on 256^2 uint16 frames from a bank larger than the
+ * cache: the two passes 63-104 us per frame, this one 18-22 us (baseline
+ * SSE2 build) and 12-16 us (AVX2 clone). Returns the non-finite count. */
+__attribute__((target_clones("avx2", "default"))) static size_t gather_centre(const cpu_t *c, beam_dtype_t dt,
+                                                                              const void *in,
+                                                                              float *restrict row) {
+  const beam_pca_host_t *h = &c->h;
+  const uint32_t *keep = h->keep;
+  const float *restrict mu = h->mu;
+  size_t P = h->P, bad = 0;
+#define GC_LOOP(IDX)                                                           \
+  for (size_t i = 0; i < P; i++) {                                             \
+    float x = (float)(double)px[IDX];                                          \
+    bad += !isfinite(x);                                                       \
+    row[i] = x - mu[i];                                                        \
+  }
+#define GC_CASE(T, DT)                                                         \
+  case DT: {                                                                   \
+    const T *restrict px = in;                                                 \
+    if (c->all) {                                                              \
+      GC_LOOP(i)                                                               \
+    } else {                                                                   \
+      GC_LOOP(keep[i])                                                         \
+    }                                                                          \
+    break;                                                                     \
+  }
+  switch (dt) {
+    BEAM__REAL_DTYPES(GC_CASE)
+#undef GC_CASE
+#undef GC_LOOP
+  default: BEAM_ASSERT(!"pca: dtype not accepted at start");
+  }
+  return bad;
+}
+
 /* Pixels p0 .. p1 of the batch's newest row centred on the model as the
  * frame arrives (update, score), with the row's sums while they are in
  * cache (robust: those of y - mu, known only once the batch is split). */
@@ -584,7 +753,9 @@ static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *
   size_t P = h->P, bad = 0;
   float *row = h->M + ((size_t)h->conf.k + h->nb) * P;
   c->c2[h->nb] = c->xs[h->nb] = 0;
-  if (c->direct && in->dtype != BEAM_DT_F32 && in->dtype != BEAM_DT_F64) {
+  if (c->direct && h->conf.robust && !h->conf.poisson) {
+    bad = gather_centre(c, in->dtype, in->data, row);
+  } else if (c->direct && in->dtype != BEAM_DT_F32 && in->dtype != BEAM_DT_F64) {
     /* Integers are finite: converted and centred a chunk at a time, in L1. */
     for (size_t p0 = 0; p0 < P; p0 += CHUNK) {
       size_t p1 = p0 + CHUNK < P ? p0 + CHUNK : P;
@@ -598,14 +769,17 @@ static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *
       beam_bin2d_cpu(&h->geom, in->data, h->img, h->acc);
       bad = beam_pca_gather(h, h->img, row);
     }
-    if (bad) {
-      h->nreject++;
-      return BEAM_DIAG(&self->diag, BEAM_EINVAL,
-                       "pca \"%s\": frame %llu has %zu non-finite pixels; left out of the model",
-                       self->name, (unsigned long long)in->frame_id, bad);
-    }
-    centre_in(c, row, 0, P);
+    if (!bad)
+      centre_in(c, row, 0, P);
   }
+  if (bad) {
+    h->nreject++;
+    return BEAM_DIAG(&self->diag, BEAM_EINVAL,
+                     "pca \"%s\": frame %llu has %zu non-finite pixels; left out of the model",
+                     self->name, (unsigned long long)in->frame_id, bad);
+  }
+  if (h->conf.robust)
+    robust_samp(c, h->nb);
   beam_frame_copy_ident(&h->ident[h->nb], in);
   h->nb++;
   h->nframes++;
