@@ -149,7 +149,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "h5chunkread: out of memory (%zu bytes)\n", stride * o.ring);
     goto out;
   }
-  memset(buf, 0, stride * o.ring); /* pages faulted in before the clock starts */
+  /* Pages faulted in before the clock starts; not with zeros, which a
+   * hypervisor may keep unbacked until the first other write. */
+  memset(buf, 0xa5, stride * o.ring);
   beam_codec_t codec = BEAM_CODEC_RAW;
   if (o.beam_decode) {
     int nf = H5Pget_nfilters(dcpl);
