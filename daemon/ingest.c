@@ -338,7 +338,17 @@ static void settle(beamd_ingest_t *in) {
     beamd_zsock_events(&in->zs);
 }
 
+static void ingest_burst(beamd_t *d);
+
+/* The frames of one burst wake a stage once per few frames (as a replay
+ * reply's do), and all of them at the burst's end. */
 static void ingest_read(beamd_t *d) {
+  beam_graph_batch(d->graph, 1);
+  ingest_burst(d);
+  beam_graph_batch(d->graph, 0);
+}
+
+static void ingest_burst(beamd_t *d) {
   beamd_ingest_t *in = &d->in;
   int draining = d->state == BEAMD_DRAINING && in->drain_read;
   if (!in->zs.open || in->stopped || (d->state != BEAMD_RUNNING && !draining)) {

@@ -166,7 +166,10 @@ static void queue_push_b(queue_t *q, const item_t *it, int batch) {
   q->buf[(q->head + q->count) % q->size] = *it;
   q->count++;
   q->nframes += frame;
-  if (batch && ++q->unsignalled < BATCH_WAKE) {
+  /* A queue half full wakes its stage whatever the batch: a live input
+   * that finds no room drops frames, and a short queue must not fill up
+   * while its stage sleeps. */
+  if (batch && ++q->unsignalled < BATCH_WAKE && 2 * q->nframes < q->cap) {
     pthread_mutex_unlock(&q->mu);
     return;
   }
