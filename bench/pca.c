@@ -67,9 +67,10 @@ static double urand(void) {
  * sgemm b x k x P), the Gram matrix of the m = k + b rows of M (ssyrk) and
  * the new components (sgemm k x P x m), and with robust, at each of the
  * T = iters steps, E = S V at the noise subsample (sgemm b x NSAMP x k) and
- * over the batch (b x P x k), each form of the E product timed both ways,
- * as one call and in the stage's chunks of BEAM_PCA_RCHUNK pixels (into a
- * scratch of one chunk except on the last step), and the faster kept: the
+ * over the batch (b x P x k). With robust the scores and every E product
+ * are timed both ways, as one call each and in the stage's chunks of
+ * BEAM_PCA_RCHUNK pixels (E into a scratch of one chunk except on the last
+ * step, the scores summed over chunks), and the faster kept: the
  * yardstick is the best this BLAS does for the same products, so the
  * stage's choice of chunking is never credited to it. (One call is faster
  * at 256^2, the chunks at 512^2.) */
@@ -100,8 +101,14 @@ static double blas_rate(size_t P, size_t k, size_t b, int iters, int reps, doubl
     const int chunked = rep & 1;
     uint64_t t0 = bench_now_ns();
     cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, (int)k, (int)P, 1.0f, V, (int)P, 0.0f, Gv, (int)k);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)b, (int)k, (int)P, 1.0f, R, (int)P, V, (int)P,
-                0.0f, S, (int)k);
+    if (!chunked || !iters)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)b, (int)k, (int)P, 1.0f, R, (int)P, V,
+                  (int)P, 0.0f, S, (int)k);
+    for (size_t p0 = 0; chunked && iters && p0 < P; p0 += BEAM_PCA_RCHUNK) {
+      size_t w = p0 + BEAM_PCA_RCHUNK < P ? BEAM_PCA_RCHUNK : P - p0;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)b, (int)k, (int)w, 1.0f, R + p0, (int)P,
+                  V + p0, (int)P, p0 ? 1.0f : 0.0f, S, (int)k);
+    }
     for (int t = 0; t < iters; t++) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)b, (int)ns, (int)k, 1.0f, S, (int)k, Vs,
                   (int)ns, 0.0f, Es, (int)ns);

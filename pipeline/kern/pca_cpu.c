@@ -21,13 +21,15 @@
  * pass s = soft(x - mu - E, tau) per frame that also updates the frame's
  * scores from the nonzeros of s (robust_split); the last step keeps s in
  * c->E (b x P more floats) and writes y - mu over the batch rows of M.
- * The BLAS calls run on the stage's thread, threaded by OpenBLAS; the
- * passes between them (noise scales, soft thresholding) on a pool of as
- * many threads (xpcs_pool.h), whose cores would otherwise wait in
- * OpenBLAS's spin loop. Frames arrive converted and centred in one pass
- * (gather_centre). */
+ * The split runs on a pool of as many threads as OpenBLAS has
+ * (xpcs_pool.h): the noise scales a task per frame, A0 and each step's
+ * chunks shared out among the threads, each making its own chunks' GEMMs
+ * with OpenBLAS on one thread and the pass over them; the stage's other
+ * BLAS calls run on its own thread, threaded by OpenBLAS. Frames arrive
+ * converted and centred in one pass (gather_centre). */
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "pipeline/kern/kern_int.h"
@@ -46,17 +48,17 @@ typedef struct cpu_s {
   float *gd;   /* P: g d, when the batch is recentred explicitly (update) */
   float *E;    /* robust: b x P, the sparse parts of the batch */
   float *A0;   /* robust: b x k, (X - mu) V^T */
-  float *Ec;   /* robust: b x RCHUNK, S V for a chunk of pixels */
+  float *Ec;   /* robust: a b x RCHUNK scratch per pool thread, S V for a chunk of pixels */
   float *Sn;   /* robust: b x k, the next step's scores */
+  float *Snc;  /* robust: per chunk, b x k: the chunk's share of the next scores, less A0 */
+  double *xsc, *c2c; /* robust: per chunk, b: the chunk's share of xs and c2 (last step) */
   float *Vs;   /* robust: k x NSAMP, V at the noise subsample */
   float *Es;   /* robust: b x NSAMP, S V there */
   float *sv;   /* robust: NSAMP, one frame's subsample */
-  float *mubg; /* robust: RGROUPS x RCHUNK, each frame group's sums of y - mu over a chunk */
-  beam_xpcs_pool_t *pool; /* robust: the passes between the BLAS calls */
-  /* the chunk rpass works on (set before each pool run) */
-  size_t rp0, rw, rld;
-  float *rEc;
-  int rlast;
+  beam_xpcs_pool_t *pool; /* robust: the chunks of the split */
+  _Atomic size_t rnext; /* robust: the next chunk to claim */
+  int rlast;            /* robust: the split's last step */
+  int ra0;              /* robust: the chunks' shares of A0 (in c->Snc) instead of a step */
 } cpu_t;
 
 /* Low-rank frame j of the batch just scored: mu + S_j V (the model that
@@ -161,13 +163,6 @@ static inline float soft(float e, float t) {
  * over it, and each GEMM still has enough to do (2 b k RCHUNK flops) that
  * the calls cost little. */
 #define RCHUNK BEAM_PCA_RCHUNK
-/* Frame groups of the pass over a chunk (its tasks): a task soft-thresholds
- * the chunk's pixels of its frames (rows of 32 KiB at RCHUNK pixels, which
- * the hardware prefetcher streams) and owns their scores and sums; the
- * batch sums per pixel (mub) of a group go into the group's own row and
- * are added in group order after the pass. The split is fixed, not by
- * thread count: the result is the same, bit for bit, on 1 thread or many. */
-#define RGROUPS 8
 /* Pixels per block of the sparse-pixel search (see rpass). */
 #define RBLK 64
 
@@ -209,27 +204,25 @@ __attribute__((target_clones("avx2", "default"))) static void y_sums(float *rest
   *sq += u;
 }
 
-/* Group g's frames of the batch: [rg0(nb, g), rg0(nb, g + 1)). */
-static inline size_t rg0(size_t nb, unsigned g) { return nb * g / RGROUPS; }
-
-/* One task of the pass over chunk [p0, p0 + w) of the batch: group g's
- * frames. Ec holds S V there (leading dimension ld); s = soft(x - mu - S V,
- * tau) (written over Ec on the last step); each nonzero s_p takes s_p V_p off the
- * frame's next scores (c->Sn); on the last step y - mu = x - mu - s is
- * written over x, with its sums (c->xs, c->c2, and the group's row of
- * c->mubg). Built for AVX2 as well as the baseline: the same operations in
- * the same order (no contraction in ISO C mode), so both give the same
- * bits. */
-__attribute__((target_clones("avx2", "default"))) static void rpass(void *ctx, unsigned g) {
-  cpu_t *c = ctx;
+/* The pass over chunk ci = [p0, p0 + n) of the batch, every frame in
+ * order. Ec holds S V there (leading dimension ld); s = soft(x - mu - S V,
+ * tau) (written over Ec on the last step); each nonzero s_p takes s_p V_p
+ * off the frame's share of the next scores from this chunk (row of
+ * c->Snc); on the last step y - mu = x - mu - s is written over x, with
+ * its sums (the chunk's c->xsc and c->c2c, and h->mub, whose pixels no
+ * other chunk touches). Built for AVX2 as well as the baseline: the same
+ * operations in the same order (no contraction in ISO C mode), so both
+ * give the same bits. */
+__attribute__((target_clones("avx2", "default"))) static void rpass(cpu_t *c, size_t ci, size_t p0, size_t n,
+                                                                    size_t ld, float *Ec) {
   beam_pca_host_t *h = &c->h;
-  size_t P = h->P, k = h->conf.k, nb = h->nb, p0 = c->rp0, ld = c->rld, n = c->rw;
+  size_t P = h->P, k = h->conf.k, nb = h->nb;
   const float *V = h->V + p0;
-  float *X = h->M + k * P + p0, *mub = c->mubg + (size_t)g * RCHUNK;
-  if (c->rlast)
-    memset(mub, 0, n * sizeof *mub);
-  for (size_t j = rg0(nb, g); j < rg0(nb, g + 1); j++) {
-    float *restrict x = X + j * P, *restrict e = c->rEc + j * ld, *restrict sj = c->Sn + j * k, tj = h->tau[j];
+  float *X = h->M + k * P + p0, *mub = h->mub + p0, *dS = c->Snc + ci * nb * k;
+  double *xs = c->xsc + ci * nb, *c2 = c->c2c + ci * nb;
+  memset(dS, 0, nb * k * sizeof *dS);
+  for (size_t j = 0; j < nb; j++) {
+    float *restrict x = X + j * P, *restrict e = Ec + j * ld, *restrict sj = dS + j * k, tj = h->tau[j];
     /* Most blocks hold no sparse pixel: soft-threshold a block without a
      * branch per pixel, then look pixel by pixel only where it had one.
      * Only the last step keeps s; the others recompute it in the blocks
@@ -243,9 +236,9 @@ __attribute__((target_clones("avx2", "default"))) static void rpass(void *ctx, u
           e[p] = v;
           any |= v != 0.0f;
         }
-      else
+      else /* soft(d, t) != 0 exactly where its |d| - t > 0 */
         for (size_t p = b0; p < b1; p++)
-          any |= soft(x[p] - e[p], tj) != 0.0f;
+          any |= fabsf(x[p] - e[p]) - tj > 0;
       for (size_t p = b0; any && p < b1; p++) {
         float v = c->rlast ? e[p] : soft(x[p] - e[p], tj);
         if (v != 0.0f)
@@ -253,8 +246,36 @@ __attribute__((target_clones("avx2", "default"))) static void rpass(void *ctx, u
             sj[i] -= v * V[i * P + p];
       }
     }
-    if (c->rlast)
-      y_sums(x, e, n, mub, &c->xs[j], &c->c2[j]);
+    if (c->rlast) {
+      xs[j] = c2[j] = 0;
+      y_sums(x, e, n, mub, &xs[j], &c2[j]);
+    }
+  }
+}
+
+/* A pool task: chunks claimed one at a time until none is left, each its
+ * E = S V (a GEMM on this thread, into this task's scratch, or on the last
+ * step into c->E) and then its pass, while E is still in cache. A task is
+ * a thread's share, not a fixed piece of the work: which thread runs a
+ * chunk changes nothing in the result, since each chunk's sums have their
+ * own rows, added in chunk order after the run. */
+static void rchunks(void *ctx, unsigned slot) {
+  cpu_t *c = ctx;
+  beam_pca_host_t *h = &c->h;
+  size_t P = h->P, k = h->conf.k, nb = h->nb, nch = (P + RCHUNK - 1) / RCHUNK;
+  float *scratch = c->Ec + (size_t)slot * h->conf.b * RCHUNK;
+  for (size_t ci; (ci = atomic_fetch_add_explicit(&c->rnext, 1, memory_order_relaxed)) < nch;) {
+    size_t p0 = ci * RCHUNK, w = p0 + RCHUNK < P ? RCHUNK : P - p0, ld = c->rlast ? P : w;
+    if (c->ra0) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)k, (int)w, 1.0f, h->M + k * P + p0,
+                  (int)P, h->V + p0, (int)P, 0.0f, c->Snc + ci * nb * k, (int)k);
+      continue;
+    }
+    /* The last step keeps s in E, for the sparse output. */
+    float *Ec = c->rlast ? c->E + p0 : scratch;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, (int)w, (int)k, 1.0f, h->S, (int)k,
+                h->V + p0, (int)P, 0.0f, Ec, (int)ld);
+    rpass(c, ci, p0, w, ld, Ec);
   }
 }
 
@@ -292,15 +313,27 @@ static void robust_samp(cpu_t *c, size_t j) {
  * Per step, first the noise scale of every frame from its subsample (that
  * of X gathered as the frames arrived, of V once per batch, E at those
  * pixels by one small GEMM; a task per frame on the pool), then the batch
- * chunk by chunk of pixels: E = S V for the chunk (a GEMM into a scratch
- * that stays in cache) and one pass (rpass, the frames in RGROUPS tasks
- * on the pool) that soft-thresholds e = x - mu - E into s and subtracts
- * s_p V_p from the frame's next scores for every nonzero s_p: S' = A0 -
- * s V^T without a GEMM, since s is sparse (all of it only for a glitch frame, where this
- * costs a GEMV). X is read once per step and E never leaves the cache; the
- * last step writes E (s, for the sparse output) and y - mu = x - mu - s
- * with its sums in the same pass. The BLAS calls run on the caller's
- * thread (OpenBLAS threads them), the passes between them on the pool. */
+ * chunk by chunk of pixels, the chunks shared out among the pool's threads
+ * (rchunks): E = S V for the chunk (a GEMM into the thread's scratch, which
+ * stays in cache) and one pass (rpass) that soft-thresholds e = x - mu - E
+ * into s and subtracts s_p V_p from the frame's next scores for every
+ * nonzero s_p: S' = A0 - s V^T without a GEMM, since s is sparse (all of
+ * it only for a glitch frame, where this costs a GEMV). X is read once per
+ * step and E never leaves the cache; the last step writes E (s, for the
+ * sparse output) and y - mu = x - mu - s with its sums in the same pass.
+ *
+ * Each pool thread makes its own chunks' GEMMs, OpenBLAS on one thread
+ * for the steps: with OpenBLAS threading each chunk's GEMM on the caller
+ * and the pool running the passes between them, the two sets of threads
+ * took turns on the cores, and the pool's helpers were asleep again
+ * after every GEMM (a third of the stage's time at 256^2, 2 cores). The
+ * count is process-wide: it is lowered only from above 1, and put back
+ * to what it was, so a stage that finds it at 1 (another split running)
+ * leaves it alone; its chunk GEMMs then may be threaded, which costs
+ * time, not correctness. A0 is made the same way, chunk by chunk on the
+ * pool (each chunk's b x k share in c->Snc, added in chunk order): as one
+ * call threaded by OpenBLAS it took twice as long (3 ms a batch at 256^2).
+ * V V^T (k x k) stays one threaded call. */
 static void robust_split(cpu_t *c) {
   beam_pca_host_t *h = &c->h;
   const beam_pca_conf_t *cf = &h->conf;
@@ -311,8 +344,18 @@ static void robust_split(cpu_t *c) {
   memset(h->mub, 0, P * sizeof *h->mub);
   if (h->have_model) {
     cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, (int)k, (int)P, 1.0f, V, (int)P, 0.0f, c->Gv, (int)k);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)k, (int)P, 1.0f, X, (int)P, V, (int)P,
-                0.0f, c->A0, (int)k);
+    size_t nch = (P + RCHUNK - 1) / RCHUNK;
+    int nt = openblas_get_num_threads();
+    if (nt > 1)
+      openblas_set_num_threads(1);
+    c->ra0 = 1;
+    atomic_store_explicit(&c->rnext, 0, memory_order_relaxed);
+    beam_xpcs_pool_run(c->pool, beam_xpcs_pool_size(c->pool), rchunks, c);
+    c->ra0 = 0;
+    memcpy(c->A0, c->Snc, nb * k * sizeof *c->A0);
+    for (size_t ci = 1; ci < nch; ci++)
+      for (size_t q = 0; q < nb * k; q++)
+        c->A0[q] += c->Snc[ci * nb * k + q];
     memcpy(h->S, c->A0, nb * k * sizeof *h->S);
     for (size_t i = 0; i < ns; i++) {
       size_t p = beam_pca_samp_idx(P, i);
@@ -330,25 +373,21 @@ static void robust_split(cpu_t *c) {
       if (last)
         for (size_t j = 0; j < nb; j++)
           c->c2[j] = c->xs[j] = 0;
+      c->rlast = last;
+      atomic_store_explicit(&c->rnext, 0, memory_order_relaxed);
+      beam_xpcs_pool_run(c->pool, beam_xpcs_pool_size(c->pool), rchunks, c);
       memcpy(c->Sn, c->A0, nb * k * sizeof *c->Sn);
-      for (size_t p0 = 0; p0 < P; p0 += RCHUNK) {
-        size_t w = p0 + RCHUNK < P ? RCHUNK : P - p0, ld = last ? P : w;
-        /* The last step keeps s in E, for the sparse output. */
-        float *Ec = last ? E + p0 : c->Ec;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, (int)w, (int)k, 1.0f, h->S, (int)k,
-                    V + p0, (int)P, 0.0f, Ec, (int)ld);
-        c->rp0 = p0, c->rw = w, c->rld = ld, c->rEc = Ec, c->rlast = last;
-        beam_xpcs_pool_run(c->pool, RGROUPS, rpass, c);
-        if (last)
-          for (unsigned g = 0; g < RGROUPS; g++) {
-            const float *mg = c->mubg + (size_t)g * RCHUNK;
-            float *mb = h->mub + p0;
-            for (size_t p = 0; p < w; p++)
-              mb[p] += mg[p];
-          }
+      for (size_t ci = 0; ci < nch; ci++) {
+        const float *d = c->Snc + ci * nb * k;
+        for (size_t q = 0; q < nb * k; q++)
+          c->Sn[q] += d[q];
+        for (size_t j = 0; last && j < nb; j++)
+          c->xs[j] += c->xsc[ci * nb + j], c->c2[j] += c->c2c[ci * nb + j];
       }
       memcpy(h->S, c->Sn, nb * k * sizeof *h->S);
     }
+    if (nt > 1)
+      openblas_set_num_threads(nt);
     return;
   }
   /* No model yet: a rank-0 model centred on the per-pixel median, which a
@@ -585,8 +624,10 @@ static void cpu_destroy(beam_stage_t *self) {
   free(s->Vs);
   free(s->Es);
   free(s->Ec);
+  free(s->Snc);
+  free(s->xsc);
+  free(s->c2c);
   free(s->sv);
-  free(s->mubg);
   beam_xpcs_pool_destroy(&s->pool);
   free(s);
   self->priv = NULL;
@@ -620,25 +661,20 @@ static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam
   free(s->Vs);
   free(s->Es);
   free(s->Ec);
+  free(s->Snc);
+  free(s->xsc);
+  free(s->c2c);
   free(s->sv);
-  free(s->mubg);
-  s->E = s->A0 = s->Sn = s->Vs = s->Es = s->Ec = s->sv = s->mubg = NULL;
+  s->E = s->A0 = s->Sn = s->Vs = s->Es = s->Ec = s->Snc = s->sv = NULL;
+  s->xsc = s->c2c = NULL;
   s->c2 = calloc(b, sizeof *s->c2);
   s->xs = calloc(b, sizeof *s->xs);
   s->Gv = calloc(k * k, sizeof *s->Gv);
   s->gd = calloc(s->h.P, sizeof *s->gd);
   if (!s->c2 || !s->xs || !s->Gv || !s->gd)
     return BEAM_DIAG(d, BEAM_ENOMEM, "pca: out of memory");
-  size_t ns = BEAM_PCA_NSAMP;
-  if (s->h.conf.robust &&
-      (!(s->E = malloc(b * s->h.P * sizeof *s->E)) || !(s->A0 = calloc(b * k, sizeof *s->A0)) ||
-       !(s->Sn = calloc(b * k, sizeof *s->Sn)) || !(s->Vs = calloc(k * ns, sizeof *s->Vs)) ||
-       !(s->Es = calloc(b * ns, sizeof *s->Es)) || !(s->Ec = calloc(b * RCHUNK, sizeof *s->Ec)) ||
-       !(s->sv = calloc(ns, sizeof *s->sv)) || !(s->mubg = calloc(RGROUPS * RCHUNK, sizeof *s->mubg))))
-    return BEAM_DIAG(d, BEAM_ENOMEM, "pca: robust: cannot allocate the %zu x %zu sparse batch", b, s->h.P);
-  /* The robust passes run on as many threads as the BLAS calls between
-   * them (OPENBLAS_NUM_THREADS, else every core): those threads only wait
-   * while the passes run. */
+  /* The robust split runs on as many threads as OpenBLAS would use
+   * (OPENBLAS_NUM_THREADS, else every core), each with its own scratch. */
   if (s->h.conf.robust && !s->pool) {
     int nt = openblas_get_num_threads();
     unsigned cores = beam_xpcs_pool_cores(), n = nt < 1 ? 1 : (unsigned)nt;
@@ -647,6 +683,15 @@ static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam
     if ((rc = beam_xpcs_pool_new(&s->pool, n, "pca", d)) < 0)
       return rc;
   }
+  size_t ns = BEAM_PCA_NSAMP, nch = (s->h.P + RCHUNK - 1) / RCHUNK;
+  if (s->h.conf.robust &&
+      (!(s->E = malloc(b * s->h.P * sizeof *s->E)) || !(s->A0 = calloc(b * k, sizeof *s->A0)) ||
+       !(s->Sn = calloc(b * k, sizeof *s->Sn)) || !(s->Vs = calloc(k * ns, sizeof *s->Vs)) ||
+       !(s->Es = calloc(b * ns, sizeof *s->Es)) ||
+       !(s->Ec = calloc(beam_xpcs_pool_size(s->pool) * b * RCHUNK, sizeof *s->Ec)) ||
+       !(s->Snc = calloc(nch * b * k, sizeof *s->Snc)) || !(s->xsc = calloc(nch * b, sizeof *s->xsc)) ||
+       !(s->c2c = calloc(nch * b, sizeof *s->c2c)) || !(s->sv = calloc(ns, sizeof *s->sv))))
+    return BEAM_DIAG(d, BEAM_ENOMEM, "pca: robust: cannot allocate the %zu x %zu sparse batch", b, s->h.P);
   const beam_bin_geom_t *g = &s->h.geom;
   s->direct = g->n == 1 && g->y0 == 0 && g->x0 == 0 && g->out_h == g->in_h && g->out_w == g->in_w;
   s->all = s->h.P == (size_t)g->out_h * g->out_w;

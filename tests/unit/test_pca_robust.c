@@ -28,7 +28,7 @@
 #include "tests/common/stage_harness.h"
 
 #define FH 97
-#define FW 96
+#define FW 400 /* 5 chunks of BEAM_PCA_RCHUNK: the order partial sums are added in matters */
 #define NP (FH * FW)
 #define K 3
 #define B 16
