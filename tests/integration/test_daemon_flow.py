@@ -290,8 +290,8 @@ def test_stalled_pipeline_with_peers_gone_does_not_spin(ports, zctx, start_beamd
     must process them and sleep, not spin its loop on a ZMQ_FD that stays
     readable (it did: a core at 100 % until restarted)."""
     vd = {"name": "vd", "kind": "roi_sum", "input": "frames", "backend": "cpu", "queue": 2,
-          "rois": [{"name": "r%d" % i, "shape": "rect", "rect": [i, 0, i + 1, 1]}
-                   for i in range(2048)]}
+          "rois": [{"name": "r%d" % i, "shape": "rect",
+                    "rect": [i % W, i // W, i % W + 1, i // W + 1]} for i in range(256)]}
     cfg = make_config(ports, [vd], mode="pull", push=True, pool_frames=4, input_hwm=2,
                       heartbeat="1s")
     ep = "ipc://%s/push.ipc" % tmp_path
@@ -302,15 +302,21 @@ def test_stalled_pipeline_with_peers_gone_does_not_spin(ports, zctx, start_beamd
     pull.setsockopt(zmq.LINGER, 0)
     pull.setsockopt(zmq.RCVHWM, 1)
     pull.connect(ep)
-    tx = Sender(zctx, ports.ep_input, zmq.PUSH, sndhwm=2, send_timeout=0.5)
+    # The sender waits out the stage's series start (the ROI masks), then
+    # stops at the first send the stalled pipeline no longer takes.
+    tx = Sender(zctx, ports.ep_input, zmq.PUSH, sndhwm=2, send_timeout=5)
     ff = FastFrames(frame_array())
     tx.start(61, (H, W), np.uint16)
-    for fid in range(200):
+    for fid in range(600):
         try:
             tx.send_parts(ff.parts(61, fid, tx.seq))
         except zmq.Again:
             break
-    b.wait_stats(lambda st: st["input"]["paused"], timeout=20, what="input paused")
+    # The stage's series start (ROI masks over the frame) must be over
+    # before the CPU is counted.
+    b.wait_stats(lambda st: st["input"]["paused"] and stage(st, "vd")["results"] > 0 and
+                 st["outputs"]["push"]["backlog"] > 0,
+                 timeout=20, what="input paused behind a PUSH backlog")
     tx.close()
     pull.close()
     time.sleep(0.5)
