@@ -608,12 +608,8 @@ static int batch(beam_stage_t *self, cpu_t *c, beam_emit_t *emit) {
 
 /* ---- stage ops ------------------------------------------------------------ */
 
-static void cpu_destroy(beam_stage_t *self) {
-  cpu_t *s = self->priv;
-  if (!s)
-    return;
-  beam_pca_host_free(&s->h);
-  beam_pca_conf_free(&s->h.conf);
+/* The per-series buffers, freed and cleared (a new series sizes them again). */
+static void free_buffers(cpu_t *s) {
   free(s->c2);
   free(s->xs);
   free(s->Gv);
@@ -628,6 +624,19 @@ static void cpu_destroy(beam_stage_t *self) {
   free(s->xsc);
   free(s->c2c);
   free(s->sv);
+  s->c2 = s->xs = NULL;
+  s->Gv = s->gd = NULL;
+  s->E = s->A0 = s->Sn = s->Vs = s->Es = s->Ec = s->Snc = s->sv = NULL;
+  s->xsc = s->c2c = NULL;
+}
+
+static void cpu_destroy(beam_stage_t *self) {
+  cpu_t *s = self->priv;
+  if (!s)
+    return;
+  beam_pca_host_free(&s->h);
+  beam_pca_conf_free(&s->h.conf);
+  free_buffers(s);
   beam_xpcs_pool_destroy(&s->pool);
   free(s);
   self->priv = NULL;
@@ -651,22 +660,7 @@ static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam
   if (rc < 0)
     return rc;
   size_t k = s->h.conf.k, b = s->h.conf.b;
-  free(s->c2);
-  free(s->xs);
-  free(s->Gv);
-  free(s->gd);
-  free(s->E);
-  free(s->A0);
-  free(s->Sn);
-  free(s->Vs);
-  free(s->Es);
-  free(s->Ec);
-  free(s->Snc);
-  free(s->xsc);
-  free(s->c2c);
-  free(s->sv);
-  s->E = s->A0 = s->Sn = s->Vs = s->Es = s->Ec = s->Snc = s->sv = NULL;
-  s->xsc = s->c2c = NULL;
+  free_buffers(s);
   s->c2 = calloc(b, sizeof *s->c2);
   s->xs = calloc(b, sizeof *s->xs);
   s->Gv = calloc(k * k, sizeof *s->Gv);

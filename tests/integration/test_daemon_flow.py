@@ -211,6 +211,27 @@ def test_sigterm_drain_loses_nothing(ports, zctx, start_beamd, receivers):
     tx.close()
 
 
+def pixel_rois(n):
+    """n one-pixel rect ROIs over the first n pixels, row by row: results of
+    8 n bytes, and a cheap series start."""
+    return [{"name": "r%d" % i, "shape": "rect", "rect": [i % W, i // W, i % W + 1, i // W + 1]}
+            for i in range(n)]
+
+
+def ipc_push(cfg, tmp_path, zctx, push_hwm, rcvhwm):
+    """PUSH over ipc (a unix socket buffers a few hundred KiB, where loopback
+    TCP would take every result of a test into its buffers) and a PULL on
+    it that reads nothing until the test does."""
+    ep = "ipc://%s/push.ipc" % tmp_path
+    cfg["output"]["push"] = ep
+    cfg["output"]["push_hwm"] = push_hwm
+    pull = zctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.setsockopt(zmq.RCVHWM, rcvhwm)
+    pull.connect(ep)
+    return pull
+
+
 @pytest.mark.parametrize("copy_buffer", [0, 40000, None])
 def test_push_stalled_consumer_small_results(ports, zctx, start_beamd, tmp_path, copy_buffer):
     """Small results go to the PUSH as copies within output.push_copy_buffer
@@ -220,23 +241,13 @@ def test_push_stalled_consumer_small_results(ports, zctx, start_beamd, tmp_path,
     input pauses; when it reads again every result arrives once, with the
     right values, whichever way it was sent."""
     n, sid, nroi = 400, 51, 1024
-    rois = [{"name": "r%d" % i, "shape": "rect", "rect": [i % W, i // W, i % W + 1, i // W + 1]}
-            for i in range(nroi)]
-    vd = {"name": "vd", "kind": "roi_sum", "input": "frames", "backend": "cpu", "rois": rois,
-          "queue": 4}
+    vd = {"name": "vd", "kind": "roi_sum", "input": "frames", "backend": "cpu",
+          "rois": pixel_rois(nroi), "queue": 4}
     cfg = make_config(ports, [vd], mode="pull", push=True, pool_frames=8, input_hwm=2)
-    # ipc: a unix socket buffers a few hundred KiB, where loopback TCP
-    # would take every result of the test into its buffers.
-    ep = "ipc://%s/push.ipc" % tmp_path
-    cfg["output"]["push"] = ep
-    cfg["output"]["push_hwm"] = 8
+    pull = ipc_push(cfg, tmp_path, zctx, push_hwm=8, rcvhwm=4)
     if copy_buffer is not None:
         cfg["output"]["push_copy_buffer"] = copy_buffer
     b = start_beamd(cfg)
-    pull = zctx.socket(zmq.PULL)
-    pull.setsockopt(zmq.LINGER, 0)
-    pull.setsockopt(zmq.RCVHWM, 4)
-    pull.connect(ep)
     tx = Sender(zctx, ports.ep_input, zmq.PUSH, sndhwm=2, send_timeout=30)
     ff = FastFrames(frame_array())
     ref = frame_array().astype(np.float64).ravel()[:nroi]
@@ -288,20 +299,15 @@ def test_stalled_pipeline_with_peers_gone_does_not_spin(ports, zctx, start_beamd
     the consumer close their sockets: ZeroMQ queues commands on beamd's
     sockets that only a send, a receive or ZMQ_EVENTS processes. beamd
     must process them and sleep, not spin its loop on a ZMQ_FD that stays
-    readable (it did: a core at 100 % until restarted)."""
+    readable (a daemon left by a killed test run once did, for 17 minutes;
+    this state does not reproduce that spin on the old code, it guards the
+    state)."""
     vd = {"name": "vd", "kind": "roi_sum", "input": "frames", "backend": "cpu", "queue": 2,
-          "rois": [{"name": "r%d" % i, "shape": "rect",
-                    "rect": [i % W, i // W, i % W + 1, i // W + 1]} for i in range(256)]}
+          "rois": pixel_rois(256)}
     cfg = make_config(ports, [vd], mode="pull", push=True, pool_frames=4, input_hwm=2,
                       heartbeat="1s")
-    ep = "ipc://%s/push.ipc" % tmp_path
-    cfg["output"]["push"] = ep
-    cfg["output"]["push_hwm"] = 2
+    pull = ipc_push(cfg, tmp_path, zctx, push_hwm=2, rcvhwm=1)
     b = start_beamd(cfg)
-    pull = zctx.socket(zmq.PULL)
-    pull.setsockopt(zmq.LINGER, 0)
-    pull.setsockopt(zmq.RCVHWM, 1)
-    pull.connect(ep)
     # The sender waits out the stage's series start (the ROI masks), then
     # stops at the first send the stalled pipeline no longer takes.
     tx = Sender(zctx, ports.ep_input, zmq.PUSH, sndhwm=2, send_timeout=5)

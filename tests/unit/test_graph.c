@@ -203,6 +203,19 @@ static beam_stage_spec_t spec(const char *name, const char *input, int publish, 
   return sp;
 }
 
+/* Input frame fid of series sid: 4x4 uint32, every value fid. */
+static void fill(beam_frame_t *f, uint64_t sid, uint64_t fid) {
+  f->series_id = sid;
+  f->frame_id = fid;
+  f->ingest_idx = fid;
+  f->dtype = BEAM_DT_U32;
+  f->ndim = 2;
+  f->shape[0] = f->shape[1] = 4;
+  f->nbytes = 64;
+  for (int k = 0; k < 16; k++)
+    ((uint32_t *)f->data)[k] = (uint32_t)fid;
+}
+
 /* Feeds n frames of 16 uint32 (value = frame id) as the loop thread would:
  * waits (spins) for room instead of blocking. */
 static void feed(beam_graph_t *g, uint64_t sid, int n, int end) {
@@ -214,15 +227,7 @@ static void feed(beam_graph_t *g, uint64_t sid, int n, int end) {
       usleep(50);
     beam_frame_t *f = beam_graph_input_slot(g);
     assert_non_null(f);
-    f->series_id = sid;
-    f->frame_id = (uint64_t)i;
-    f->ingest_idx = (uint64_t)i;
-    f->dtype = BEAM_DT_U32;
-    f->ndim = 2;
-    f->shape[0] = f->shape[1] = 4;
-    f->nbytes = 64;
-    for (int k = 0; k < 16; k++)
-      ((uint32_t *)f->data)[k] = (uint32_t)i;
+    fill(f, sid, (uint64_t)i);
     beam_graph_frame(g, f);
   }
   if (end)
@@ -457,15 +462,7 @@ static void test_graph_batch_wake(void **state) {
       for (int t = 0; t < 5000 && !(f = beam_graph_input_slot(g)); t++)
         usleep(1000);
       assert_non_null(f);
-      f->series_id = 5;
-      f->frame_id = (uint64_t)fid;
-      f->ingest_idx = (uint64_t)fid;
-      f->dtype = BEAM_DT_U32;
-      f->ndim = 2;
-      f->shape[0] = f->shape[1] = 4;
-      f->nbytes = 64;
-      for (int k = 0; k < 16; k++)
-        ((uint32_t *)f->data)[k] = (uint32_t)fid;
+      fill(f, 5, (uint64_t)fid);
       beam_graph_frame(g, f); /* blocks while the queue of 4 is full */
     }
     beam_graph_batch(g, 0);
