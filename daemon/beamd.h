@@ -15,6 +15,7 @@
 
 #include "daemon/config.h"
 #include "daemon/fifo.h"
+#include "daemon/filemap.h"
 #include "daemon/log.h"
 #include "pipeline/graph.h"
 #include "pipeline/hist.h"
@@ -75,6 +76,11 @@ typedef struct beamd_ingest_s {
   struct beamd_landing_s *cur_land;
   unsigned cur_land_idx;
   int cur_land_taken;
+  /* Likewise a payload read in place from a mapped file (section 13.8):
+   * the mapping and the offset the payload starts at. */
+  struct beam_fmap_s *cur_fmap;
+  uint64_t cur_fmap_off;
+  int cur_fmap_taken;
   struct beamd_replay_s *replay; /* replay mode state (replay_in.c) */
   /* counters (loop thread writes, others read) */
   atomic_uint_fast64_t messages, frames, bytes, malformed, gaps, lost, dropped_busy,

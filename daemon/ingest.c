@@ -149,11 +149,18 @@ static void release_zmsg(beam_frame_t *f, void *ctx) {
 }
 
 /* Keeps the buffer holding payload part 0 as frame f's data, without a
- * copy: a landing slot the replay server read it into (landing.c), or the
+ * copy: the file it lies in (replay reading in place, filemap.h), a landing
+ * slot the replay server read it into (landing.c), or the
  * ZeroMQ message it arrived in, which the slot keeps until its last
  * reference goes. Returns 1 when f took it. */
 static int keep_buffer(beamd_t *d, const beam_msg_t *m, beam_frame_t *f) {
   beamd_ingest_t *in = &d->in;
+  if (in->cur_fmap && !in->cur_fmap_taken &&
+      beam_fmap_base(in->cur_fmap) + in->cur_fmap_off == m->payload[0].data) {
+    beam_fmap_lend(in->cur_fmap, in->cur_fmap_off, f);
+    in->cur_fmap_taken = 1;
+    return 1;
+  }
   if (in->cur_land && !in->cur_land_taken &&
       beamd_landing_ptr(in->cur_land, in->cur_land_idx) == m->payload[0].data) {
     beamd_landing_lend(in->cur_land, in->cur_land_idx, f);

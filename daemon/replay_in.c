@@ -30,12 +30,21 @@
  * reserved until a reply arrives (a resent request offers the same ones),
  * and those no frame kept go back after it. A server that cannot use them
  * says why in shm_error and sends payloads inline; we keep offering, so a
- * server restarted with shared memory allowed picks it up again. */
+ * server restarted with shared memory allowed picks it up again.
+ *
+ * Reading in place (§13.8), asked for wherever shared memory is: the
+ * server names, for each forwarded chunk, the file (as /proc/PID/fd/N) and
+ * the offset it lies at, and we map the file and hand the stages pointers
+ * into it, so the bytes are never copied at all. Mappings are cached per
+ * path (re-checked by device and inode every reply: a restarted server can
+ * reuse pid and fd). A file we cannot open or map makes us stop asking: the
+ * rest of that reply is asked for again without it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -48,6 +57,8 @@
 #define REPLY_MAX_BYTES (32 << 20)
 #define MAX_REPLY_PARTS(credit) ((size_t)(credit) * (2u + BEAM_MAX_PAYLOAD_PARTS) + 9u)
 #define DEPTH_MAX 4
+#define FMAP_CACHE 8      /* mapped data files kept between replies */
+#define FMAP_REPLY 32     /* most files one reply may name */
 
 /* A request in flight. */
 typedef struct inflight_s {
@@ -59,6 +70,13 @@ typedef struct inflight_s {
   unsigned *offer; /* landing slots it offered */
   unsigned noffer;
 } inflight_t;
+
+typedef struct fmap_ent_s {
+  char path[64]; /* /proc/PID/fd/N as the server named it */
+  char name[256]; /* the file's own path, for messages */
+  beam_fmap_t *m;
+  int damage_logged;
+} fmap_ent_t;
 
 typedef struct beamd_replay_s {
   uv_timer_t tick;
@@ -72,6 +90,12 @@ typedef struct beamd_replay_s {
   beamd_landing_t *land; /* NULL: payloads inline only */
   int shm_refused;       /* the last reply said shm_error (logged once per change) */
   uint64_t shm_frames, discarded;
+  int map_ask;           /* offer to read payloads in place (§13.8) */
+  int map_refused;       /* the last reply said map_error */
+  char map_error[256];   /* why we stopped asking, or the server refused */
+  fmap_ent_t fmaps[FMAP_CACHE];
+  unsigned fmap_next;    /* the entry replaced next */
+  uint64_t map_frames, map_damaged;
   uint64_t next;        /* frame index after the last reply taken */
   int want_start;       /* ask for SERIES_START with the next request */
   int eof;
@@ -287,6 +311,8 @@ void beamd_replay_pump(beamd_t *d) {
       n += snprintf(e->text + n, r->req_cap - (size_t)n, "%s%u", i ? "," : "", e->offer[i]);
     n += snprintf(e->text + n, r->req_cap - (size_t)n, "]}");
   }
+  if (r->map_ask)
+    n += snprintf(e->text + n, r->req_cap - (size_t)n, ",\"map\":true");
   snprintf(e->text + n, r->req_cap - (size_t)n, "}");
   send_req(d, e);
   beamd_replay_pump(d); /* fill the pipeline */
@@ -303,6 +329,140 @@ static void shm_status(beamd_t *d, json_t *st) {
   else if (!refused && r->shm_refused)
     BEAM_LOG(LOG_NOTICE, "replay: the server now uses shared memory");
   r->shm_refused = refused;
+}
+
+/* ---- files read in place (§13.8) ----------------------------------------- */
+
+static void fmap_check_damage(replay_t *r, fmap_ent_t *e) {
+  if (e->m && !e->damage_logged && beam_fmap_damaged(e->m)) {
+    e->damage_logged = 1;
+    r->map_damaged++;
+    BEAM_LOG(LOG_ERR, "replay: %s shrank while frames were read from it in place; what lay past "
+             "its new end was read as zeros: replay those frames again", e->name);
+  }
+}
+
+static void fmap_drop(replay_t *r, fmap_ent_t *e) {
+  fmap_check_damage(r, e);
+  beam_fmap_unref(e->m);
+  e->m = NULL;
+  e->path[0] = '\0';
+}
+
+/* The mapping of the file `path` names, from the cache while the path
+ * still names the same file at the same size (a file that grew, being
+ * written under SWMR, is mapped afresh). Returns a new reference, or NULL
+ * with why set. */
+static beam_fmap_t *fmap_get(replay_t *r, const char *path, const char *name, char *why,
+                             size_t wl) {
+  struct stat st;
+  int have = stat(path, &st) == 0;
+  for (unsigned i = 0; i < FMAP_CACHE; i++) {
+    fmap_ent_t *e = &r->fmaps[i];
+    if (!e->m || strcmp(e->path, path))
+      continue;
+    if (have && st.st_dev == beam_fmap_dev(e->m) && st.st_ino == beam_fmap_ino(e->m) &&
+        (uint64_t)st.st_size == beam_fmap_size(e->m)) {
+      beam_fmap_ref(e->m);
+      return e->m;
+    }
+    fmap_drop(r, e);
+  }
+  if (strlen(path) >= sizeof r->fmaps[0].path) {
+    snprintf(why, wl, "file reference %.80s is too long", path);
+    return NULL;
+  }
+  beam_fmap_t *m = beam_fmap_open_proc(path, why, wl);
+  if (!m)
+    return NULL;
+  fmap_ent_t *e = &r->fmaps[r->fmap_next];
+  r->fmap_next = (r->fmap_next + 1) % FMAP_CACHE;
+  if (e->m)
+    fmap_drop(r, e);
+  snprintf(e->path, sizeof e->path, "%s", path);
+  snprintf(e->name, sizeof e->name, "%s", name);
+  e->m = m;
+  e->damage_logged = 0;
+  beam_fmap_ref(m);
+  return m;
+}
+
+/* The reply's "map" object: its files mapped into rm (NULL for one we
+ * could not map, with the reason in r->map_error) and its "at" list.
+ * Returns 0, or -1 when the object is malformed. */
+static int map_parse(replay_t *r, json_t *st, beam_fmap_t **rm, size_t *nrm, json_t **at) {
+  json_t *mp = json_object_get(st, "map");
+  *nrm = 0;
+  *at = NULL;
+  if (!mp)
+    return 0;
+  json_t *files = json_object_get(mp, "files"), *a = json_object_get(mp, "at");
+  if (!json_is_array(files) || !json_is_array(a) || json_array_size(files) > FMAP_REPLY)
+    return -1;
+  for (size_t i = 0; i < json_array_size(files); i++) {
+    json_t *f = json_array_get(files, i);
+    json_t *p = json_object_get(f, "path"), *nm = json_object_get(f, "name");
+    if (!json_is_string(p))
+      return -1;
+    char why[200];
+    const char *name = json_is_string(nm) ? json_string_value(nm) : json_string_value(p);
+    rm[i] = fmap_get(r, json_string_value(p), name, why, sizeof why);
+    if (!rm[i])
+      snprintf(r->map_error, sizeof r->map_error, "%s: %s", name, why);
+    (*nrm)++;
+  }
+  *at = a;
+  return 0;
+}
+
+/* A FRAME the server left in its file (at[nframe] = [file, offset]): point
+ * its payload into our mapping and set d->in.cur_fmap. Returns 1, 0 when
+ * the frame is not in place (inline, a landing slot, CORRUPT), -1 when the
+ * reference is malformed and -2 when we cannot read the file (reason in
+ * r->map_error). */
+static int in_place(beamd_t *d, json_t *at, unsigned nframe, beam_fmap_t **rm, size_t nrm,
+                    const beam_hdr_t *h, beam_part_t *bp) {
+  replay_t *r = R(d);
+  json_t *a = json_array_get(at, nframe);
+  if (!a || json_is_null(a))
+    return 0;
+  json_t *fi = json_array_get(a, 0), *off = json_array_get(a, 1);
+  if (!json_is_array(a) || json_array_size(a) != 2 || !json_is_integer(fi) ||
+      !json_is_integer(off) || json_integer_value(fi) < 0 ||
+      (size_t)json_integer_value(fi) >= nrm || json_integer_value(off) < 0 || h->nparts != 1 ||
+      bp[1].size != 0 || h->payload_size == 0)
+    return -1;
+  beam_fmap_t *m = rm[json_integer_value(fi)];
+  uint64_t o = (uint64_t)json_integer_value(off);
+  if (!m)
+    return -2;
+  if (!beam_fmap_covers(m, o, h->payload_size)) {
+    snprintf(r->map_error, sizeof r->map_error, "a chunk at byte %llu (%llu bytes) lies past "
+             "the end of its file (%zu bytes)", (unsigned long long)o,
+             (unsigned long long)h->payload_size, beam_fmap_size(m));
+    return -2;
+  }
+  bp[1].data = beam_fmap_base(m) + o;
+  bp[1].size = h->payload_size;
+  d->in.cur_fmap = m;
+  d->in.cur_fmap_off = o;
+  d->in.cur_fmap_taken = 0;
+  return 1;
+}
+
+static void map_status(beamd_t *d, json_t *st) {
+  replay_t *r = R(d);
+  json_t *e = json_object_get(st, "map_error");
+  int refused = !json_object_get(st, "map");
+  if (refused && !r->map_refused) {
+    snprintf(r->map_error, sizeof r->map_error, "%s",
+             json_is_string(e) ? json_string_value(e) : "it does not support it");
+    BEAM_LOG(LOG_NOTICE, "replay: the server does not let frames be read in place (%s)",
+             r->map_error);
+  } else if (!refused && r->map_refused) {
+    BEAM_LOG(LOG_NOTICE, "replay: the server now lets frames be read in place");
+  }
+  r->map_refused = refused;
 }
 
 /* ---- replies ------------------------------------------------------------- */
@@ -427,6 +587,9 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
   int in_shm = e->noffer && json_is_true(json_object_get(st, "shm"));
   if (e->noffer)
     shm_status(d, st);
+  int asked_map = strstr(e->text, "\"map\":true") != NULL;
+  if (asked_map && !was_info && json_integer_value(json_object_get(st, "count")) > 0)
+    map_status(d, st);
   if (was_info) {
     json_decref(st);
     q_remove(r, 0);
@@ -438,7 +601,10 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
   r->eof = json_is_true(json_object_get(st, "eof"));
   json_t *c = json_object_get(st, "corrupt");
   r->corrupt = json_is_integer(c) ? (uint64_t)json_integer_value(c) : r->corrupt;
-  json_decref(st);
+  beam_fmap_t *rm[FMAP_REPLY];
+  size_t nrm = 0;
+  json_t *mat = NULL;
+  int map_bad = asked_map ? map_parse(r, st, rm, &nrm, &mat) : 0;
   uint64_t idx = next2 >= count ? next2 - count : 0;
   beam_part_t bp[2 + BEAM_MAX_PAYLOAD_PARTS];
   unsigned nframe = 0; /* FRAME ordinal in the reply: its landing slot is offer[nframe] */
@@ -452,14 +618,43 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
       bp[j].size = zmq_msg_size(&parts[i + j]);
     }
     const char *bad = k == 0 ? "an undecodable message" : NULL;
-    if (!bad && in_shm && is_frame && landed(d, e, nframe, &h, bp) < 0)
+    int place = 0;
+    if (!bad && is_frame && (mat || map_bad)) {
+      place = map_bad ? -1 : in_place(d, mat, nframe, rm, nrm, &h, bp);
+      if (place == -1) {
+        bad = "a malformed in-place file reference";
+        snprintf(r->map_error, sizeof r->map_error, "the server sent malformed file references");
+      }
+    }
+    if (place < 0) {
+      /* Lossless either way: what is left of the reply is asked for again,
+       * read by the server this time. */
+      r->map_ask = 0;
+      BEAM_LOG(LOG_WARNING, "replay: cannot read frames in place (%s); asking for them "
+               "inside the replies or landing slots from frame index %llu on", r->map_error,
+               (unsigned long long)idx);
+    }
+    if (!bad && place == -2) {
+      next2 = idx;
+      r->eof = 0;
+      break;
+    }
+    if (!bad && !place && in_shm && is_frame && landed(d, e, nframe, &h, bp) < 0)
       bad = "a landing slot it was not offered, or a payload larger than a slot,";
     if (bad) {
       atomic_fetch_add(&d->in.malformed, 1);
       BEAM_LOG(LOG_ERR, "replay: reply to %s has %s at part %zu; the rest of the reply is "
                         "skipped and asked for again", e->text, bad, i);
       next2 = idx;
+      r->eof = 0; /* the end was in what is asked for again */
       break;
+    }
+    if (h.type == BEAM_MSG_SERIES_START && d->in.series && d->in.series->series_id == h.series_id) {
+      /* A range asked for again from the first frame of a pass starts with
+       * the pass's SERIES_START once more; the series is open already, and
+       * taking it again would end it as aborted. */
+      i += k;
+      continue;
     }
     if (is_frame)
       d->in.fed_next = idx;
@@ -472,7 +667,9 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
       e->offer[nframe] = UINT_MAX; /* the frame holds it now */
       r->shm_frames++;
     }
+    r->map_frames += (uint64_t)(d->in.cur_fmap && d->in.cur_fmap_taken);
     d->in.cur_land = NULL;
+    d->in.cur_fmap = NULL;
     if (is_frame) {
       d->in.fed_next = ++idx; /* a frame dropped at ingest counts as handled */
       nframe++;
@@ -480,6 +677,9 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
     i += k;
   }
   beam_graph_batch(d->graph, 0);
+  for (size_t i = 0; i < nrm; i++)
+    beam_fmap_unref(rm[i]);
+  json_decref(st);
   /* A short reply (rate limit, end of file, a skipped rest) leaves the
    * requests after it asking for the wrong range. */
   int full = count == e->credit && next2 == e->next + e->credit;
@@ -569,6 +769,8 @@ static void tick_cb(uv_timer_t *t) {
       else
         send_req(d, &r->q[i++]);
   }
+  for (unsigned i = 0; i < FMAP_CACHE; i++)
+    fmap_check_damage(r, &r->fmaps[i]);
   /* Results of frames below the watermark are in the result queue or
    * already sent; publish what is queued before recording progress. */
   uint64_t w = watermark(d);
@@ -634,6 +836,7 @@ int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
                                 errlen);
     if (!r->land)
       return BEAM_ENOMEM;
+    r->map_ask = 1;
   }
   uv_timer_init(&d->loop, &r->tick);
   r->tick.data = d;
@@ -674,6 +877,9 @@ void beamd_replay_close(beamd_t *d) {
   while (r->qn)
     q_remove(r, 0);
   beamd_landing_close(&r->land);
+  for (unsigned i = 0; i < FMAP_CACHE; i++)
+    if (r->fmaps[i].m)
+      fmap_drop(r, &r->fmaps[i]);
   for (unsigned i = 0; i < DEPTH_MAX; i++) {
     free(r->q[i].text);
     free(r->q[i].offer);
@@ -703,6 +909,12 @@ void beamd_replay_stats(beamd_t *d, void *obj) {
   json_object_set_new(o, "corrupt", json_integer((json_int_t)r->corrupt));
   json_object_set_new(o, "shm", json_string(!r->land ? "off" : r->shm_refused ? "refused" : "on"));
   json_object_set_new(o, "shm_frames", json_integer((json_int_t)r->shm_frames));
+  json_object_set_new(o, "map", json_string(!r->land ? "off" : !r->map_ask ? "failed"
+                                            : r->map_refused ? "refused" : "on"));
+  json_object_set_new(o, "map_frames", json_integer((json_int_t)r->map_frames));
+  json_object_set_new(o, "map_damaged", json_integer((json_int_t)r->map_damaged));
+  if (r->map_error[0])
+    json_object_set_new(o, "map_error", json_string(r->map_error));
   json_object_set_new(o, "inflight", json_integer((json_int_t)r->qn));
   json_object_set_new(o, "discarded", json_integer((json_int_t)r->discarded));
   json_object_set_new(o, "committed", r->have_committed ? json_integer((json_int_t)r->committed) : json_null());

@@ -156,17 +156,29 @@ def _write_input(tmp_path, kind, n):
     return str(path), mk.make_dataset_file(str(path), kind, n=n, shape=(H, W)), False
 
 
-def check_shm(st, shm, n):
-    """input.replay's shm state: "on" with every payload landed in shared
-    memory, or "off" with none."""
+def no_map(shm):
+    """beamd-replay's options for a transport: "on" means landing slots
+    only, so the server refuses to name its file."""
+    return ["--no-map"] if shm == "on" else []
+
+
+def check_shm(st, shm, n, in_place=0):
+    """input.replay's transport: "on" with every payload landed in shared
+    memory (the server ran --no-map), "map" with `in_place` payloads read in
+    place from the file and the rest landed, or "off" with neither."""
     rp = st["input"]["replay"]
     if shm == "on":
         assert rp["shm"] == "on" and rp["shm_frames"] == n, rp
+        assert rp["map"] == "refused" and rp["map_frames"] == 0, rp
+    elif shm == "map":
+        assert rp["shm"] == "on" and rp["map_frames"] == in_place, rp
+        assert rp["shm_frames"] == n - in_place, rp
+        assert rp["map"] == ("on" if in_place else "refused") and rp["map_damaged"] == 0, rp
     else:
-        assert rp["shm"] == "off" and rp["shm_frames"] == 0, rp
+        assert rp["shm"] == "off" and rp["shm_frames"] == 0 and rp["map_frames"] == 0, rp
 
 
-@pytest.mark.parametrize("shm", ["off", "on"])
+@pytest.mark.parametrize("shm", ["off", "on", "map"])
 @pytest.mark.parametrize("kind,compress", [("raw", "none"), ("gzip", "bslz4"),
                                            ("bslz4", "bslz4"), ("master", "none")])
 def test_round_trip_bit_exact(tmp_path, ports, start_beamd, run_tool, kind, compress, shm):
@@ -176,9 +188,9 @@ def test_round_trip_bit_exact(tmp_path, ports, start_beamd, run_tool, kind, comp
     stages = [{"name": "rec", "kind": "record", "input": "frames", "dir": str(rec_dir),
                "compress": compress, "queue": 64},
               vd_stage()]
-    b = start_beamd(replay_config(ports, stages, shm=shm))
+    b = start_beamd(replay_config(ports, stages, shm="on" if shm == "map" else shm))
     rec = start_recorder(run_tool, ports, tmp_path / "results")
-    srv = start_replay(run_tool, ports, path)
+    srv = start_replay(run_tool, ports, path, *no_map(shm))
     out = rec_dir / ("series_%d.h5" % SERIES)
     wait_file(str(out))
     wait_recorder(rec, b, 20)
@@ -217,7 +229,9 @@ def test_round_trip_bit_exact(tmp_path, ports, start_beamd, run_tool, kind, comp
     assert inp["mode"] == "replay" and inp["frames"] == n and inp["corrupt"] == 0
     assert inp["replay"]["eof"] is True and inp["replay"]["next"] == n
     assert inp["replay"]["total"] == n and inp["replay"]["resends"] == 0
-    check_shm(st, shm, n)
+    # gzip chunks are inflated by the server; every other kind lies in the
+    # file as the protocol carries it.
+    check_shm(st, shm, n, in_place=0 if kind == "gzip" else n)
     assert b.alive() and srv.alive()
 
 
@@ -264,18 +278,19 @@ def test_ready_line_names_replay_mode(tmp_path, ports, start_beamd):
 
 # ---- 2. kill -9 and resume -------------------------------------------------------
 
-@pytest.mark.parametrize("shm", ["off", "on"])
+@pytest.mark.parametrize("shm", ["off", "on", "map"])
 def test_daemon_kill9_resumes_exactly_once(tmp_path, ports, start_beamd, run_tool, shm):
     """With shm on, the restarted daemon offers a new landing area (a new
-    memfd) and the server, which mapped the dead daemon's, maps the new one."""
+    memfd) and the server, which mapped the dead daemon's, maps the new one.
+    With map, the restarted daemon maps the file afresh."""
     n, rate = 240, 80  # about 3 s of replay; the kill lands after about 1 s
     path = tmp_path / "slow.h5"
     data = mk.make_dataset_file(str(path), "bslz4", n=n, shape=(H, W))
     state = tmp_path / "replay.state"
     cfg = replay_config(ports, [vd_stage()], state_file=str(state), commit_delay="0.3s",
-                        timeout="1s", shm=shm)
+                        timeout="1s", shm="on" if shm == "map" else shm)
     rec = start_recorder(run_tool, ports, tmp_path / "results")
-    srv = start_replay(run_tool, ports, path, "--rate", str(rate))
+    srv = start_replay(run_tool, ports, path, "--rate", str(rate), *no_map(shm))
     b1 = start_beamd(cfg)
     st = b1.wait_stats(lambda s: (s["input"]["replay"]["committed"] or 0) >= 40, timeout=15,
                        what="40 frames committed to the state file")
@@ -295,7 +310,7 @@ def test_daemon_kill9_resumes_exactly_once(tmp_path, ports, start_beamd, run_too
     # The second daemon started at k: it was given only the rest of the file.
     assert st2["input"]["frames"] == n - k, (st2["input"]["frames"], n, k)
     assert st2["input"]["replay"]["next"] == n
-    check_shm(st2, shm, n - k)
+    check_shm(st2, shm, n - k, in_place=n - k)
     rs = recorder_stats(rec)
     print("daemon killed at %d frames in, committed %d, resumed at %d; recorder: %s" %
           (st["input"]["frames"], saved["next"], k, rs))
@@ -306,31 +321,32 @@ def test_daemon_kill9_resumes_exactly_once(tmp_path, ports, start_beamd, run_too
     assert srv.alive()
 
 
-@pytest.mark.parametrize("shm", ["off", "on"])
+@pytest.mark.parametrize("shm", ["off", "on", "map"])
 def test_server_kill9_request_resent(tmp_path, ports, start_beamd, run_tool, shm):
     """With shm on, the request in flight at the kill keeps its landing
-    slots reserved and the resend offers the same ones to the new server."""
+    slots reserved and the resend offers the same ones to the new server.
+    With map, the new server names the file by another pid: mapped anew."""
     n, rate = 200, 80
     path = tmp_path / "slow.h5"
     data = mk.make_dataset_file(str(path), "raw", n=n, shape=(H, W))
-    cfg = replay_config(ports, [vd_stage()], timeout="1s", shm=shm)
+    cfg = replay_config(ports, [vd_stage()], timeout="1s", shm="on" if shm == "map" else shm)
     b = start_beamd(cfg)
     rec = start_recorder(run_tool, ports, tmp_path / "results")
-    srv = start_replay(run_tool, ports, path, "--rate", str(rate))
+    srv = start_replay(run_tool, ports, path, "--rate", str(rate), *no_map(shm))
     b.wait_stats(lambda s: s["input"]["frames"] >= 40, timeout=15, what="40 frames in")
     srv.p.send_signal(signal.SIGKILL)
     srv.p.wait(timeout=5)
     got = b.stats()["input"]["frames"]
     assert got < n, "the replay finished before the kill: slow it down"
     time.sleep(1.5)  # longer than input.timeout: the daemon asks again into the void
-    srv2 = start_replay(run_tool, ports, path, "--rate", str(rate))
+    srv2 = start_replay(run_tool, ports, path, "--rate", str(rate), *no_map(shm))
     wait_recorder(rec, b, 25)
     check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data)
     st = b.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")
     # The daemon never restarted, so nothing was delivered twice.
     assert st["input"]["frames"] == n
     assert st["input"]["replay"]["resends"] >= 1
-    check_shm(st, shm, n)
+    check_shm(st, shm, n, in_place=n)
     assert re.search(r"replay: no answer from .* asking again", b.stderr())
     assert recorder_stats(rec)["duplicates"] == 0
     assert srv2.alive()
@@ -349,7 +365,7 @@ def test_shm_auto_over_ipc(tmp_path, ports, start_beamd, run_tool, server_shm):
     cfg["input"]["endpoint"] = ep
     b = start_beamd(cfg)
     rec = start_recorder(run_tool, ports, tmp_path / "results")
-    run_tool("beamd-replay", [str(path), "--bind", ep, "--quiet"] +
+    run_tool("beamd-replay", [str(path), "--bind", ep, "--quiet", "--no-map"] +
              ([] if server_shm else ["--no-shm"]))
     wait_recorder(rec, b, 20)
     check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data)
@@ -374,7 +390,7 @@ def test_pipelined_requests_short_replies(tmp_path, ports, start_beamd, run_tool
     data = mk.make_dataset_file(str(path), "raw", n=n, shape=(H, W))
     b = start_beamd(replay_config(ports, [vd_stage()], depth=depth, shm="on"))
     rec = start_recorder(run_tool, ports, tmp_path / "results")
-    start_replay(run_tool, ports, path, "--rate", "400")
+    start_replay(run_tool, ports, path, "--rate", "400", "--no-map")
     wait_recorder(rec, b, 20)
     check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data)
     st = b.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")
@@ -490,6 +506,83 @@ def test_reply_beyond_offered_slots_is_refused(tmp_path, ports, start_beamd, run
         th.join(timeout=5)
 
 
+def test_unreadable_file_reference_falls_back(tmp_path, ports, start_beamd, run_tool, zctx):
+    """A server (here a Python one) that names, for reading in place, a file
+    beamd must not map (not HDF5): beamd takes nothing from that reply,
+    says why once, stops asking for "map" and asks for the frames again;
+    they come inline and every frame arrives once, with its pixels."""
+    import threading
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "python"))
+    from beamd import proto
+    n = 20
+    frames = (np.arange(n * H * W, dtype=np.uint16) % 1021).reshape(n, H, W)
+    plain = tmp_path / "plain.bin"
+    plain.write_bytes(frames.tobytes())
+    pfd = os.open(str(plain), os.O_RDONLY)
+    sock = zctx.socket(zmq.REP)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(ports.ep_input)
+    stop, asked = threading.Event(), []
+
+    def serve():
+        seq = 0
+        while not stop.is_set():
+            if not sock.poll(50):
+                continue
+            req = json.loads(sock.recv())
+            st = {"ok": True, "total": n, "loop": False, "series_id": SERIES, "file": "fake",
+                  "file_id": "fake", "corrupt": 0, "id": req.get("id")}
+            if req["op"] == "info":
+                st.update(op="info", count=0, next=0, eof=False, dtype="uint16", shape=[H, W])
+                sock.send_json(st)
+                continue
+            k = req["next"]
+            in_place = bool(req.get("map"))
+            asked.append(in_place)
+            k2 = min(n, k + req["credit"])
+            msgs = []
+            if k == 0 or req.get("start"):
+                msgs += proto.encode_message(proto.SERIES_START, seq=seq, series_id=SERIES,
+                                             shape=(H, W), dtype="uint16")
+                seq += 1
+            for i in range(k, k2):
+                parts = proto.encode_message(proto.FRAME, seq=seq, series_id=SERIES, frame_id=i,
+                                             array=frames[i])
+                seq += 1
+                msgs += [parts[0], b""] if in_place else parts
+            if k2 == n:
+                msgs += proto.encode_message(proto.SERIES_END, seq=seq, series_id=SERIES,
+                                             frame_id=n, shape=(H, W), dtype="uint16")
+                seq += 1
+            st.update(next=k2, count=k2 - k, eof=k2 == n)
+            if in_place:
+                st["map"] = {"files": [{"path": "/proc/%d/fd/%d" % (os.getpid(), pfd),
+                                        "name": str(plain)}],
+                             "at": [[0, i * H * W * 2] for i in range(k, k2)]}
+            sock.send_multipart([json.dumps(st).encode()] + msgs)
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    try:
+        b = start_beamd(replay_config(ports, [vd_stage()], shm="on", depth=1))
+        rec = start_recorder(run_tool, ports, tmp_path / "results")
+        wait_recorder(rec, b, 20)
+        check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), frames)
+        inp = b.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")["input"]
+        rp = inp["replay"]
+        assert inp["frames"] == n and inp["malformed"] == 0, inp
+        assert rp["map"] == "failed" and rp["map_frames"] == 0, rp
+        assert "not an HDF5 file" in rp["map_error"], rp
+        assert asked[0] is True and not any(asked[1:]), asked
+        logs = re.findall(r"cannot read frames in place \((.*)\)", b.stderr())
+        assert len(logs) == 1 and "not an HDF5 file" in logs[0], b.stderr()
+        assert recorder_stats(rec)["duplicates"] == 0
+    finally:
+        stop.set()
+        th.join(timeout=5)
+        os.close(pfd)
+
+
 def test_server_echoes_request_id(tmp_path, run_tool, zctx):
     """The id a pipelining consumer matches replies by comes back in the
     status of get, info and error replies alike."""
@@ -546,22 +639,26 @@ def test_decode_threads(tmp_path, ports, start_beamd, run_tool):
 
 # ---- 3. damaged input ------------------------------------------------------------
 
-@pytest.mark.parametrize("shm", ["off", "on"])
+@pytest.mark.parametrize("shm", ["off", "on", "map"])
 @pytest.mark.parametrize("kind", ["bslz4", "gzip"])
 def test_corrupt_chunk_counted_and_nan(tmp_path, ports, start_beamd, run_tool, kind, shm):
+    """A corrupt chunk is found by the server also when the frames around it
+    are read in place (it checks their framing from its own mapping)."""
     n, bad = 12, (3, 7)
     path = tmp_path / ("corrupt_%s.h5" % kind)
     data = mk.make_corrupt(str(path), kind, n=n, bad=bad, shape=(H, W))
-    b = start_beamd(replay_config(ports, [vd_stage()], shm=shm))
+    b = start_beamd(replay_config(ports, [vd_stage()], shm="on" if shm == "map" else shm))
     rec = start_recorder(run_tool, ports, tmp_path / "results")
-    start_replay(run_tool, ports, path)
+    start_replay(run_tool, ports, path, *no_map(shm))
     wait_recorder(rec, b, 20)
     check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data, nan_ids=bad)
     st = b.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")
     assert st["input"]["corrupt"] == len(bad)
     assert st["input"]["frames"] == n
-    # Corrupt frames travel inline (their error text); the rest landed.
-    check_shm(st, shm, n - len(bad) if shm == "on" else 0)
+    # Corrupt frames travel inline (their error text); the rest landed, or
+    # were read in place (bslz4; gzip is inflated by the server).
+    good = n - len(bad)
+    check_shm(st, shm, good, in_place=good if kind == "bslz4" else 0)
 
 
 def test_bad_lz4_block_decoded_on_stage_thread(tmp_path, ports, start_beamd, run_tool):

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "daemon/h5chunkloc.h"
 #include "daemon/h5util.h"
 #include "daemon/nxmx.h"
 
@@ -510,7 +511,18 @@ int rp_src_open(rp_src_t *s, const char *path, const char *dataset, beam_diag_t 
   s->path = strdup(realpath(path, rp) ? rp : path);
   if (!s->path)
     return BEAM_DIAG(d, BEAM_ENOMEM, "path");
-  s->file = H5Fopen(s->path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  /* Through the chunk-locating driver, which external links to data files
+   * inherit, so frames can be read in place; HDF5's own driver when that
+   * one cannot open the file, so serving never depends on it. */
+  hid_t fapl = beam_h5loc_fapl();
+  if (fapl >= 0) {
+    s->file = H5Fopen(s->path, H5F_ACC_RDONLY, fapl);
+    H5Pclose(fapl);
+    H5Eclear2(H5E_DEFAULT);
+  }
+  s->locatable = s->file >= 0;
+  if (s->file < 0)
+    s->file = H5Fopen(s->path, H5F_ACC_RDONLY, H5P_DEFAULT);
   if (s->file < 0)
     return BEAM_DIAG(d, BEAM_EIO, "file %s: cannot open as HDF5: %s", path,
                      rp_h5_reason(why, sizeof why));
@@ -568,6 +580,7 @@ void rp_src_close(rp_src_t *s) {
     free(p->dataset);
     free(p->link);
     free(p->open_error);
+    beam_fmap_unref(p->map);
   }
   free(s->parts);
   if (s->memspace >= 0)
@@ -736,4 +749,48 @@ corrupt:
   snprintf(why, wl, "file %s dataset %s frame %llu: %s", p->file, p->dataset,
            (unsigned long long)k, r);
   return BEAM_EIO;
+}
+
+/* ---- in place ------------------------------------------------------------------------ */
+
+/* Our mapping of the file at fd, covering [off, off + n): a file that grew
+ * (written under SWMR) is mapped afresh. */
+static int part_map(rp_part_t *p, int fd, uint64_t off, uint64_t n) {
+  if (p->map && p->map_fd == fd && beam_fmap_covers(p->map, off, n))
+    return 1;
+  char err[160];
+  beam_fmap_t *m = beam_fmap_from_fd(fd, err, sizeof err);
+  if (!m)
+    return 0;
+  beam_fmap_unref(p->map);
+  p->map = m;
+  p->map_fd = fd;
+  return beam_fmap_covers(m, off, n);
+}
+
+int rp_src_locate(rp_src_t *s, uint64_t g, rp_loc_t *loc) {
+  rp_part_t *p = part_of(s, g);
+  if (!s->locatable || p->dset < 0 || !p->forward)
+    return 0;
+  hsize_t off[3] = {g - p->first, 0, 0};
+  int fd;
+  uint64_t addr, n;
+  unsigned mask;
+  char why[256];
+  if (beam_h5loc_chunk(p->dset, off, &fd, &addr, &n, &mask, why, sizeof why) != 1 || mask ||
+      n == 0 || n > s->slot_size || !part_map(p, fd, addr, n))
+    return 0;
+  /* Raw frames are handed to stages as they lie, so they must be aligned
+   * for any element type's loads, as a ZeroMQ buffer is. */
+  if (p->codec == BEAM_CODEC_RAW ? n != s->raw_size || addr % 8
+                                 : rp_chunk_check(p->codec, beam_fmap_base(p->map) + addr,
+                                                  (size_t)n, s->raw_size, s->esize) != NULL)
+    return 0;
+  loc->fd = fd;
+  loc->off = addr;
+  loc->len = (size_t)n;
+  loc->codec = p->codec;
+  loc->file = p->file;
+  s->forwarded++;
+  return 1;
 }

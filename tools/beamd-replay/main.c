@@ -39,6 +39,8 @@ static void usage(FILE *f) {
 "  --max-bytes B        most payload bytes in one reply (default 268435456)\n"
 "  --no-shm             never put payloads in a consumer's shared memory; every\n"
 "                       frame travels inside the reply (section 13.6)\n"
+"  --no-map             never let a consumer read chunks in place from the file;\n"
+"                       every payload is read here (section 13.8)\n"
 "  --quiet              no start-up lines and no progress line\n"
 "  --stats-json         print one JSON line of totals on stdout at exit\n"
 "  --help               this text\n");
@@ -46,7 +48,7 @@ static void usage(FILE *f) {
 
 enum {
   OPT_BIND = 256, OPT_DATASET, OPT_FIRST, OPT_LAST, OPT_STRIDE, OPT_RATE, OPT_LOOP,
-  OPT_SERIES_ID, OPT_MAX_BYTES, OPT_NO_SHM, OPT_QUIET, OPT_STATS, OPT_HELP,
+  OPT_SERIES_ID, OPT_MAX_BYTES, OPT_NO_SHM, OPT_NO_MAP, OPT_QUIET, OPT_STATS, OPT_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -60,6 +62,7 @@ static const struct option long_opts[] = {
   {"series-id", required_argument, 0, OPT_SERIES_ID},
   {"max-bytes", required_argument, 0, OPT_MAX_BYTES},
   {"no-shm", no_argument, 0, OPT_NO_SHM},
+  {"no-map", no_argument, 0, OPT_NO_MAP},
   {"quiet", no_argument, 0, OPT_QUIET},
   {"stats-json", no_argument, 0, OPT_STATS},
   {"help", no_argument, 0, OPT_HELP},
@@ -97,6 +100,7 @@ static int parse_args(int argc, char **argv, rp_opts_t *o) {
       if (tool_parse_u64("max-bytes", optarg, 1, 1ull << 40, &o->max_bytes)) return -1;
       break;
     case OPT_NO_SHM: o->no_shm = 1; break;
+    case OPT_NO_MAP: o->no_map = 1; break;
     case OPT_QUIET: o->quiet = 1; break;
     case OPT_STATS: o->stats_json = 1; break;
     case OPT_HELP: return 1;
@@ -166,7 +170,7 @@ static void print_stats(const rp_server_t *srv) {
          "\"frames_served\":%llu,\"corrupt_served\":%llu,\"forwarded\":%llu,\"decoded\":%llu,"
          "\"series_started\":%llu,\"series_ended\":%llu,\"payload_bytes\":%llu,\"bytes\":%llu,"
          "\"arena_allocs\":%llu,\"arena_bytes\":%llu,\"shm_frames\":%llu,\"shm_refused\":%llu,"
-         "\"seconds\":%.6f,\"rate\":%.3f,\"next\":%llu,\"total\":%llu}\n",
+         "\"map_frames\":%llu,\"map_refused\":%llu,\"seconds\":%.6f,\"rate\":%.3f,\"next\":%llu,\"total\":%llu}\n",
          (unsigned long long)st->requests, (unsigned long long)st->bad_requests,
          (unsigned long long)st->info_requests, (unsigned long long)st->frames,
          (unsigned long long)st->corrupt, (unsigned long long)srv->src->forwarded,
@@ -174,7 +178,8 @@ static void print_stats(const rp_server_t *srv) {
          (unsigned long long)st->series_ended, (unsigned long long)st->payload_bytes,
          (unsigned long long)st->bytes, (unsigned long long)st->arena_allocs,
          (unsigned long long)(srv->arena ? srv->arena->cap : 0),
-         (unsigned long long)st->shm_frames, (unsigned long long)st->shm_refused, secs, rate,
+         (unsigned long long)st->shm_frames, (unsigned long long)st->shm_refused,
+         (unsigned long long)st->map_frames, (unsigned long long)st->map_refused, secs, rate,
          (unsigned long long)srv->last_next,
          (unsigned long long)srv->T);
   fflush(stdout);

@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "daemon/filemap.h"
 #include "pipeline/err.h"
 #include "proto/proto.h"
 #include "tools/common/cli.h"
@@ -44,6 +45,8 @@ typedef struct rp_part_s {
   int forward;        /* stored chunks are sent as they are */
   beam_codec_t codec; /* codec of forwarded chunks */
   char plan[96];      /* "forward bslz4", "decode (deflate)", for the log */
+  beam_fmap_t *map;   /* our mapping of the file, to check chunks read in place */
+  int map_fd;         /* the driver's descriptor it maps */
 } rp_part_t;
 
 typedef struct rp_src_s {
@@ -66,6 +69,7 @@ typedef struct rp_src_s {
   char pos_units[32];
   char file_id[17];    /* 16 hex digits */
   uint64_t forwarded, decoded; /* frames read either way */
+  int locatable;       /* opened through beamd's chunk-locating driver (h5chunkloc.h) */
   uint64_t look_g;     /* the frame whose chunk size was looked up last */
   hsize_t look_n;
   int look_valid;
@@ -86,6 +90,22 @@ size_t rp_src_frame_bytes(rp_src_t *self, uint64_t g);
  * why (the frame is then sent as CORRUPT). Never allocates on our side. */
 int rp_src_read(rp_src_t *self, uint64_t g, void *buf, size_t cap, beam_codec_t *codec,
                 size_t *len, char *why, size_t whylen);
+
+/* Where frame g lies in its file when it can be read there in place
+ * (PROTOCOL.md section 13.8): a forwarded chunk, located, whose filter
+ * ran, of the raw size at an 8-byte aligned offset or of a compressed
+ * codec whose framing checks out (read from our own mapping). */
+typedef struct rp_loc_s {
+  int fd;             /* the HDF5 driver's descriptor of the file */
+  uint64_t off;
+  size_t len;
+  beam_codec_t codec;
+  const char *file;   /* the data file's path */
+} rp_loc_t;
+
+/* Returns 1 with loc set, or 0: read the frame with rp_src_read instead,
+ * which also says what is wrong with a bad chunk. */
+int rp_src_locate(rp_src_t *self, uint64_t g, rp_loc_t *loc);
 
 /* Checks the framing of a stored lz4/bslz4 chunk without decompressing:
  * header, every block size, the tail. Returns NULL when it accounts for
@@ -122,7 +142,8 @@ typedef struct rp_opts_s {
   uint64_t series_id;
   uint64_t max_bytes; /* server cap on a reply's payload bytes */
   int quiet, stats_json, progress;
-  int no_shm;         /* refuse shared-memory payloads (section 13.5) */
+  int no_shm;         /* refuse shared-memory payloads (section 13.6) */
+  int no_map;         /* refuse to name files for reading in place (section 13.8) */
 } rp_opts_t;
 
 typedef struct rp_stats_s {
@@ -131,6 +152,7 @@ typedef struct rp_stats_s {
   uint64_t payload_bytes, bytes;
   uint64_t arena_allocs;   /* reply buffers allocated (reuse keeps this small) */
   uint64_t shm_frames, shm_refused; /* payloads put in a landing area; requests refused it */
+  uint64_t map_frames, map_refused; /* payloads left in the file for the consumer to read */
   uint64_t t_start_ns, t_first_frame_ns, t_last_frame_ns;
 } rp_stats_t;
 

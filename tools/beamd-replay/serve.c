@@ -10,6 +10,12 @@
  * only replaced when a request needs more room or a peer still holds parts.
  * The rate limit (--rate) is a token bucket: a reply is delayed until at
  * least one frame (or 5 ms worth) is due and carries no more than are due.
+ *
+ * A consumer on this host may ask to read payloads in place (section 13.8):
+ * a frame whose stored chunk can be forwarded is then not read at all; the
+ * reply names the file (our descriptor, /proc/PID/fd/N) and the offset, and
+ * the payload part stays empty. Only the framing of compressed chunks is
+ * read, from our own mapping, so a bad chunk is still reported as CORRUPT.
  */
 #include "tools/beamd-replay/replay.h"
 
@@ -19,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #define ALIGN 64u
@@ -26,6 +33,7 @@
 #define ARENA_WAIT_NS 200000000ull /* for ZeroMQ to release the last reply */
 #define RATE_BATCH_S 0.005       /* wait for this much of the rate per reply */
 #define RATE_BURST_S 0.1         /* most credit saved while nobody asks */
+#define MAP_FILES_MAX 32         /* files one reply may name (the consumer's limit) */
 
 typedef struct rp_rec_s {
   uint8_t *hdr;      /* in the arena */
@@ -35,6 +43,7 @@ typedef struct rp_rec_s {
   size_t mlen;
   char *meta_owned;  /* malloc'd JSON (SERIES_START), freed after sending */
   int in_shm;        /* the payload is in the consumer's landing slot */
+  int in_place;      /* the payload is left in the file (section 13.8) */
 } rp_rec_t;
 
 static size_t align_up(size_t n) {
@@ -292,6 +301,34 @@ static int add_control(rp_server_t *self, rp_rec_t *r, unsigned type, uint64_t s
 /* Reads frame k (sequence index) into record r: into `land` (a landing
  * slot of `room` bytes) when given, else into the arena. Returns 1 when the
  * frame was corrupt. */
+static void frame_hdr(rp_server_t *self, beam_hdr_t *h, uint64_t series, uint64_t g) {
+  const rp_src_t *s = self->src;
+  hdr_common(self, h, BEAM_MSG_FRAME, series, g);
+  if (s->pos) {
+    const double *p = &s->pos[g * 3];
+    if (isfinite(p[0]) && isfinite(p[1]) && isfinite(p[2])) {
+      h->flags |= BEAM_FLAG_POS;
+      memcpy(h->pos, p, sizeof h->pos);
+    }
+  }
+}
+
+/* Frame g, located in its file, as a header with an empty payload part. */
+static void add_in_place(rp_server_t *self, rp_rec_t *r, uint64_t g, uint64_t series,
+                         const rp_loc_t *loc) {
+  beam_hdr_t h;
+  memset(r, 0, sizeof *r);
+  r->hdr = arena_take(self->arena, HDR_SLOT);
+  BEAM_ASSERT(r->hdr);
+  frame_hdr(self, &h, series, g);
+  h.codec = (uint8_t)loc->codec;
+  h.nparts = 1;
+  h.payload_size = loc->len;
+  r->in_place = 1;
+  int n = beam_hdr_encode(&h, r->hdr, HDR_SLOT);
+  BEAM_ASSERT(n == (int)BEAM_HDR_SIZE_V1);
+}
+
 static int add_frame(rp_server_t *self, rp_rec_t *r, uint64_t k, uint64_t series, size_t room,
                      uint8_t *land) {
   rp_src_t *s = self->src;
@@ -301,14 +338,7 @@ static int add_frame(rp_server_t *self, rp_rec_t *r, uint64_t k, uint64_t series
   r->hdr = arena_take(self->arena, HDR_SLOT);
   uint8_t *buf = land ? land : arena_take(self->arena, room);
   BEAM_ASSERT(r->hdr && buf);
-  hdr_common(self, &h, BEAM_MSG_FRAME, series, g);
-  if (s->pos) {
-    const double *p = &s->pos[g * 3];
-    if (isfinite(p[0]) && isfinite(p[1]) && isfinite(p[2])) {
-      h.flags |= BEAM_FLAG_POS;
-      memcpy(h.pos, p, sizeof h.pos);
-    }
-  }
+  frame_hdr(self, &h, series, g);
   beam_codec_t codec;
   size_t len;
   char why[RP_REASON_MAX - 16];
@@ -405,6 +435,7 @@ typedef struct req_s {
   int start;
   const char *shm_path; /* NULL: payloads inline */
   uint64_t shm_size, shm_slot_bytes, nslots; /* slot numbers in self->slots */
+  int map;              /* the consumer can read payloads in place */
 } req_t;
 
 /* Whether this reply can put payloads in the consumer's landing area:
@@ -420,6 +451,36 @@ static uint8_t *shm_for(rp_server_t *self, const req_t *q, char *why, size_t wl)
     return NULL;
   }
   return rp_shm_attach(&self->shm, q->shm_path, q->shm_size, why, wl);
+}
+
+/* Whether this reply may leave payloads in the file: NULL, or why not
+ * (sent back as map_error). */
+static const char *map_refusal(const rp_server_t *self) {
+  const rp_src_t *s = self->src;
+  if (self->o->no_map)
+    return "the server was started with --no-map";
+  if (!s->locatable)
+    return "the file could not be opened through the chunk-locating driver";
+  for (size_t i = 0; i < s->nparts; i++)
+    if (s->parts[i].forward)
+      return NULL;
+  return "the server decodes every frame of this file (its chunks are not stored in a codec "
+         "the protocol carries)";
+}
+
+/* The reply's index of the file at fd in `files`, appending it; -1 when a
+ * reply already names as many files as a consumer takes. */
+static int map_file(json_t *files, int *fds, int *nfd, const rp_loc_t *loc) {
+  for (int i = 0; i < *nfd; i++)
+    if (fds[i] == loc->fd)
+      return i;
+  if (*nfd == MAP_FILES_MAX)
+    return -1;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%ld/fd/%d", (long)getpid(), loc->fd);
+  json_array_append_new(files, json_pack("{s:s, s:s}", "path", path, "name", loc->file));
+  fds[*nfd] = loc->fd;
+  return (*nfd)++;
 }
 
 static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *stop,
@@ -442,6 +503,14 @@ static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *s
   uint8_t *land = q->shm_path ? shm_for(self, q, shm_why, sizeof shm_why) : NULL;
   if (q->shm_path && !land)
     self->st.shm_refused++;
+  const char *map_why = q->map ? map_refusal(self) : NULL;
+  json_t *map_files = NULL, *map_at = NULL;
+  int map_fds[MAP_FILES_MAX], map_nfd = 0;
+  if (q->map && !map_why) {
+    map_files = json_array();
+    map_at = json_array();
+  }
+  self->st.map_refused += (uint64_t)(map_why != NULL);
   uint64_t want = T - idx < q->credit ? T - idx : q->credit;
   if (land && want > q->nslots)
     want = q->nslots;
@@ -478,6 +547,20 @@ static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *s
     if (!land && n > 0 &&
         payload + rp_src_frame_bytes(self->src, rp_server_frame_index(self, k + n)) > maxb)
       break;
+    rp_loc_t loc;
+    int fi = -1;
+    uint64_t g = rp_server_frame_index(self, k + n);
+    if (map_at && rp_src_locate(self->src, g, &loc) == 1 &&
+        (fi = map_file(map_files, map_fds, &map_nfd, &loc)) >= 0) {
+      add_in_place(self, &recs[nrec++], g, series, &loc);
+      json_array_append_new(map_at, json_pack("[iI]", fi, (json_int_t)loc.off));
+      self->st.map_frames++;
+      payload += loc.len;
+      n++;
+      continue;
+    }
+    if (map_at)
+      json_array_append_new(map_at, json_null());
     uint8_t *slot = land ? land + (size_t)self->slots[n] * q->shm_slot_bytes : NULL;
     corrupt += (uint64_t)add_frame(self, &recs[nrec++], k + n, series,
                                    land ? q->shm_slot_bytes : room, slot);
@@ -494,6 +577,8 @@ static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *s
   if (rc < 0) {
     for (size_t i = 0; i < nrec; i++)
       free(recs[i].meta_owned);
+    json_decref(map_files);
+    json_decref(map_at);
     return send_error(self, d->msg, stop, d);
   }
   int eof = !o->loop && k + n == T;
@@ -504,12 +589,17 @@ static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *s
     json_object_set_new(stj, "shm", json_true());
   else if (q->shm_path)
     json_object_set_new(stj, "shm_error", json_string(shm_why));
+  if (map_at)
+    json_object_set_new(stj, "map", json_pack("{s:o, s:o}", "files", map_files, "at", map_at));
+  else if (map_why)
+    json_object_set_new(stj, "map_error", json_string(map_why));
   rc = send_json(self, stj, nrec > 0, stop, d);
   for (size_t i = 0; i < nrec && rc == 0; i++) {
     rp_rec_t *r = &recs[i];
     int last = i + 1 == nrec;
-    rc = send_zc(self, r->hdr, BEAM_HDR_SIZE_V1, !last || r->payload || r->meta, stop);
-    if (rc == 0 && r->in_shm) /* the payload part stays empty: it is in the slot */
+    rc = send_zc(self, r->hdr, BEAM_HDR_SIZE_V1, !last || r->payload || r->in_place || r->meta,
+                 stop);
+    if (rc == 0 && (r->in_shm || r->in_place)) /* empty: the payload is in the slot or file */
       rc = send_copy(self, NULL, 0, !last || r->meta, stop);
     else if (rc == 0 && r->payload)
       rc = send_zc(self, r->payload, r->plen, !last || r->meta, stop);
@@ -656,6 +746,10 @@ int rp_server_handle(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_t
     q.start = st && json_is_true(st);
     if (!err)
       err = get_shm(self, json_object_get(req, "shm"), &q, why, sizeof why);
+    json_t *mp = json_object_get(req, "map");
+    if (!err && mp && !json_is_boolean(mp))
+      err = "\"map\" must be true or false";
+    q.map = mp && json_is_true(mp);
   }
   if (err)
     rc = send_error(self, err, stop, d);
