@@ -690,6 +690,11 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
   r->next = next2;
   r->want_start = 0;
   if (r->eof && !r->eof_logged) {
+    /* Frames still in the graph keep their mappings; the cache lets go,
+     * so a file deleted after its replay frees its space. */
+    for (unsigned i = 0; i < FMAP_CACHE; i++)
+      if (r->fmaps[i].m)
+        fmap_drop(r, &r->fmaps[i]);
     r->eof_logged = 1;
     BEAM_LOG(LOG_NOTICE, "replay: %s served completely (%llu frames, %llu corrupt)", r->file,
              (unsigned long long)r->total, (unsigned long long)r->corrupt);

@@ -590,6 +590,7 @@ void rp_src_close(rp_src_t *s) {
   free(s->path);
   free(s->dataset);
   free(s->pos);
+  free(s->batch);
   memset(s, 0, sizeof *s);
   s->file = s->memspace = -1;
 }
@@ -686,6 +687,24 @@ static int decode_frame(rp_src_t *s, rp_part_t *p, uint64_t k, void *buf, char *
   return 0;
 }
 
+/* A chunk past the end of a file cut short after it was opened: HDF5
+ * reads such bytes as zeros (its driver pads short reads), which would be
+ * served as a valid frame. Only files opened through our driver can say
+ * where the chunk lies. */
+static int past_end(rp_src_t *s, rp_part_t *p, const hsize_t *off, char *r, size_t rl) {
+  int fd;
+  uint64_t addr, n;
+  unsigned mask;
+  struct stat st;
+  if (!s->locatable || beam_h5loc_chunk(p->dset, off, &fd, &addr, &n, &mask, NULL, 0) != 1 ||
+      fstat(fd, &st) < 0 || (uint64_t)st.st_size >= addr + n)
+    return 0;
+  snprintf(r, rl, "the chunk (bytes %llu..%llu) lies past the end of the file (%lld bytes): "
+           "it was cut short after it was opened", (unsigned long long)addr,
+           (unsigned long long)(addr + n), (long long)st.st_size);
+  return 1;
+}
+
 int rp_src_read(rp_src_t *s, uint64_t g, void *buf, size_t cap, beam_codec_t *codec,
                 size_t *len, char *why, size_t wl) {
   rp_part_t *p = part_of(s, g);
@@ -715,6 +734,8 @@ int rp_src_read(rp_src_t *s, uint64_t g, void *buf, size_t cap, beam_codec_t *co
       snprintf(r, sizeof r, "reading chunk: %s", rp_h5_reason(why, wl));
       goto corrupt;
     }
+    if (past_end(s, p, off, r, sizeof r))
+      goto corrupt;
     if (mask != 0) {
       /* HDF5 skipped the filter for this chunk (an optional filter that
        * did not help): the bytes are the raw frame. */
@@ -756,7 +777,12 @@ corrupt:
 /* Our mapping of the file at fd, covering [off, off + n): a file that grew
  * (written under SWMR) is mapped afresh. */
 static int part_map(rp_part_t *p, int fd, uint64_t off, uint64_t n) {
-  if (p->map && p->map_fd == fd && beam_fmap_covers(p->map, off, n))
+  /* The file as it is now: one cut short since is mapped afresh, and the
+   * chunk then lies past its end (rp_src_read reports it). */
+  struct stat st;
+  if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < off || (uint64_t)st.st_size - off < n)
+    return 0;
+  if (p->map && p->map_fd == fd && beam_fmap_size(p->map) == (uint64_t)st.st_size)
     return 1;
   char err[160];
   beam_fmap_t *m = beam_fmap_from_fd(fd, err, sizeof err);
@@ -768,7 +794,9 @@ static int part_map(rp_part_t *p, int fd, uint64_t off, uint64_t n) {
   return beam_fmap_covers(m, off, n);
 }
 
-int rp_src_locate(rp_src_t *s, uint64_t g, rp_loc_t *loc) {
+/* Frame g located when it may be read in place; a compressed chunk's
+ * framing still to be checked. */
+static int locate(rp_src_t *s, uint64_t g, rp_loc_t *loc) {
   rp_part_t *p = part_of(s, g);
   if (!s->locatable || p->dset < 0 || !p->forward)
     return 0;
@@ -782,15 +810,44 @@ int rp_src_locate(rp_src_t *s, uint64_t g, rp_loc_t *loc) {
     return 0;
   /* Raw frames are handed to stages as they lie, so they must be aligned
    * for any element type's loads, as a ZeroMQ buffer is. */
-  if (p->codec == BEAM_CODEC_RAW ? n != s->raw_size || addr % 8
-                                 : rp_chunk_check(p->codec, beam_fmap_base(p->map) + addr,
-                                                  (size_t)n, s->raw_size, s->esize) != NULL)
+  if (p->codec == BEAM_CODEC_RAW && (n != s->raw_size || addr % 8))
     return 0;
   loc->fd = fd;
   loc->off = addr;
   loc->len = (size_t)n;
   loc->codec = p->codec;
   loc->file = p->file;
-  s->forwarded++;
+  loc->base = beam_fmap_base(p->map);
   return 1;
+}
+
+struct rp_batch_s {
+  beam_codec_t codec[RP_CREDIT_MAX];
+  const uint8_t *ptr[RP_CREDIT_MAX];
+  size_t len[RP_CREDIT_MAX], idx[RP_CREDIT_MAX];
+  const char *bad[RP_CREDIT_MAX];
+};
+
+void rp_src_locate_many(rp_src_t *s, const uint64_t *gs, size_t n, rp_loc_t *locs,
+                        uint8_t *ok) {
+  BEAM_ASSERT(n <= RP_CREDIT_MAX);
+  if (!s->batch && !(s->batch = malloc(sizeof *s->batch))) {
+    memset(ok, 0, n);
+    return;
+  }
+  struct rp_batch_s *b = s->batch;
+  size_t nc = 0;
+  for (size_t i = 0; i < n; i++) {
+    ok[i] = (uint8_t)locate(s, gs[i], &locs[i]);
+    if (ok[i] && locs[i].codec != BEAM_CODEC_RAW) {
+      b->codec[nc] = locs[i].codec;
+      b->ptr[nc] = locs[i].base + locs[i].off;
+      b->len[nc] = locs[i].len;
+      b->idx[nc++] = i;
+    }
+  }
+  rp_chunk_check_many(b->codec, b->ptr, b->len, nc, s->raw_size, s->esize, b->bad);
+  for (size_t j = 0; j < nc; j++)
+    if (b->bad[j])
+      ok[b->idx[j]] = 0;
 }

@@ -70,6 +70,7 @@ typedef struct rp_src_s {
   char file_id[17];    /* 16 hex digits */
   uint64_t forwarded, decoded; /* frames read either way */
   int locatable;       /* opened through beamd's chunk-locating driver (h5chunkloc.h) */
+  struct rp_batch_s *batch; /* rp_src_locate_many's scratch, RP_CREDIT_MAX entries */
   uint64_t look_g;     /* the frame whose chunk size was looked up last */
   hsize_t look_n;
   int look_valid;
@@ -101,17 +102,26 @@ typedef struct rp_loc_s {
   size_t len;
   beam_codec_t codec;
   const char *file;   /* the data file's path */
+  const uint8_t *base; /* our mapping of it */
 } rp_loc_t;
 
-/* Returns 1 with loc set, or 0: read the frame with rp_src_read instead,
- * which also says what is wrong with a bad chunk. */
-int rp_src_locate(rp_src_t *self, uint64_t g, rp_loc_t *loc);
+/* Frames gs[0..n): ok[i] = 1 with locs[i] set when frame gs[i] can be read
+ * in place, else 0: read it with rp_src_read instead, which also says what
+ * is wrong with a bad chunk. The compressed chunks' framing is checked for
+ * all n at once (rp_chunk_check_many). n <= RP_CREDIT_MAX. */
+void rp_src_locate_many(rp_src_t *self, const uint64_t *gs, size_t n, rp_loc_t *locs,
+                        uint8_t *ok);
 
 /* Checks the framing of a stored lz4/bslz4 chunk without decompressing:
  * header, every block size, the tail. Returns NULL when it accounts for
  * exactly len bytes, else a static reason (PROTOCOL.md section 11 strings). */
 const char *rp_chunk_check(beam_codec_t codec, const uint8_t *p, size_t len, size_t raw_size,
                            size_t esize);
+
+/* rp_chunk_check of n chunks (codec[i], p[i], len[i]) into bad[i], their
+ * header walks interleaved so that their cache misses overlap. */
+void rp_chunk_check_many(const beam_codec_t *codec, const uint8_t *const *p, const size_t *len,
+                         size_t n, size_t raw, size_t esize, const char **bad);
 
 /* Innermost message of the current HDF5 error stack, which is cleared. */
 const char *rp_h5_reason(char *buf, size_t len);
@@ -189,6 +199,9 @@ typedef struct rp_server_s {
   rp_shm_t shm;
   json_int_t req_id;     /* the request's "id", echoed in its reply; -1 = none */
   uint32_t *slots;       /* RP_CREDIT_MAX slot numbers of the request being served */
+  uint64_t *gs;          /* RP_CREDIT_MAX frames of a reply, located together */
+  rp_loc_t *locs;
+  uint8_t *loc_ok;
 } rp_server_t;
 
 int rp_server_init(rp_server_t *self, void *sock, rp_src_t *src, const rp_opts_t *o,

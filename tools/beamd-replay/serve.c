@@ -134,8 +134,11 @@ int rp_server_init(rp_server_t *self, void *sock, rp_src_t *src, const rp_opts_t
   self->meta = rp_meta_build(src);
   self->recs = calloc(RP_CREDIT_MAX + 2, sizeof *self->recs);
   self->slots = calloc(RP_CREDIT_MAX, sizeof *self->slots);
+  self->gs = calloc(RP_CREDIT_MAX, sizeof *self->gs);
+  self->locs = calloc(RP_CREDIT_MAX, sizeof *self->locs);
+  self->loc_ok = calloc(RP_CREDIT_MAX, 1);
   self->shm.fd = -1;
-  if (!self->meta || !self->recs || !self->slots)
+  if (!self->meta || !self->recs || !self->slots || !self->gs || !self->locs || !self->loc_ok)
     return BEAM_DIAG(d, BEAM_ENOMEM, "server tables");
   json_object_set_new(self->meta, "nframes", json_integer((json_int_t)self->T));
   /* JSON carries UTF-8 only: a path that is not would fail every reply. */
@@ -161,6 +164,12 @@ void rp_server_destroy(rp_server_t *self) {
   self->recs = NULL;
   free(self->slots);
   self->slots = NULL;
+  free(self->gs);
+  free(self->locs);
+  free(self->loc_ok);
+  self->gs = NULL;
+  self->locs = NULL;
+  self->loc_ok = NULL;
   rp_shm_detach(&self->shm);
 }
 
@@ -537,6 +546,12 @@ static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *s
   int rc = 0;
   if (idx == 0 || q->start)
     rc = add_control(self, &recs[nrec++], BEAM_MSG_SERIES_START, series, pass, d);
+  if (map_at) {
+    /* Located together: their framing checks overlap (chunk.c). */
+    for (uint64_t i = 0; i < want; i++)
+      self->gs[i] = rp_server_frame_index(self, k + i);
+    rp_src_locate_many(self->src, self->gs, (size_t)want, self->locs, self->loc_ok);
+  }
   /* The SERIES_END header is reserved now so frames cannot take its place. */
   uint8_t *end_hdr = arena_take(self->arena, HDR_SLOT);
   uint64_t n = 0, payload = 0, corrupt = 0;
@@ -547,15 +562,15 @@ static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *s
     if (!land && n > 0 &&
         payload + rp_src_frame_bytes(self->src, rp_server_frame_index(self, k + n)) > maxb)
       break;
-    rp_loc_t loc;
     int fi = -1;
     uint64_t g = rp_server_frame_index(self, k + n);
-    if (map_at && rp_src_locate(self->src, g, &loc) == 1 &&
-        (fi = map_file(map_files, map_fds, &map_nfd, &loc)) >= 0) {
-      add_in_place(self, &recs[nrec++], g, series, &loc);
-      json_array_append_new(map_at, json_pack("[iI]", fi, (json_int_t)loc.off));
+    const rp_loc_t *loc = &self->locs[n];
+    if (map_at && self->loc_ok[n] && (fi = map_file(map_files, map_fds, &map_nfd, loc)) >= 0) {
+      add_in_place(self, &recs[nrec++], g, series, loc);
+      json_array_append_new(map_at, json_pack("[iI]", fi, (json_int_t)loc->off));
       self->st.map_frames++;
-      payload += loc.len;
+      self->src->forwarded++;
+      payload += loc->len;
       n++;
       continue;
     }
