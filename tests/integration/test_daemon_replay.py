@@ -443,62 +443,87 @@ def test_pipelined_long_replay_does_not_stall(tmp_path, ports, start_beamd, run_
     assert rp["resends"] == 0, rp
 
 
+class FakeServer:
+    """A replay server in Python (PROTOCOL.md 13) on `ep`, serving `frames`
+    as series SERIES, for the cases beamd-replay never produces. It answers
+    "info" itself and wraps every "get" reply in the status, SERIES_START
+    (at k = 0 or when asked) and SERIES_END; `frames_for(req, k, frame)`
+    returns (k2, the FRAME parts of k..k2-1, extra status keys), where
+    frame(i) encodes FRAME i with the next sequence number."""
+
+    def __init__(self, zctx, ep, frames, frames_for):
+        import threading
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools",
+                                        "python"))
+        from beamd import proto
+        self.proto, self.frames, self.frames_for = proto, frames, frames_for
+        self.sock = zctx.socket(zmq.REP)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(ep)
+        self.seq = 0
+        self.stop = threading.Event()
+        self.th = threading.Thread(target=self._serve, daemon=True)
+        self.th.start()
+
+    def _msg(self, kind, **kw):
+        self.seq += 1
+        return self.proto.encode_message(kind, seq=self.seq - 1, series_id=SERIES, **kw)
+
+    def _serve(self):
+        n, P = len(self.frames), self.proto
+        while not self.stop.is_set():
+            if not self.sock.poll(50):
+                continue
+            req = json.loads(self.sock.recv())
+            st = {"ok": True, "total": n, "loop": False, "series_id": SERIES, "file": "fake",
+                  "file_id": "fake", "corrupt": 0, "id": req.get("id")}
+            if req["op"] == "info":
+                st.update(op="info", count=0, next=0, eof=False, dtype="uint16", shape=[H, W])
+                self.sock.send_json(st)
+                continue
+            k, msgs = req["next"], []
+            if k == 0 or req.get("start"):
+                msgs += self._msg(P.SERIES_START, shape=(H, W), dtype="uint16")
+            k2, parts, extra = self.frames_for(
+                req, k, lambda i: self._msg(P.FRAME, frame_id=i, array=self.frames[i]))
+            msgs += parts
+            if k2 == n:
+                msgs += self._msg(P.SERIES_END, frame_id=n, shape=(H, W), dtype="uint16")
+            st.update(extra, next=k2, count=k2 - k, eof=k2 == n)
+            self.sock.send_multipart([json.dumps(st).encode()] + msgs)
+
+    def close(self):
+        self.stop.set()
+        self.th.join(timeout=5)
+
+
 def test_reply_beyond_offered_slots_is_refused(tmp_path, ports, start_beamd, run_tool, zctx):
     """A server (here a Python one) whose reply claims more landed frames
     than the request offered slots: the frames up to the last offered slot
     are taken, the bad message is counted as malformed and logged, and the
     rest is asked for again, so every frame still arrives exactly once,
     with the right pixels."""
-    import threading
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "python"))
-    from beamd import proto
     n = 24
     frames = (np.arange(n * H * W, dtype=np.uint16) % 1021).reshape(n, H, W)
-    sock = zctx.socket(zmq.REP)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(ports.ep_input)
-    stop, bad_sent = threading.Event(), []
+    bad_sent = []
 
-    def serve():
-        seq = 0
-        while not stop.is_set():
-            if not sock.poll(50):
-                continue
-            req = json.loads(sock.recv())
-            st = {"ok": True, "total": n, "loop": False, "series_id": SERIES, "file": "fake",
-                  "file_id": "fake", "corrupt": 0, "id": req.get("id")}
-            if req["op"] == "info":
-                st.update(op="info", count=0, next=0, eof=False, dtype="uint16", shape=[H, W])
-                sock.send_json(st)
-                continue
-            k, shm = req["next"], req.get("shm")
-            # The first reply lands one frame more than it was offered slots for.
-            extra = 0 if bad_sent else 1
-            k2 = min(n, k + len(shm["slots"]) + extra)
-            msgs = []
-            if k == 0:
-                msgs += proto.encode_message(proto.SERIES_START, seq=seq, series_id=SERIES,
-                                             shape=(H, W), dtype="uint16")
-                seq += 1
-            fd = os.open(shm["path"], os.O_RDWR)
-            for i in range(k, k2):
-                parts = proto.encode_message(proto.FRAME, seq=seq, series_id=SERIES, frame_id=i,
-                                             array=frames[i])
-                seq += 1
-                if i - k < len(shm["slots"]):  # the extra one has no slot to be in
-                    os.pwrite(fd, parts[1], shm["slots"][i - k] * shm["slot_bytes"])
-                msgs += [parts[0], b""]
-            os.close(fd)
-            if k2 == n:
-                msgs += proto.encode_message(proto.SERIES_END, seq=seq, series_id=SERIES,
-                                             frame_id=n, shape=(H, W), dtype="uint16")
-                seq += 1
-            bad_sent.append(extra)
-            st.update(shm=True, next=k2, count=k2 - k, eof=k2 == n)
-            sock.send_multipart([json.dumps(st).encode()] + msgs)
+    def land(req, k, frame):
+        shm = req["shm"]
+        # The first reply lands one frame more than it was offered slots for.
+        extra = 0 if bad_sent else 1
+        k2 = min(n, k + len(shm["slots"]) + extra)
+        msgs = []
+        fd = os.open(shm["path"], os.O_RDWR)
+        for i in range(k, k2):
+            parts = frame(i)
+            if i - k < len(shm["slots"]):  # the extra one has no slot to be in
+                os.pwrite(fd, parts[1], shm["slots"][i - k] * shm["slot_bytes"])
+            msgs += [parts[0], b""]
+        os.close(fd)
+        bad_sent.append(extra)
+        return k2, msgs, {"shm": True}
 
-    th = threading.Thread(target=serve, daemon=True)
-    th.start()
+    srv = FakeServer(zctx, ports.ep_input, frames, land)
     try:
         b = start_beamd(replay_config(ports, [vd_stage()], shm="on", depth=1))
         rec = start_recorder(run_tool, ports, tmp_path / "results")
@@ -509,8 +534,7 @@ def test_reply_beyond_offered_slots_is_refused(tmp_path, ports, start_beamd, run
         assert re.search(r"has a landing slot it was not offered, or a payload larger than a "
                          r"slot, at part \d+; the rest of the reply is skipped", b.stderr())
     finally:
-        stop.set()
-        th.join(timeout=5)
+        srv.close()
 
 
 def test_file_truncated_during_replay(tmp_path, ports, start_beamd, run_tool):
@@ -557,58 +581,27 @@ def test_unreadable_file_reference_falls_back(tmp_path, ports, start_beamd, run_
     beamd must not map (not HDF5): beamd takes nothing from that reply,
     says why once, stops asking for "map" and asks for the frames again;
     they come inline and every frame arrives once, with its pixels."""
-    import threading
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "python"))
-    from beamd import proto
     n = 20
     frames = (np.arange(n * H * W, dtype=np.uint16) % 1021).reshape(n, H, W)
     plain = tmp_path / "plain.bin"
     plain.write_bytes(frames.tobytes())
     pfd = os.open(str(plain), os.O_RDONLY)
-    sock = zctx.socket(zmq.REP)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(ports.ep_input)
-    stop, asked = threading.Event(), []
+    asked = []
 
-    def serve():
-        seq = 0
-        while not stop.is_set():
-            if not sock.poll(50):
-                continue
-            req = json.loads(sock.recv())
-            st = {"ok": True, "total": n, "loop": False, "series_id": SERIES, "file": "fake",
-                  "file_id": "fake", "corrupt": 0, "id": req.get("id")}
-            if req["op"] == "info":
-                st.update(op="info", count=0, next=0, eof=False, dtype="uint16", shape=[H, W])
-                sock.send_json(st)
-                continue
-            k = req["next"]
-            in_place = bool(req.get("map"))
-            asked.append(in_place)
-            k2 = min(n, k + req["credit"])
-            msgs = []
-            if k == 0 or req.get("start"):
-                msgs += proto.encode_message(proto.SERIES_START, seq=seq, series_id=SERIES,
-                                             shape=(H, W), dtype="uint16")
-                seq += 1
-            for i in range(k, k2):
-                parts = proto.encode_message(proto.FRAME, seq=seq, series_id=SERIES, frame_id=i,
-                                             array=frames[i])
-                seq += 1
-                msgs += [parts[0], b""] if in_place else parts
-            if k2 == n:
-                msgs += proto.encode_message(proto.SERIES_END, seq=seq, series_id=SERIES,
-                                             frame_id=n, shape=(H, W), dtype="uint16")
-                seq += 1
-            st.update(next=k2, count=k2 - k, eof=k2 == n)
-            if in_place:
-                st["map"] = {"files": [{"path": "/proc/%d/fd/%d" % (os.getpid(), pfd),
-                                        "name": str(plain)}],
-                             "at": [[0, i * H * W * 2] for i in range(k, k2)]}
-            sock.send_multipart([json.dumps(st).encode()] + msgs)
+    def in_place(req, k, frame):
+        asked.append(bool(req.get("map")))
+        k2 = min(n, k + req["credit"])
+        msgs = []
+        for i in range(k, k2):
+            parts = frame(i)
+            msgs += [parts[0], b""] if asked[-1] else parts
+        if not asked[-1]:
+            return k2, msgs, {}
+        return k2, msgs, {"map": {"files": [{"path": "/proc/%d/fd/%d" % (os.getpid(), pfd),
+                                             "name": str(plain)}],
+                                  "at": [[0, i * H * W * 2] for i in range(k, k2)]}}
 
-    th = threading.Thread(target=serve, daemon=True)
-    th.start()
+    srv = FakeServer(zctx, ports.ep_input, frames, in_place)
     try:
         b = start_beamd(replay_config(ports, [vd_stage()], shm="on", depth=1))
         rec = start_recorder(run_tool, ports, tmp_path / "results")
@@ -624,8 +617,7 @@ def test_unreadable_file_reference_falls_back(tmp_path, ports, start_beamd, run_
         assert len(logs) == 1 and "not an HDF5 file" in logs[0], b.stderr()
         assert recorder_stats(rec)["duplicates"] == 0
     finally:
-        stop.set()
-        th.join(timeout=5)
+        srv.close()
         os.close(pfd)
 
 
