@@ -73,6 +73,8 @@ static const beam_param_t input_params[] = {
     {"shm", BEAM_P_ENUM, "auto", 0, 0, 0, "auto|on|off", NULL,
      "replay: let the server read payloads into shared memory (same host); auto = for ipc://",
      NULL},
+    {"map", BEAM_P_BOOL, "true", 0, 0, 0, NULL, NULL,
+     "replay, with shm: read stored chunks in place from beamd's own mapping of the file", NULL},
     {"depth", BEAM_P_INT, "2", 0, 1, 4, NULL, NULL,
      "replay: requests in flight at once, so the server reads while beamd ingests", NULL},
     BEAM_PARAM_END};
@@ -383,6 +385,7 @@ static int fill(beam_config_t *c, beam_cfg_errs_t *errs) {
   c->input.timeout_s = beam_cfg_float(in, "timeout", 10.0);
   c->input.exit_on_eof = beam_cfg_bool(in, "exit_on_eof", 0);
   c->input.shm = (beam_shm_mode_t)beam_cfg_int(in, "shm", BEAM_SHM_AUTO);
+  c->input.map = beam_cfg_bool(in, "map", 1);
   c->input.depth = (unsigned)beam_cfg_int(in, "depth", 2);
   copy_str(c->output.publish, sizeof c->output.publish, beam_cfg_str(out, "publish"));
   copy_str(c->output.push, sizeof c->output.push, beam_cfg_str(out, "push"));

@@ -44,6 +44,7 @@ typedef struct beam_config_s {
     double timeout_s;      /* replay: resend an unanswered request */
     int exit_on_eof;       /* replay: drain and exit at the end of the file */
     beam_shm_mode_t shm;   /* replay: payloads through a shared landing area */
+    int map;               /* replay, with shm: read stored chunks in place */
     unsigned depth;        /* replay: requests in flight at once */
   } input;
   struct {

@@ -841,7 +841,7 @@ int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
                                 errlen);
     if (!r->land)
       return BEAM_ENOMEM;
-    r->map_ask = 1;
+    r->map_ask = d->cfg->input.map;
   }
   uv_timer_init(&d->loop, &r->tick);
   r->tick.data = d;
@@ -914,7 +914,8 @@ void beamd_replay_stats(beamd_t *d, void *obj) {
   json_object_set_new(o, "corrupt", json_integer((json_int_t)r->corrupt));
   json_object_set_new(o, "shm", json_string(!r->land ? "off" : r->shm_refused ? "refused" : "on"));
   json_object_set_new(o, "shm_frames", json_integer((json_int_t)r->shm_frames));
-  json_object_set_new(o, "map", json_string(!r->land ? "off" : !r->map_ask ? "failed"
+  json_object_set_new(o, "map", json_string(!r->land || !d->cfg->input.map ? "off"
+                                            : !r->map_ask ? "failed"
                                             : r->map_refused ? "refused" : "on"));
   json_object_set_new(o, "map_frames", json_integer((json_int_t)r->map_frames));
   json_object_set_new(o, "map_damaged", json_integer((json_int_t)r->map_damaged));

@@ -164,12 +164,13 @@ def no_map(shm):
 
 def check_shm(st, shm, n, in_place=0):
     """input.replay's transport: "on" with every payload landed in shared
-    memory (the server ran --no-map), "map" with `in_place` payloads read in
-    place from the file and the rest landed, or "off" with neither."""
+    memory (the server ran --no-map), "nomap" the same because beamd's
+    input.map is false, "map" with `in_place` payloads read in place from
+    the file and the rest landed, or "off" with neither."""
     rp = st["input"]["replay"]
-    if shm == "on":
+    if shm in ("on", "nomap"):
         assert rp["shm"] == "on" and rp["shm_frames"] == n, rp
-        assert rp["map"] == "refused" and rp["map_frames"] == 0, rp
+        assert rp["map"] == ("refused" if shm == "on" else "off") and rp["map_frames"] == 0, rp
     elif shm == "map":
         assert rp["shm"] == "on" and rp["map_frames"] == in_place, rp
         assert rp["shm_frames"] == n - in_place, rp
@@ -178,7 +179,7 @@ def check_shm(st, shm, n, in_place=0):
         assert rp["shm"] == "off" and rp["shm_frames"] == 0 and rp["map_frames"] == 0, rp
 
 
-@pytest.mark.parametrize("shm", ["off", "on", "map"])
+@pytest.mark.parametrize("shm", ["off", "on", "map", "nomap"])
 @pytest.mark.parametrize("kind,compress", [("raw", "none"), ("gzip", "bslz4"),
                                            ("bslz4", "bslz4"), ("master", "none")])
 def test_round_trip_bit_exact(tmp_path, ports, start_beamd, run_tool, kind, compress, shm):
@@ -188,7 +189,9 @@ def test_round_trip_bit_exact(tmp_path, ports, start_beamd, run_tool, kind, comp
     stages = [{"name": "rec", "kind": "record", "input": "frames", "dir": str(rec_dir),
                "compress": compress, "queue": 64},
               vd_stage()]
-    b = start_beamd(replay_config(ports, stages, shm="on" if shm == "map" else shm))
+    # nomap: input.map false, so beamd never asks (the server would agree).
+    b = start_beamd(replay_config(ports, stages, shm="off" if shm == "off" else "on",
+                                  map=shm != "nomap"))
     rec = start_recorder(run_tool, ports, tmp_path / "results")
     srv = start_replay(run_tool, ports, path, *no_map(shm))
     out = rec_dir / ("series_%d.h5" % SERIES)

@@ -799,7 +799,8 @@ static void test_dump(void **state) {
   assert_non_null(d);
   assert_non_null(strstr(d, "input:\n  mode: pull\n  endpoint: tcp://127.0.0.1:5500\n  bind: "
                             "true\n  hwm: 1000\n  credit: 64\n  state_file: \"\"\n  commit_delay: 2s\n"
-                            "  timeout: 10s\n  exit_on_eof: false\n  shm: auto\n  depth: 2\noutput:\n"));
+                            "  timeout: 10s\n  exit_on_eof: false\n  shm: auto\n  map: true\n  depth: 2\n"
+                            "output:\n"));
   assert_non_null(strstr(d, "push: \"\"\n"));
   assert_non_null(strstr(d, "heartbeat: 2s\nstages: []\n"));
   assert_true(strstr(d, "input:") < strstr(d, "heartbeat:"));
