@@ -68,6 +68,13 @@ static size_t bshuf_default_block(size_t elem_size) {
 #else
 #define BS_INLINE
 #endif
+/* The fast path works on 256-bit vectors (bs_vec): with AVX2 each is one
+ * register, without it two SSE2 halves. Chosen at load time. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define BS_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define BS_CLONES
+#endif
 
 /* ---- bit transpose ----
  * Output layout of bshuf_trans_bit_elem for n elements (n % 8 == 0): bit k
@@ -317,7 +324,7 @@ static inline BS_INLINE void unshuffle_supers(const uint8_t *src, uint8_t *dst, 
 
 /* Returns how many elements it handled (whole super-groups), 0 for element
  * sizes without a fast copy. */
-static size_t shuffle_fast(const uint8_t *src, uint8_t *dst, size_t n, size_t es) {
+BS_CLONES static size_t shuffle_fast(const uint8_t *src, uint8_t *dst, size_t n, size_t es) {
   size_t row = n / 8, ns = n / BS_SUPER;
   switch (es) {
   case 1: shuffle_supers(src, dst, ns, 1, row); break;
@@ -329,7 +336,7 @@ static size_t shuffle_fast(const uint8_t *src, uint8_t *dst, size_t n, size_t es
   }
   return ns * BS_SUPER;
 }
-static size_t unshuffle_fast(const uint8_t *src, uint8_t *dst, size_t n, size_t es) {
+BS_CLONES static size_t unshuffle_fast(const uint8_t *src, uint8_t *dst, size_t n, size_t es) {
   size_t row = n / 8, ns = n / BS_SUPER;
   switch (es) {
   case 1: unshuffle_supers(src, dst, ns, 1, row); break;
