@@ -63,7 +63,6 @@ typedef struct beamd_ingest_s {
   size_t scratch_len;
   int have_seq;
   uint64_t last_seq;
-  uint64_t open_series; /* 0 = none */
   beam_series_t *series; /* current series (for shape checks), one ref */
   uint64_t fed_next;     /* ingest_idx of the next accepted frame */
   /* The ZeroMQ parts of the message being handled, so a payload can be
