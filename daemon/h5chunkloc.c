@@ -174,6 +174,7 @@ static herr_t loc_read(H5FD_t *file, H5FD_mem_t type, hid_t dxpl, haddr_t addr, 
   }
   unsigned char *p = buf;
   off_t at = (off_t)addr;
+  size_t total = size;
   while (size > 0) {
     size_t want = size < LOC_MAX_IO ? size : LOC_MAX_IO;
     ssize_t got;
@@ -184,9 +185,16 @@ static herr_t loc_read(H5FD_t *file, H5FD_mem_t type, hid_t dxpl, haddr_t addr, 
       PUSH_SYS(H5E_READERROR, "file read failed", errno);
       return -1;
     }
-    /* HDF5 may read a block that ends past the end of the file (the
-     * accumulator rounds reads up); the missing part reads as zeros. */
+    /* HDF5 may read a metadata block that ends past the end of the file
+     * (the accumulator rounds reads up); the missing part reads as zeros.
+     * Raw data never lies past the end HDF5 checked at open, so there it
+     * means the file was cut short since: zeros would pass for pixels. */
     if (got == 0) {
+      if (type == H5FD_MEM_DRAW) {
+        PUSH(H5E_READERROR, "bytes %llu..%llu lie past the end of the file: it was cut short "
+             "after it was opened", (unsigned long long)addr, (unsigned long long)(addr + total));
+        return -1;
+      }
       memset(p, 0, size);
       break;
     }

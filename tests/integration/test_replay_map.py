@@ -9,13 +9,15 @@ bslz4 files and for an Eiger-style master, whose frames are named in their
 data files; the paths name the server's own descriptors of those files;
 gzip files (inflated by the server) and --no-map are refused with a reason
 and served as before; a corrupt chunk is still sent CORRUPT (its entry is
-null) while its neighbours are read in place; a malformed "map" is a bad
+null) while its neighbours are read in place, and so is one cut off the
+end of the file after the server opened it; a malformed "map" is a bad
 request. The daemon side is covered end to end in test_daemon_replay.py
 (transport "map") and the mapping itself in tests/unit/test_filemap.c.
 """
 import json
 import os
 
+import h5py
 import numpy as np
 import pytest
 
@@ -143,3 +145,33 @@ def test_malformed_map_is_a_bad_request(tmp_path, serve):
     assert st["ok"] is False and "map" in st["error"], st
     st, msgs = srv.get(0, 2, map=False)  # false: as without the key
     assert st["ok"] and "map" not in st and "map_error" not in st, st
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_file_cut_short_after_open(tmp_path, serve, in_place):
+    """A file cut short while the server has it open: frames whose chunks
+    now lie past the end are sent CORRUPT naming the cut (HDF5's own driver
+    would read them as zeros), whether they would be read in place or by
+    the server; the frames before the cut are intact."""
+    n = 12
+    path = tmp_path / "cut.h5"
+    data = mk.make_dataset_file(path, "raw", n=n)
+    with h5py.File(str(path), "r") as f:
+        d = f["/entry/data/data"]
+        ends = [d.id.get_chunk_info(k).byte_offset + d.id.get_chunk_info(k).size
+                for k in range(n)]
+    srv = serve(path)
+    assert srv.req({"op": "info"})[0]["ok"]  # the file is open
+    cut = ends[5] + 10  # inside frame 6's chunk
+    os.truncate(str(path), cut)
+    if in_place:
+        st, msgs = get_in_place(srv, 0, n)
+        assert [a is None for a in st["map"]["at"]] == [k > 5 for k in range(n)], st["map"]
+    else:
+        st, msgs = srv.get(0, n)
+    assert st["corrupt"] == n - 6, st
+    for h, arr, meta, _ in frames_of(msgs):
+        if h.frame_id > 5:
+            assert h.flags & proto.FLAG_CORRUPT and "cut short" in meta["error"], meta
+        else:
+            assert np.array_equal(arr, data[h.frame_id])

@@ -687,24 +687,6 @@ static int decode_frame(rp_src_t *s, rp_part_t *p, uint64_t k, void *buf, char *
   return 0;
 }
 
-/* A chunk past the end of a file cut short after it was opened: HDF5
- * reads such bytes as zeros (its driver pads short reads), which would be
- * served as a valid frame. Only files opened through our driver can say
- * where the chunk lies. */
-static int past_end(rp_src_t *s, rp_part_t *p, const hsize_t *off, char *r, size_t rl) {
-  int fd;
-  uint64_t addr, n;
-  unsigned mask;
-  struct stat st;
-  if (!s->locatable || beam_h5loc_chunk(p->dset, off, &fd, &addr, &n, &mask, NULL, 0) != 1 ||
-      fstat(fd, &st) < 0 || (uint64_t)st.st_size >= addr + n)
-    return 0;
-  snprintf(r, rl, "the chunk (bytes %llu..%llu) lies past the end of the file (%lld bytes): "
-           "it was cut short after it was opened", (unsigned long long)addr,
-           (unsigned long long)(addr + n), (long long)st.st_size);
-  return 1;
-}
-
 int rp_src_read(rp_src_t *s, uint64_t g, void *buf, size_t cap, beam_codec_t *codec,
                 size_t *len, char *why, size_t wl) {
   rp_part_t *p = part_of(s, g);
@@ -734,8 +716,6 @@ int rp_src_read(rp_src_t *s, uint64_t g, void *buf, size_t cap, beam_codec_t *co
       snprintf(r, sizeof r, "reading chunk: %s", rp_h5_reason(why, wl));
       goto corrupt;
     }
-    if (past_end(s, p, off, r, sizeof r))
-      goto corrupt;
     if (mask != 0) {
       /* HDF5 skipped the filter for this chunk (an optional filter that
        * did not help): the bytes are the raw frame. */
