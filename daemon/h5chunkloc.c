@@ -350,33 +350,13 @@ static int inside(hid_t dset, const hsize_t *off, char *why, size_t wl) {
 static _Thread_local void *scratch; /* the probe's buffer, per thread, kept */
 static _Thread_local size_t scratch_cap;
 
-/* Stored size of the chunk at off: 1 with *n set, 0 never written, -1.
- * H5Dget_chunk_storage_size is the O(log n) lookup, but in 1.10.8 it fails
- * alike for a chunk never written and for a broken index; the O(n) walk of
- * H5Dget_chunk_info_by_coord is left to tell those apart. */
-static int stored_size(hid_t dset, const hsize_t *off, hsize_t *n, char *why, size_t wl) {
-  *n = 0;
-  if (H5Dget_chunk_storage_size(dset, off, n) >= 0 && *n > 0)
-    return 1;
-  H5Eclear2(H5E_DEFAULT);
-  unsigned m = 0;
-  haddr_t a = HADDR_UNDEF;
-  hsize_t s = 0;
-  if (H5Dget_chunk_info_by_coord(dset, off, &m, &a, &s) < 0)
-    return fail_h5(why, wl, "H5Dget_chunk_info_by_coord");
-  if (a == HADDR_UNDEF)
-    return 0;
-  say(why, wl, "H5Dget_chunk_storage_size failed for a chunk the index has");
-  return -1;
-}
-
 int beam_h5loc_chunk(hid_t dset, const hsize_t *off, int *fd, uint64_t *addr, uint64_t *size,
                      unsigned *mask, char *why, size_t wl) {
   int hfd = our_fd(dset, why, wl);
   if (hfd < 0 || inside(dset, off, why, wl) < 0)
     return -1;
   hsize_t n;
-  int rc = stored_size(dset, off, &n, why, wl);
+  int rc = beam_h5_chunk_size(dset, off, &n, why, wl);
   if (rc <= 0)
     return rc;
 

@@ -217,6 +217,24 @@ int beam_h5_scalar_f64(hid_t loc, const char *path, double v, const char *units)
 
 /* ---- readers ------------------------------------------------------------- */
 
+int beam_h5_chunk_size(hid_t dset, const hsize_t *off, hsize_t *n, char *why, size_t wl) {
+  unsigned mask = 0;
+  haddr_t addr = HADDR_UNDEF;
+  *n = 0;
+  if (H5Dget_chunk_storage_size(dset, off, n) >= 0 && *n > 0)
+    return 1;
+  H5Eclear2(H5E_DEFAULT);
+  *n = 0;
+  if (H5Dget_chunk_info_by_coord(dset, off, &mask, &addr, n) < 0) {
+    char r[512];
+    beam_h5_reason(r, sizeof r, NULL);
+    if (why && wl)
+      snprintf(why, wl, "%s", r);
+    return -1;
+  }
+  return addr != HADDR_UNDEF && *n > 0;
+}
+
 int beam_h5_exists(hid_t loc, const char *path) {
   char buf[512];
   size_t n = strlen(path);

@@ -609,32 +609,9 @@ static rp_part_t *part_of(rp_src_t *s, uint64_t g) {
   return &s->parts[lo];
 }
 
-/* Stored size of the chunk at `off`: 1 with *n set, 0 when the chunk was
- * never written, -1 on error with the HDF5 reason in why.
- *
- * HDF5 1.10's H5Dget_chunk_info_by_coord walks the chunk index from the
- * start until it meets the chunk, so it costs time in proportion to the
- * frame's position: 12 us at frame 2,000 and 170 us at frame 16,000 on our
- * machine, more than reading the frame. H5Dget_chunk_storage_size looks
- * the chunk up in the index (2 us anywhere) but fails alike for a chunk
- * never written and for a broken index, so the walk is left for those. */
-static int chunk_size(hid_t dset, const hsize_t *off, hsize_t *n, char *why, size_t wl) {
-  unsigned mask = 0;
-  haddr_t addr = HADDR_UNDEF;
-  *n = 0;
-  if (H5Dget_chunk_storage_size(dset, off, n) >= 0 && *n > 0)
-    return 1;
-  H5Eclear2(H5E_DEFAULT);
-  *n = 0;
-  if (H5Dget_chunk_info_by_coord(dset, off, &mask, &addr, n) < 0) {
-    rp_h5_reason(why, wl);
-    return -1;
-  }
-  return addr != HADDR_UNDEF && *n > 0;
-}
-
-/* chunk_size of a forwarded frame, remembered for the one frame last asked
- * about: the server sizes a reply by it and then reads the same frame. */
+/* beam_h5_chunk_size of a forwarded frame, remembered for the one frame
+ * last asked about: the server sizes a reply by it and then reads the same
+ * frame. */
 static int frame_chunk(rp_src_t *s, rp_part_t *p, uint64_t g, hsize_t *n, char *why,
                        size_t wl) {
   if (s->look_valid && s->look_g == g) {
@@ -642,7 +619,7 @@ static int frame_chunk(rp_src_t *s, rp_part_t *p, uint64_t g, hsize_t *n, char *
     return 1;
   }
   hsize_t off[3] = {g - p->first, 0, 0};
-  int st = chunk_size(p->dset, off, n, why, wl);
+  int st = beam_h5_chunk_size(p->dset, off, n, why, wl);
   s->look_valid = st == 1;
   s->look_g = g;
   s->look_n = *n;
@@ -671,7 +648,7 @@ static int decode_frame(rp_src_t *s, rp_part_t *p, uint64_t k, void *buf, char *
      * for a detector that is a lost frame, as on the forwarding path. */
     hsize_t off[3] = {k - k % p->chunk0, 0, 0}, n = 0;
     char cr[256];
-    int st = chunk_size(p->dset, off, &n, cr, sizeof cr);
+    int st = beam_h5_chunk_size(p->dset, off, &n, cr, sizeof cr);
     if (st <= 0) {
       snprintf(why, wl, "%s%s", st < 0 ? "chunk index: " : "chunk was never written",
                st < 0 ? cr : "");
