@@ -65,6 +65,7 @@ typedef struct inflight_s {
   uint64_t id, next, sent_ns;
   unsigned credit;
   int info;       /* the resume check */
+  int map;        /* it asked to read payloads in place */
   int stale;      /* asked for a range an earlier short reply made wrong */
   char *text;     /* the request (resent as it is) */
   unsigned *offer; /* landing slots it offered */
@@ -225,7 +226,7 @@ static void q_remove(replay_t *r, unsigned i) {
 static inflight_t *q_push(replay_t *r) {
   inflight_t *e = &r->q[r->qn++];
   e->id = ++r->next_id;
-  e->info = e->stale = 0;
+  e->info = e->stale = e->map = 0;
   e->noffer = 0;
   return e;
 }
@@ -311,7 +312,8 @@ void beamd_replay_pump(beamd_t *d) {
       n += snprintf(e->text + n, r->req_cap - (size_t)n, "%s%u", i ? "," : "", e->offer[i]);
     n += snprintf(e->text + n, r->req_cap - (size_t)n, "]}");
   }
-  if (r->map_ask)
+  e->map = r->map_ask;
+  if (e->map)
     n += snprintf(e->text + n, r->req_cap - (size_t)n, ",\"map\":true");
   snprintf(e->text + n, r->req_cap - (size_t)n, "}");
   send_req(d, e);
@@ -587,8 +589,7 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
   int in_shm = e->noffer && json_is_true(json_object_get(st, "shm"));
   if (e->noffer)
     shm_status(d, st);
-  int asked_map = strstr(e->text, "\"map\":true") != NULL;
-  if (asked_map && !was_info && json_integer_value(json_object_get(st, "count")) > 0)
+  if (e->map && !was_info && json_integer_value(json_object_get(st, "count")) > 0)
     map_status(d, st);
   if (was_info) {
     json_decref(st);
@@ -604,7 +605,7 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
   beam_fmap_t *rm[FMAP_REPLY];
   size_t nrm = 0;
   json_t *mat = NULL;
-  int map_bad = asked_map ? map_parse(r, st, rm, &nrm, &mat) : 0;
+  int map_bad = e->map ? map_parse(r, st, rm, &nrm, &mat) : 0;
   uint64_t idx = next2 >= count ? next2 - count : 0;
   beam_part_t bp[2 + BEAM_MAX_PAYLOAD_PARTS];
   unsigned nframe = 0; /* FRAME ordinal in the reply: its landing slot is offer[nframe] */
