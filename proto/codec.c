@@ -18,8 +18,13 @@
  */
 #include <lz4.h>
 #include <string.h>
+/* gcc on x86-64: the AVX2 paths below are picked at run time (target
+ * attributes, target_clones); elsewhere only the portable code is built. */
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define BS_X86 1
 #include <immintrin.h>
+#else
+#define BS_X86 0
 #endif
 
 #include "pipeline/err.h"
@@ -73,7 +78,7 @@ static size_t bshuf_default_block(size_t elem_size) {
 #endif
 /* The fast path works on 256-bit vectors (bs_vec): with AVX2 each is one
  * register, without it two SSE2 halves. Chosen at load time. */
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#if BS_X86
 #define BS_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define BS_CLONES
@@ -368,7 +373,7 @@ void beam_bitshuffle(const void *in, void *out, size_t n, size_t elem_size) {
   shuffle_tiles(in, out, done / 8, n / 8, elem_size, n / 8);
 }
 
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#if BS_X86
 /* 16-bit elements (most detectors) with AVX2, 256 at a time. The 16 row
  * segments of 32 bytes are byte-transposed within each 128-bit lane, so
  * register g then holds the 16 row bytes of byte column g (lane 0) and of
@@ -437,7 +442,7 @@ __attribute__((target("avx2"))) static size_t unshuffle2_avx2(const uint8_t *src
 void beam_bitunshuffle(const void *in, void *out, size_t n, size_t elem_size) {
   BEAM_ASSERT(n % 8 == 0);
   size_t done;
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#if BS_X86
   if (elem_size == 2 && __builtin_cpu_supports("avx2"))
     done = unshuffle2_avx2(in, out, n);
   else
