@@ -172,9 +172,13 @@ static int is_hdf5(int fd, off_t size) {
   return 0;
 }
 
-beam_fmap_t *beam_fmap_open_proc(const char *path, char *err, size_t errlen) {
+int beam_proc_fd_path(const char *path) {
   int pid, n, end = 0;
-  if (sscanf(path, "/proc/%d/fd/%d%n", &pid, &n, &end) != 2 || path[end] || pid <= 0 || n < 0) {
+  return sscanf(path, "/proc/%d/fd/%d%n", &pid, &n, &end) == 2 && !path[end] && pid > 0 && n >= 0;
+}
+
+beam_fmap_t *beam_fmap_open_proc(const char *path, char *err, size_t errlen) {
+  if (!beam_proc_fd_path(path)) {
     snprintf(err, errlen, "%.100s is not /proc/PID/fd/N", path);
     return NULL;
   }

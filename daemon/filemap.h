@@ -27,6 +27,11 @@ typedef struct beam_fmap_s beam_fmap_t;
  * the file is never written. Returns NULL with err set. */
 beam_fmap_t *beam_fmap_from_fd(int fd, char *err, size_t errlen);
 
+/* 1 when path is exactly /proc/PID/fd/N (PID > 0): a descriptor another
+ * process holds, the only form in which peers name files to each other
+ * (landing areas, files read in place). */
+int beam_proc_fd_path(const char *path);
+
 /* Opens a /proc/PID/fd/N path (a descriptor another process of this user
  * holds) and maps it when it is a regular HDF5 file (the signature at 0,
  * 512, 1024, ...): a peer can make us read only what it could have sent

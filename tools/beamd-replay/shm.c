@@ -33,8 +33,7 @@ void rp_shm_detach(rp_shm_t *m) {
 }
 
 static int is_landing(const char *path, char *why, size_t wl) {
-  int pid, fd, end = 0;
-  if (sscanf(path, "/proc/%d/fd/%d%n", &pid, &fd, &end) != 2 || path[end] || pid <= 0 || fd < 0) {
+  if (!beam_proc_fd_path(path)) {
     snprintf(why, wl, "shm path %.100s is not /proc/PID/fd/N", path);
     return 0;
   }
