@@ -732,14 +732,20 @@ corrupt:
 /* ---- in place ------------------------------------------------------------------------ */
 
 /* Our mapping of the file at fd, covering [off, off + n): a file that grew
- * (written under SWMR) is mapped afresh. */
-static int part_map(rp_part_t *p, int fd, uint64_t off, uint64_t n) {
-  /* The file as it is now: one cut short since is mapped afresh, and the
-   * chunk then lies past its end (rp_src_read reports it). */
-  struct stat st;
-  if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < off || (uint64_t)st.st_size - off < n)
+ * (written under SWMR) is mapped afresh. The size is taken once per reply:
+ * a file cut short since is mapped afresh too, and a chunk past its end is
+ * left to rp_src_read, which reports it. */
+static int part_map(rp_src_t *s, rp_part_t *p, int fd, uint64_t off, uint64_t n) {
+  if (p->size_batch != s->batches || p->map_fd != fd) {
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+      return 0;
+    p->size = (uint64_t)st.st_size;
+    p->size_batch = s->batches;
+  }
+  if (p->size < off || p->size - off < n)
     return 0;
-  if (p->map && p->map_fd == fd && beam_fmap_size(p->map) == (uint64_t)st.st_size)
+  if (p->map && p->map_fd == fd && beam_fmap_size(p->map) == p->size)
     return 1;
   char err[160];
   beam_fmap_t *m = beam_fmap_from_fd(fd, err, sizeof err);
@@ -763,7 +769,7 @@ static int locate(rp_src_t *s, uint64_t g, rp_loc_t *loc) {
   unsigned mask;
   char why[256];
   if (beam_h5loc_chunk(p->dset, off, &fd, &addr, &n, &mask, why, sizeof why) != 1 || mask ||
-      n == 0 || n > s->slot_size || !part_map(p, fd, addr, n))
+      n == 0 || n > s->slot_size || !part_map(s, p, fd, addr, n))
     return 0;
   /* Raw frames are handed to stages as they lie, so they must be aligned
    * for any element type's loads, as a ZeroMQ buffer is. */
@@ -794,6 +800,7 @@ void rp_src_locate_many(rp_src_t *s, const uint64_t *gs, size_t n, rp_loc_t *loc
   }
   struct rp_batch_s *b = s->batch;
   size_t nc = 0;
+  s->batches++;
   for (size_t i = 0; i < n; i++) {
     ok[i] = (uint8_t)locate(s, gs[i], &locs[i]);
     if (ok[i] && locs[i].codec != BEAM_CODEC_RAW) {

@@ -47,6 +47,7 @@ typedef struct rp_part_s {
   char plan[96];      /* "forward bslz4", "decode (deflate)", for the log */
   beam_fmap_t *map;   /* our mapping of the file, to check chunks read in place */
   int map_fd;         /* the driver's descriptor it maps */
+  uint64_t size, size_batch; /* the file's size, as of rp_src_locate_many call size_batch */
 } rp_part_t;
 
 typedef struct rp_src_s {
@@ -71,6 +72,7 @@ typedef struct rp_src_s {
   uint64_t forwarded, decoded; /* frames read either way */
   int locatable;       /* opened through beamd's chunk-locating driver (h5chunkloc.h) */
   struct rp_batch_s *batch; /* rp_src_locate_many's scratch, RP_CREDIT_MAX entries */
+  uint64_t batches;    /* rp_src_locate_many calls, so a file is fstat'ed once per reply */
   uint64_t look_g;     /* the frame whose chunk size was looked up last */
   hsize_t look_n;
   int look_valid;
