@@ -559,11 +559,10 @@ static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *s
     rp_arena_t *a = self->arena;
     if (a->cap - a->used < per)
       break;
-    if (!land && n > 0 &&
-        payload + rp_src_frame_bytes(self->src, rp_server_frame_index(self, k + n)) > maxb)
+    uint64_t g = rp_server_frame_index(self, k + n);
+    if (!land && n > 0 && payload + rp_src_frame_bytes(self->src, g) > maxb)
       break;
     int fi = -1;
-    uint64_t g = rp_server_frame_index(self, k + n);
     const rp_loc_t *loc = &self->locs[n];
     if (map_at && self->loc_ok[n] && (fi = map_file(map_files, map_fds, &map_nfd, loc)) >= 0) {
       add_in_place(self, &recs[nrec++], g, series, loc);
