@@ -130,8 +130,8 @@ typedef struct beamd_out_s {
   atomic_uint_fast64_t messages, bytes, dropped, results;
   uint64_t blocked_ns, blocked_since;
   int discard; /* drain timed out: the PUSH no longer holds results */
-  atomic_size_t pub_bytes; /* payload copies queued inside ZeroMQ */
-  size_t pub_budget;       /* output.pub_buffer; PUSH: output.push_copy_buffer */
+  atomic_size_t copy_bytes;  /* payload copies queued inside ZeroMQ */
+  size_t copy_budget;        /* PUB: output.pub_buffer; PUSH: output.push_copy_buffer */
 } beamd_out_t;
 
 /* Descriptor attachment bookkeeping: first result of each output pool (one

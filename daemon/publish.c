@@ -50,7 +50,7 @@ typedef struct pubcopy_s {
 
 static void pubcopy_free(void *data, void *hint) {
   pubcopy_t *pc = hint;
-  atomic_fetch_sub(&pc->o->pub_bytes, pc->n);
+  atomic_fetch_sub(&pc->o->copy_bytes, pc->n);
   (void)data;
   free(pc);
 }
@@ -59,13 +59,13 @@ static void pubcopy_free(void *data, void *hint) {
  * ZeroMQ. Returns 0, or 1 when the budget is spent or memory is short. */
 static int copy_msg(beamd_out_t *o, beam_frame_t *f, zmq_msg_t *zm) {
   size_t n = f->nbytes;
-  if (atomic_fetch_add(&o->pub_bytes, n) + n > o->pub_budget) {
-    atomic_fetch_sub(&o->pub_bytes, n);
+  if (atomic_fetch_add(&o->copy_bytes, n) + n > o->copy_budget) {
+    atomic_fetch_sub(&o->copy_bytes, n);
     return 1;
   }
   pubcopy_t *pc = malloc(sizeof *pc + n);
   if (!pc) {
-    atomic_fetch_sub(&o->pub_bytes, n);
+    atomic_fetch_sub(&o->copy_bytes, n);
     return 1;
   }
   pc->o = o;
@@ -136,8 +136,8 @@ static void on_push_event(beamd_zsock_t *zs) {
 static void on_pub_event(beamd_zsock_t *zs) { beamd_zsock_events(zs); }
 
 void beamd_publish_budgets(beamd_t *d) {
-  d->pub.pub_budget = d->cfg->output.pub_buffer;
-  d->push.pub_budget = d->cfg->output.push_copy_buffer;
+  d->pub.copy_budget = d->cfg->output.pub_buffer;
+  d->push.copy_budget = d->cfg->output.push_copy_buffer;
 }
 
 int beamd_publish_open(beamd_t *d, char *err, size_t errlen) {
