@@ -182,6 +182,13 @@ static int topic_latest(const rec_opts_t *o, const char *name) {
   return o->latest_default;
 }
 
+/* The chunk of a result axis of bound maxd whose first result is row long:
+ * the whole bound, or the first result's extent when there is none. */
+static hsize_t axis_chunk(hsize_t maxd, hsize_t row) {
+  hsize_t c = maxd != H5S_UNLIMITED ? maxd : row;
+  return c ? c : 1; /* HDF5 refuses a chunk of 0 */
+}
+
 /* rowmax: the bound of each result dimension (NULL: row itself, a fixed
  * shape). A chunk holds one result of the bound (of the first shape where
  * the bound is unlimited), so a growing result never spans many chunks.
@@ -200,9 +207,7 @@ static hid_t make_ds(hid_t loc, const char *name, hid_t type, int latest, unsign
   for (unsigned i = 0; i < nrow; i++, nd++) {
     dims[nd] = row[i];
     maxd[nd] = rowmax ? rowmax[i] : row[i];
-    chunk[nd] = maxd[nd] != H5S_UNLIMITED ? maxd[nd] : row[i];
-    if (chunk[nd] == 0)
-      chunk[nd] = 1;
+    chunk[nd] = axis_chunk(maxd[nd], row[i]);
   }
   hid_t sp = nd ? H5Screate_simple(nd, dims, maxd) : H5Screate(H5S_SCALAR);
   hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
@@ -330,10 +335,7 @@ static rtopic_t *topic_new(rec_ctx_t *ctx, rfile_t *f, const char *name, const b
   result_bounds(m, t);
   for (unsigned i = 0; i < t->ndim; i++) {
     t->ext[i] = t->ext_file[i] = t->shape[i];
-    /* as make_ds chooses them */
-    t->chunk[i] = t->maxd[i] != H5S_UNLIMITED ? t->maxd[i] : t->shape[i];
-    if (t->chunk[i] == 0)
-      t->chunk[i] = 1;
+    t->chunk[i] = axis_chunk(t->maxd[i], t->shape[i]); /* as make_ds chooses them */
   }
   t->direct = !t->latest && t->ndim && ctx->o->compress == REC_COMP_NONE;
   char path[BEAM_TOPIC_MAX + 16];
