@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipeline/err.h"
+#include "proto/err.h"
 #include "pipeline/stage.h"
 
 /* A configuration is a few kilobytes; anything this large is a mistake. */

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipeline/err.h"
+#include "proto/err.h"
 
 void beam_fifo_init(beam_fifo_t *f, size_t esize) {
   memset(f, 0, sizeof *f);

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pipeline/err.h"
+#include "proto/err.h"
 #include "proto/proto.h"
 
 #define BEAM_NPY_MAX_NDIM 8

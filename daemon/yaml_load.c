@@ -14,7 +14,7 @@
 #include <yaml.h>
 
 #include "daemon/config.h"
-#include "pipeline/err.h"
+#include "proto/err.h"
 
 /* Far deeper than any configuration; bounds the recursion of the code that
  * walks the tree (free, validate, dump). */

@@ -26,7 +26,7 @@ using std::atomic_int;
  * wraps only its own declarations), so they are included here with C
  * linkage before anything else pulls them in with C++ linkage. */
 extern "C" {
-#include "pipeline/err.h"
+#include "proto/err.h"
 #include "proto/proto.h"
 #include "pipeline/cfg.h"
 #include "pipeline/frame.h"

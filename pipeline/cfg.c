@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipeline/err.h"
+#include "proto/err.h"
 
 /* Endpoints are copied into fixed buffers by the daemon
  * (BEAM_ENDPOINT_MAX = 256 in daemon/config.h, NUL included). */

@@ -13,7 +13,7 @@
 
 #include <stddef.h>
 
-#include "pipeline/err.h"
+#include "proto/err.h"
 #include "pipeline/frame.h"
 
 typedef struct beam_decode_pool_s beam_decode_pool_t;

@@ -24,7 +24,7 @@ using std::atomic_int;
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pipeline/err.h"
+#include "proto/err.h"
 #include "proto/proto.h"
 
 #ifdef __cplusplus

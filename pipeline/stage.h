@@ -33,7 +33,7 @@
 #define BEAM_STAGE_H
 
 #include "pipeline/cfg.h"
-#include "pipeline/err.h"
+#include "proto/err.h"
 #include "pipeline/frame.h"
 
 #ifdef __cplusplus

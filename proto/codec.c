@@ -12,12 +12,19 @@
  *   elements: u32 BE csize, LZ4 of the bit-transposed block | the last
  *   n % 8 elements copied verbatim.
  *
+ * Two more framings are daemon-internal (detector adapters keep frames in
+ * them; never on the wire): a bare LZ4 block (DECTRIS stream v1 "lz4<",
+ * decoding to exactly raw_size), and bitshuffle's Zstandard variant of the
+ * 32008 framing (each block a zstd frame instead of an LZ4 block; what
+ * Jungfraujoch calls bszstd).
+ *
  * Decoders trust nothing in the framing: every size is checked against the
  * input left and the output expected before a byte moves. No allocation:
  * the caller passes a scratch buffer for the transposed block.
  */
 #include <lz4.h>
 #include <string.h>
+#include <zstd.h>
 /* gcc on x86-64: the AVX2 paths below are picked at run time (target
  * attributes, target_clones); elsewhere only the portable code is built. */
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
@@ -27,7 +34,7 @@
 #define BS_X86 0
 #endif
 
-#include "pipeline/err.h"
+#include "proto/err.h"
 #include "proto/proto.h"
 
 #define LZ4F_DEFAULT_BLOCK ((size_t)1 << 30) /* HDF5 LZ4 plugin default */
@@ -473,6 +480,16 @@ size_t beam_codec_bound(beam_codec_t codec, size_t raw_bytes, size_t elem_size) 
     if (last) bound += 4 + lz4_bound(last * elem_size);
     return bound + (n % BSHUF_MULT) * elem_size;
   }
+  case BEAM_CODEC_LZ4_BLOCK:
+    return raw_bytes > (size_t)LZ4_MAX_INPUT_SIZE ? 0 : lz4_bound(raw_bytes);
+  case BEAM_CODEC_BSZSTD: {
+    if (elem_size == 0 || raw_bytes % elem_size) return 0;
+    size_t n = raw_bytes / elem_size, b = bshuf_default_block(elem_size);
+    size_t last = (n % b) - (n % b) % BSHUF_MULT;
+    size_t bound = FRAMING_HDR + (n / b) * (4 + ZSTD_compressBound(b * elem_size));
+    if (last) bound += 4 + ZSTD_compressBound(last * elem_size);
+    return bound + (n % BSHUF_MULT) * elem_size;
+  }
   default:
     return 0;
   }
@@ -506,8 +523,9 @@ static int64_t lz4_encode(const uint8_t *raw, size_t raw_bytes, uint8_t *dst, si
   return (int64_t)pos;
 }
 
-static int64_t bslz4_encode(const uint8_t *raw, size_t raw_bytes, size_t es,
-                            uint8_t *dst, size_t cap, uint8_t *scratch) {
+/* zstd: each block a Zstandard frame (bitshuffle's zstd variant). */
+static int64_t bs_encode(const uint8_t *raw, size_t raw_bytes, size_t es,
+                         uint8_t *dst, size_t cap, uint8_t *scratch, int zstd) {
   size_t n = raw_bytes / es, b = bshuf_default_block(es);
   if (cap < FRAMING_HDR) return BEAM_ELIMIT;
   be64(dst, raw_bytes);
@@ -519,8 +537,14 @@ static int64_t bslz4_encode(const uint8_t *raw, size_t raw_bytes, size_t es,
     if (!cnt) break;
     beam_bitshuffle(raw + i * es, scratch, cnt, es);
     if (cap - pos < 4) return BEAM_ELIMIT;
-    int c = LZ4_compress_default((const char *)scratch, (char *)dst + pos + 4,
-                                 (int)(cnt * es), clamp_int(cap - pos - 4));
+    int64_t c;
+    if (zstd) {
+      size_t z = ZSTD_compress(dst + pos + 4, cap - pos - 4, scratch, cnt * es, 1);
+      c = ZSTD_isError(z) ? -1 : (int64_t)z;
+    } else {
+      c = LZ4_compress_default((const char *)scratch, (char *)dst + pos + 4, (int)(cnt * es),
+                               clamp_int(cap - pos - 4));
+    }
     if (c <= 0) return BEAM_ELIMIT;
     be32(dst + pos, (uint32_t)c);
     pos += 4 + (size_t)c;
@@ -545,7 +569,15 @@ int64_t beam_codec_encode(beam_codec_t codec, const void *raw, size_t raw_bytes,
   case BEAM_CODEC_BSLZ4:
     if (elem_size == 0 || raw_bytes % elem_size || !scratch) return BEAM_EINVAL;
     if (bshuf_default_block(elem_size) * elem_size > UINT32_MAX) return BEAM_EINVAL;
-    return bslz4_encode(raw, raw_bytes, elem_size, dst, dst_cap, scratch);
+    return bs_encode(raw, raw_bytes, elem_size, dst, dst_cap, scratch, 0);
+  case BEAM_CODEC_BSZSTD:
+    if (elem_size == 0 || raw_bytes % elem_size || !scratch) return BEAM_EINVAL;
+    return bs_encode(raw, raw_bytes, elem_size, dst, dst_cap, scratch, 1);
+  case BEAM_CODEC_LZ4_BLOCK: {
+    if (raw_bytes > (size_t)LZ4_MAX_INPUT_SIZE) return BEAM_EINVAL;
+    int c = LZ4_compress_default(raw, dst, (int)raw_bytes, clamp_int(dst_cap));
+    return c > 0 || !raw_bytes ? (int64_t)c : BEAM_ELIMIT;
+  }
   default:
     return BEAM_EINVAL;
   }
@@ -583,36 +615,46 @@ static int lz4_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t raw_b
   return 0;
 }
 
-static int bslz4_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t raw_bytes,
-                        size_t es, uint8_t *scratch, const char **why) {
-  if (len < FRAMING_HDR) return fail(why, "bslz4: truncated framing header", BEAM_EPROTO);
+/* Both bitshuffle framings; the reasons name the codec (bslz4: / bszstd:). */
+#define BS_FAIL(msg) fail(why, zstd ? "bszstd: " msg : "bslz4: " msg, BEAM_EPROTO)
+
+static int bs_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t raw_bytes,
+                     size_t es, uint8_t *scratch, int zstd, const char **why) {
+  if (len < FRAMING_HDR) return BS_FAIL("truncated framing header");
   if (rbe64(src) != raw_bytes)
-    return fail(why, "bslz4: total size does not match raw_size", BEAM_EPROTO);
+    return BS_FAIL("total size does not match raw_size");
   size_t bbytes = rbe32(src + 8);
-  if (bbytes % es) return fail(why, "bslz4: block size not a multiple of the element size", BEAM_EPROTO);
+  if (bbytes % es) return BS_FAIL("block size not a multiple of the element size");
   size_t b = bbytes / es, n = raw_bytes / es;
   if (b == 0 || b % BSHUF_MULT)
-    return fail(why, "bslz4: block size not a positive multiple of 8 elements", BEAM_EPROTO);
-  if (bbytes > (size_t)LZ4_MAX_INPUT_SIZE) return fail(why, "bslz4: block size too large", BEAM_EPROTO);
+    return BS_FAIL("block size not a positive multiple of 8 elements");
+  if (bbytes > (size_t)LZ4_MAX_INPUT_SIZE) return BS_FAIL("block size too large");
   size_t pos = FRAMING_HDR;
   for (size_t i = 0; i < n; i += b) {
     size_t cnt = n - i < b ? n - i : b;
     cnt -= cnt % BSHUF_MULT;
     if (!cnt) break;
-    if (len - pos < 4) return fail(why, "bslz4: truncated block header", BEAM_EPROTO);
+    if (len - pos < 4) return BS_FAIL("truncated block header");
     size_t c = rbe32(src + pos);
     pos += 4;
-    if (c > len - pos) return fail(why, "bslz4: block runs past the payload", BEAM_EPROTO);
-    int d = LZ4_decompress_safe((const char *)src + pos, (char *)scratch, (int)c, (int)(cnt * es));
-    if (d < 0 || (size_t)d != cnt * es) return fail(why, "bslz4: corrupt block", BEAM_EPROTO);
+    if (c > len - pos) return BS_FAIL("block runs past the payload");
+    int ok;
+    if (zstd) {
+      size_t d = ZSTD_decompress(scratch, cnt * es, src + pos, c);
+      ok = !ZSTD_isError(d) && d == cnt * es;
+    } else {
+      int d = LZ4_decompress_safe((const char *)src + pos, (char *)scratch, (int)c, (int)(cnt * es));
+      ok = d >= 0 && (size_t)d == cnt * es;
+    }
+    if (!ok) return BS_FAIL("corrupt block");
     beam_bitunshuffle(scratch, dst + i * es, cnt, es);
     pos += c;
   }
   size_t tail = (n % BSHUF_MULT) * es;
-  if (len - pos < tail) return fail(why, "bslz4: truncated trailing elements", BEAM_EPROTO);
+  if (len - pos < tail) return BS_FAIL("truncated trailing elements");
   memcpy(dst + raw_bytes - tail, src + pos, tail);
   pos += tail;
-  if (pos != len) return fail(why, "bslz4: trailing bytes after the last block", BEAM_EPROTO);
+  if (pos != len) return BS_FAIL("trailing bytes after the last block");
   return 0;
 }
 
@@ -631,7 +673,21 @@ int beam_codec_decode(beam_codec_t codec, const void *src, size_t src_len, void 
     if (elem_size == 0 || raw_bytes % elem_size)
       return fail(why, "bslz4: raw_size not a multiple of the element size", BEAM_EPROTO);
     if (!scratch && raw_bytes) return fail(why, "bslz4: no scratch buffer", BEAM_EINVAL);
-    return bslz4_decode(src, src_len, dst, raw_bytes, elem_size, scratch, why);
+    return bs_decode(src, src_len, dst, raw_bytes, elem_size, scratch, 0, why);
+  case BEAM_CODEC_BSZSTD:
+    if (elem_size == 0 || raw_bytes % elem_size)
+      return fail(why, "bszstd: raw_size not a multiple of the element size", BEAM_EPROTO);
+    if (!scratch && raw_bytes) return fail(why, "bszstd: no scratch buffer", BEAM_EINVAL);
+    return bs_decode(src, src_len, dst, raw_bytes, elem_size, scratch, 1, why);
+  case BEAM_CODEC_LZ4_BLOCK: {
+    if (raw_bytes > (size_t)LZ4_MAX_INPUT_SIZE || src_len > (size_t)LZ4_MAX_INPUT_SIZE)
+      return fail(why, "lz4 block: too large", BEAM_EPROTO);
+    if (!raw_bytes) return src_len <= 1 ? 0 : fail(why, "lz4 block: corrupt block", BEAM_EPROTO);
+    int d = LZ4_decompress_safe(src, dst, (int)src_len, (int)raw_bytes);
+    if (d < 0) return fail(why, "lz4 block: corrupt block", BEAM_EPROTO);
+    if ((size_t)d != raw_bytes) return fail(why, "lz4 block: decodes to fewer bytes than the frame", BEAM_EPROTO);
+    return 0;
+  }
   default:
     return fail(why, "unknown codec", BEAM_EPROTO);
   }

@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "pipeline/err.h"
+#include "proto/err.h"
 
 const beam_limits_t beam_limits_default = {
     .max_raw_bytes = (uint64_t)1 << 30,
@@ -95,6 +95,8 @@ const char *beam_codec_name(beam_codec_t c) {
   case BEAM_CODEC_RAW: return "raw";
   case BEAM_CODEC_LZ4: return "lz4";
   case BEAM_CODEC_BSLZ4: return "bslz4";
+  case BEAM_CODEC_LZ4_BLOCK: return "lz4_block";
+  case BEAM_CODEC_BSZSTD: return "bszstd";
   default: return "unknown";
   }
 }
@@ -211,7 +213,7 @@ static int check_geometry(const beam_hdr_t *h, const beam_limits_t *lim,
 }
 
 static int check_payload(const beam_hdr_t *h, const char **why) {
-  if (h->codec >= BEAM_CODEC_COUNT_) return reject(why, "unknown codec");
+  if (h->codec >= BEAM_CODEC_WIRE_COUNT_) return reject(why, "unknown codec");
   if (h->nparts > BEAM_MAX_PAYLOAD_PARTS)
     return reject(why, "nparts > 16 payload parts");
   if (h->nparts == 0) {

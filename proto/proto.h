@@ -69,6 +69,11 @@ typedef enum beam_codec_e {
   BEAM_CODEC_RAW = 0,
   BEAM_CODEC_LZ4 = 1,   /* HDF5 filter 32004 framing */
   BEAM_CODEC_BSLZ4 = 2, /* HDF5 filter 32008 framing (bitshuffle + LZ4) */
+  BEAM_CODEC_WIRE_COUNT_, /* codecs below this one travel in beamd messages */
+  /* Detector codecs a daemon's adapters keep frames in, so the loop thread
+   * never decompresses; never on the wire (beam_hdr_decode rejects them). */
+  BEAM_CODEC_LZ4_BLOCK = 3, /* one bare LZ4 block (DECTRIS stream v1 "lz4<") */
+  BEAM_CODEC_BSZSTD = 4,    /* 32008 framing with Zstandard blocks (bitshuffle's zstd) */
   BEAM_CODEC_COUNT_
 } beam_codec_t;
 

@@ -16,7 +16,7 @@
 #ifndef BEAM_KERN_XPCS_POOL_H
 #define BEAM_KERN_XPCS_POOL_H
 
-#include "pipeline/err.h"
+#include "proto/err.h"
 
 #ifdef __cplusplus
 extern "C" {

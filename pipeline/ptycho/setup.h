@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pipeline/err.h"
+#include "proto/err.h"
 #include "pipeline/frame.h"
 
 #ifdef __cplusplus

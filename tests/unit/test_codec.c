@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipeline/err.h"
+#include "proto/err.h"
 #include "proto/proto.h"
 
 static uint8_t *load_file(const char *name, size_t *len) {

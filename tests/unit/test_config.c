@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "daemon/config.h"
-#include "pipeline/err.h"
+#include "proto/err.h"
 
 static const char *no_x(const beam_cnode_t *v) {
   return v->scalar && !strcmp(v->scalar, "x") ? "must not be x" : NULL;

@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "daemon/config.h"
-#include "pipeline/err.h"
+#include "proto/err.h"
 
 /* At least this many bad cases: the corpus must not shrink unnoticed. */
 #define MIN_BAD_CASES 15

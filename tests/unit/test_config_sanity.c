@@ -33,7 +33,7 @@
 
 #include "daemon/stage_record.h"
 #include "daemon/config.h"
-#include "pipeline/err.h"
+#include "proto/err.h"
 #include "pipeline/stage.h"
 
 typedef struct line_s {

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pipeline/err.h"
+#include "proto/err.h"
 #include "pipeline/ptycho/dm.h"
 #include "pipeline/ptycho/setup.h"
 

@@ -19,7 +19,7 @@
 #include <sys/types.h>
 
 #include "daemon/filemap.h"
-#include "pipeline/err.h"
+#include "proto/err.h"
 #include "proto/proto.h"
 #include "tools/common/cli.h"
 #include "tools/common/clock.h"

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pipeline/err.h"
+#include "proto/err.h"
 #include "proto/proto.h"
 
 #define SUB_MAX_CONNECT 16

@@ -1,5 +1,5 @@
 /* Error names and diagnostic helpers (see err.h). */
-#include "pipeline/err.h"
+#include "proto/err.h"
 
 #include <string.h>
 

@@ -1,4 +1,6 @@
-/* Error codes and diagnostics shared by every module.
+/* Error codes and diagnostics shared by every module. They live in proto/,
+ * the ground floor, so that every layer above can name them without
+ * depending on anything but libc.
  *
  * Functions return 0 or a negative BEAM_E* code. The human-readable context
  * (which file, which stage, which frame, the CUDA status name) goes into a
