@@ -16,6 +16,7 @@
 #include "daemon/config.h"
 #include "daemon/fifo.h"
 #include "daemon/filemap.h"
+#include "daemon/input.h"
 #include "daemon/log.h"
 #include "pipeline/graph.h"
 #include "pipeline/hist.h"
@@ -25,83 +26,35 @@
 
 typedef struct beamd_s beamd_t;
 
-/* A ZeroMQ socket watched by the loop. ZMQ_FD is edge-triggered: callers
- * drain until EAGAIN on every wake-up. */
-typedef struct beamd_zsock_s {
-  void *sock;
-  uv_poll_t poll;
-  int polling;
-  int open;
-  int unwatched; /* uv_poll handle closed (the socket may still be open) */
-  beamd_t *d;
-  void (*on_event)(struct beamd_zsock_s *zs);
-} beamd_zsock_t;
-
-/* Options set before bind/connect (0 = ZeroMQ default). */
-typedef struct beamd_zopts_s {
-  int rcvhwm, sndhwm;
-  int immediate; /* PUSH: queue only to completed connections */
-} beamd_zopts_t;
-
-int beamd_zsock_open(beamd_t *d, beamd_zsock_t *zs, int type, const char *endpoint, int bind,
-                     const beamd_zopts_t *o, void (*on_event)(beamd_zsock_t *), char *err,
-                     size_t errlen);
-/* Stops watching (closes the uv_poll handle) but keeps the socket. */
-void beamd_zsock_unwatch(beamd_zsock_t *zs);
-void beamd_zsock_close(beamd_zsock_t *zs, int linger_ms);
-int beamd_zsock_events(beamd_zsock_t *zs); /* ZMQ_EVENTS: ZMQ_POLLIN | ZMQ_POLLOUT */
-
-/* ---- input -------------------------------------------------------------- */
+/* ---- input (input.h: sources and the ingest core) ------------------------ */
 typedef struct beamd_ingest_s {
-  beamd_zsock_t zs;
-  uv_idle_t more;     /* keeps reading after a bounded batch */
-  int more_on;
+  const beamd_source_ops_t *src; /* from input.mode */
+  void *src_state;               /* the source's own */
   int paused;         /* lossless mode: waiting for room */
   int stopped;        /* draining: no more reads */
-  int drain_read;     /* draining, lossless: read what ZeroMQ already holds */
-  void *scratch;      /* bitshuffle scratch, pool.frame_bytes */
+  int drain_read;     /* draining, lossless: the source reads what it already holds */
+  void *scratch;      /* decode scratch, pool.frame_bytes */
   size_t scratch_len;
   int have_seq;
   uint64_t last_seq;
   beam_series_t *series; /* current series (for shape checks), one ref */
   uint64_t fed_next;     /* ingest_idx of the next accepted frame */
-  /* The ZeroMQ parts of the message being handled, so a payload can be
-   * kept without a copy (zmq_msg_t *, NULL when not available). */
-  void *cur_zparts;
-  size_t cur_nz;
-  /* The landing slot holding the payload of the message being handled
-   * (replay over shared memory), NULL when none; cur_land_taken is set
-   * when a frame borrowed it. */
-  struct beamd_landing_s *cur_land;
-  unsigned cur_land_idx;
-  int cur_land_taken;
-  /* Likewise a payload read in place from a mapped file (section 13.8):
-   * the mapping and the offset the payload starts at. */
-  struct beam_fmap_s *cur_fmap;
-  uint64_t cur_fmap_off;
-  int cur_fmap_taken;
-  struct beamd_replay_s *replay; /* replay mode state (replay_in.c) */
   /* counters (loop thread writes, others read) */
   atomic_uint_fast64_t messages, frames, bytes, malformed, gaps, lost, dropped_busy,
       unknown_series, shape_mismatch, too_large, unexpected, series_started, series_aborted,
-      seq_resets, corrupt;
+      seq_resets, corrupt, missing;
   uint64_t paused_ns, paused_since;
   beam_ratelimit_t rl;
 } beamd_ingest_t;
 
 int beamd_ingest_open(beamd_t *d, char *err, size_t errlen);
-/* Handles one decoded-part message (used by the replay input, whose
- * replies carry many messages). */
-void beamd_ingest_handle(beamd_t *d, const beam_part_t *parts, size_t n);
-void beamd_ingest_pause(beamd_t *d);
-/* Replay input (replay_in.c): REQ to a beamd-replay server. */
-int beamd_replay_open(beamd_t *d, char *err, size_t errlen);
-void beamd_replay_pump(beamd_t *d);   /* ask for frames if there is room */
-void beamd_replay_close(beamd_t *d);  /* final checkpoint, free */
-void beamd_replay_stats(beamd_t *d, void *json_obj); /* adds a "replay" object */
 void beamd_ingest_resume(beamd_t *d); /* room appeared */
-void beamd_ingest_stop(beamd_t *d);   /* draining */
+/* Draining: returns 1 when the source reads what it holds first (it calls
+ * beamd_input_drained), 0 when input stopped at once. */
+int beamd_ingest_drain(beamd_t *d);
+void beamd_ingest_stop(beamd_t *d);   /* no more reads */
 void beamd_ingest_close(beamd_t *d);
+void beamd_ingest_stats(beamd_t *d, void *json_obj); /* the source's own counters */
 
 /* Landing area of the replay input (landing.c, PROTOCOL.md 13.6): a memfd
  * of nslots slots that beamd-replay reads payloads into. */
@@ -225,7 +178,7 @@ struct beamd_s {
   uv_check_t check;
 
   beam_hist_t e2e; /* input received -> result sent */
-  void *replay_garbage; /* replay state whose timer closes with the loop */
+  void *src_garbage; /* source state whose handles close with the loop (freed by beamd_fini) */
   uint64_t started_ns;
   uint64_t drain_started_ns;
   uint64_t reloads, reload_failures;
@@ -244,8 +197,6 @@ void beamd_fini(beamd_t *d);
  * error in errs (the old graph keeps running). */
 int beamd_reload(beamd_t *d, beam_cfg_errs_t *errs, char *err, size_t errlen);
 void beamd_drain(beamd_t *d, const char *why);
-/* Lossless drain: the input socket returned EAGAIN (or the grace ran out). */
-void beamd_input_drained(beamd_t *d);
 /* Ingest -> graph, swapping in a reloaded graph at series boundaries. */
 beam_graph_t *beamd_graph_for_start(beamd_t *d);
 void beamd_wake(beamd_t *d);

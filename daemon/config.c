@@ -16,14 +16,11 @@
 #include <string.h>
 
 #include "proto/err.h"
+#include "daemon/input.h"
 #include "pipeline/stage.h"
 
 /* A configuration is a few kilobytes; anything this large is a mistake. */
 #define CONFIG_MAX_BYTES (16u << 20)
-
-static const char *input_endpoint_valid(const beam_cnode_t *v) {
-  return v->scalar && v->scalar[0] ? NULL : "the input needs an endpoint";
-}
 
 static const char *metrics_listen_valid(const beam_cnode_t *v) {
   const char *s = v->scalar;
@@ -49,35 +46,6 @@ static const char *metrics_listen_valid(const beam_cnode_t *v) {
     return "the port must be 1..65535";
   return NULL;
 }
-
-static const beam_param_t input_params[] = {
-    {"mode", BEAM_P_ENUM, "live", 0, 0, 0, "live|pull|replay", NULL,
-     "live: SUB to a PUB (lossy, gaps counted); pull: PULL from a PUSH (lossless); "
-     "replay: REQ to a replay server (lossless, credit based)", NULL},
-    {"endpoint", BEAM_P_ENDPOINT, "tcp://127.0.0.1:5500", 0, 0, 0, NULL, NULL,
-     "where frames come from", input_endpoint_valid},
-    {"bind", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
-     "bind the endpoint instead of connecting to it", NULL},
-    {"hwm", BEAM_P_INT, "1000", 0, 0, 10000000, NULL, NULL,
-     "receive high-water mark (messages); 0 = no limit", NULL},
-    {"credit", BEAM_P_INT, "64", 0, 1, 4096, NULL, NULL,
-     "replay: frames asked for per request (capped by free pool slots)", NULL},
-    {"state_file", BEAM_P_STRING, "", 0, 0, 0, NULL, NULL,
-     "replay: file where progress is kept so a restarted daemon resumes; \"\" = no resume", NULL},
-    {"commit_delay", BEAM_P_DURATION, "2s", 0, 0, 3600, NULL, NULL,
-     "replay: how long progress is held back before it is written to state_file", NULL},
-    {"timeout", BEAM_P_DURATION, "10s", 0, 0.1, 3600, NULL, NULL,
-     "replay: a request unanswered this long is sent again (server restarted)", NULL},
-    {"exit_on_eof", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
-     "replay: drain and exit 0 when the file has been served completely", NULL},
-    {"shm", BEAM_P_ENUM, "auto", 0, 0, 0, "auto|on|off", NULL,
-     "replay: let the server read payloads into shared memory (same host); auto = for ipc://",
-     NULL},
-    {"map", BEAM_P_BOOL, "true", 0, 0, 0, NULL, NULL,
-     "replay, with shm: read stored chunks in place from beamd's own mapping of the file", NULL},
-    {"depth", BEAM_P_INT, "2", 0, 1, 4, NULL, NULL,
-     "replay: requests in flight at once, so the server reads while beamd ingests", NULL},
-    BEAM_PARAM_END};
 
 static const beam_param_t output_params[] = {
     {"publish", BEAM_P_ENDPOINT, "tcp://127.0.0.1:5600", 0, 0, 0, NULL, NULL,
@@ -132,7 +100,7 @@ static const beam_param_t log_params[] = {
     BEAM_PARAM_END};
 
 const beam_param_t beam_config_params[] = {
-    {"input", BEAM_P_MAP, NULL, 0, 0, 0, NULL, input_params, "the frame source", NULL},
+    {"input", BEAM_P_MAP, NULL, 0, 0, 0, NULL, beamd_input_params, "the frame source", NULL},
     {"output", BEAM_P_MAP, NULL, 0, 0, 0, NULL, output_params, "the result sockets", NULL},
     {"pool", BEAM_P_MAP, NULL, 0, 0, 0, NULL, pool_params, "the input frame pool", NULL},
     {"control", BEAM_P_MAP, NULL, 0, 0, 0, NULL, control_params, "the control socket", NULL},
@@ -378,15 +346,7 @@ static int fill(beam_config_t *c, beam_cfg_errs_t *errs) {
   copy_str(c->input.endpoint, sizeof c->input.endpoint, beam_cfg_str(in, "endpoint"));
   c->input.bind = beam_cfg_bool(in, "bind", 0);
   c->input.hwm = (int)beam_cfg_int(in, "hwm", 1000);
-  c->input.credit = (unsigned)beam_cfg_int(in, "credit", 64);
-  snprintf(c->input.state_file, sizeof c->input.state_file, "%s",
-           beam_cfg_str(in, "state_file") ? beam_cfg_str(in, "state_file") : "");
-  c->input.commit_delay_s = beam_cfg_float(in, "commit_delay", 2.0);
-  c->input.timeout_s = beam_cfg_float(in, "timeout", 10.0);
-  c->input.exit_on_eof = beam_cfg_bool(in, "exit_on_eof", 0);
-  c->input.shm = (beam_shm_mode_t)beam_cfg_int(in, "shm", BEAM_SHM_AUTO);
-  c->input.map = beam_cfg_bool(in, "map", 1);
-  c->input.depth = (unsigned)beam_cfg_int(in, "depth", 2);
+  c->input.node = in;
   copy_str(c->output.publish, sizeof c->output.publish, beam_cfg_str(out, "publish"));
   copy_str(c->output.push, sizeof c->output.push, beam_cfg_str(out, "push"));
   c->output.hwm = (int)beam_cfg_int(out, "hwm", 1000);

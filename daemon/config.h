@@ -14,20 +14,15 @@
 #include "pipeline/cfg.h"
 #include "pipeline/graph.h"
 
+/* In the order of input.mode's choices and of input.c's source registry. */
 typedef enum beam_input_mode_e {
-  BEAM_IN_LIVE = 0,   /* SUB to a PUB: lossy, gaps counted */
-  BEAM_IN_PULL = 1,   /* PULL from a PUSH: lossless, backpressure */
-  BEAM_IN_REPLAY = 2, /* REQ to a replay server (beamd-replay): lossless, credit based */
+  BEAM_IN_LIVE = 0,    /* SUB to a PUB: lossy, gaps counted */
+  BEAM_IN_PULL = 1,    /* PULL from a PUSH: lossless, backpressure */
+  BEAM_IN_REPLAY = 2,  /* REQ to a replay server (beamd-replay): lossless, credit based */
+  BEAM_IN_DECTRIS = 3, /* PULL from a DECTRIS detector (SIMPLON v1/v2, Jungfraujoch) */
 } beam_input_mode_t;
 
 #define BEAM_ENDPOINT_MAX 256
-
-/* In the order of the input.shm enum. */
-typedef enum {
-  BEAM_SHM_AUTO = 0, /* for ipc:// endpoints: the server is on this host */
-  BEAM_SHM_ON = 1,
-  BEAM_SHM_OFF = 2,
-} beam_shm_mode_t;
 
 typedef struct beam_config_s {
   beam_cnode_t *root; /* validated tree (defaults filled in), owned */
@@ -38,14 +33,9 @@ typedef struct beam_config_s {
     char endpoint[BEAM_ENDPOINT_MAX];
     int bind;       /* bind instead of connect */
     int hwm;        /* ZMQ_RCVHWM (messages) */
-    unsigned credit; /* replay: frames asked per request */
-    char state_file[BEAM_ENDPOINT_MAX]; /* replay: resume state, "" = none */
-    double commit_delay_s; /* replay: progress held back before it is persisted */
-    double timeout_s;      /* replay: resend an unanswered request */
-    int exit_on_eof;       /* replay: drain and exit at the end of the file */
-    beam_shm_mode_t shm;   /* replay: payloads through a shared landing area */
-    int map;               /* replay, with shm: read stored chunks in place */
-    unsigned depth;        /* replay: requests in flight at once */
+    /* The validated input map: each source reads its own sub-table
+     * (input.<mode>) from it when it opens (input.h). */
+    const beam_cnode_t *node;
   } input;
   struct {
     char publish[BEAM_ENDPOINT_MAX]; /* "" = no PUB */

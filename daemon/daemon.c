@@ -12,7 +12,7 @@
 
 #include "daemon/beamd.h"
 #include "daemon/notify.h"
-#include "gpu/gpu.h"
+#include "pipeline/device.h"
 
 enum { RQ_RESULT = 1, RQ_SERIES_DONE = 2 };
 static void heartbeat_cb(uv_timer_t *t);
@@ -168,9 +168,17 @@ beam_graph_t *beamd_graph_for_start(beamd_t *d) {
 
 /* Socket settings are bound once; a reload that changes them is refused
  * rather than half-applied. */
+static int same_tree(const beam_cnode_t *a, const beam_cnode_t *b) {
+  char *x = beam_cfg_dump(a), *y = beam_cfg_dump(b);
+  int same = x && y && strcmp(x, y) == 0;
+  free(x);
+  free(y);
+  return same;
+}
+
 static const char *socket_change(const beam_config_t *a, const beam_config_t *b) {
-  if (a->input.mode != b->input.mode || strcmp(a->input.endpoint, b->input.endpoint) ||
-      a->input.bind != b->input.bind || a->input.hwm != b->input.hwm)
+  /* The whole input section: every source's keys shape its sockets. */
+  if (!same_tree(a->input.node, b->input.node))
     return "input";
   if (strcmp(a->output.publish, b->output.publish) || strcmp(a->output.push, b->output.push) ||
       a->output.hwm != b->output.hwm || a->output.push_hwm != b->output.push_hwm)
@@ -267,6 +275,8 @@ static void maybe_finish(beamd_t *d) {
   close_all(d);
 }
 
+void beamd_input_eof(beamd_t *d, const char *why) { beamd_drain(d, why); }
+
 void beamd_input_drained(beamd_t *d) {
   if (d->in.stopped)
     return;
@@ -298,14 +308,10 @@ void beamd_drain(beamd_t *d, const char *why) {
   d->state = BEAMD_DRAINING;
   d->drain_started_ns = beam_now_ns();
   uv_timer_start(&d->drain_timer, drain_timer_cb, 50, 50);
-  /* Pull: read what ZeroMQ already took from the sender. Replay needs no
-   * such step: frames never asked for are asked for after a restart. */
-  if (d->cfg->input.mode == BEAM_IN_PULL && d->in.zs.open) {
-    d->in.drain_read = 1;
-    beamd_ingest_resume(d);
-  } else {
+  /* A lossless push source reads what ZeroMQ already took from the
+   * sender; the others stop at once (input.h, drain). */
+  if (!beamd_ingest_drain(d))
     beamd_input_drained(d);
-  }
 }
 
 /* ---- loop callbacks ---------------------------------------------------------------- */
@@ -414,8 +420,6 @@ int beamd_init(beamd_t *d, beam_config_t *cfg, const char *cfg_path, char *err, 
   d->wake.data = d;
   /* Every handle close_all may close is initialised here, before anything
    * can fail, so a failed start-up tears down cleanly. */
-  uv_idle_init(&d->loop, &d->in.more);
-  d->in.more.data = d;
   uv_timer_init(&d->loop, &d->heartbeat);
   d->heartbeat.data = d;
   uv_timer_init(&d->loop, &d->watchdog);
@@ -450,9 +454,7 @@ int beamd_init(beamd_t *d, beam_config_t *cfg, const char *cfg_path, char *err, 
   char gpu[256];
   beam_gpu_describe(gpu, sizeof gpu);
   BEAM_LOG(LOG_NOTICE, "beamd %s ready: config %s, input %s %s (%s), publish %s%s%s, control %s, metrics %s, gpu %s",
-           BEAMD_VERSION, cfg->path, cfg->input.mode == BEAM_IN_LIVE   ? "live"
-           : cfg->input.mode == BEAM_IN_PULL ? "pull"
-                                             : "replay",
+           BEAMD_VERSION, cfg->path, d->in.src->mode,
            cfg->input.endpoint, cfg->input.bind ? "bind" : "connect",
            cfg->output.publish[0] ? cfg->output.publish : "off", cfg->output.push[0] ? ", push " : "",
            cfg->output.push, cfg->control.endpoint[0] ? cfg->control.endpoint : "off",
@@ -521,7 +523,7 @@ void beamd_fini(beamd_t *d) {
   beamd_publish_close(d, 2000);
   uv_run(&d->loop, UV_RUN_NOWAIT);
   uv_loop_close(&d->loop);
-  free(d->replay_garbage);
+  free(d->src_garbage);
   if (d->zctx)
     zmq_ctx_term(d->zctx);
   beam_fifo_free(&d->rq.q);

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "daemon/beamd.h"
-#include "gpu/gpu.h"
+#include "pipeline/device.h"
 #include "daemon/h5array.h"
 #include "daemon/stage_record.h"
 #include "pipeline/array.h"

@@ -65,6 +65,9 @@ void beamd_metrics_render(beamd_t *d) {
   metric(&b, "beamd_input_shape_mismatch_total", "counter", "frames whose geometry differs from the series",
          A(in->shape_mismatch));
   metric(&b, "beamd_input_too_large_total", "counter", "frames larger than pool.frame_bytes", A(in->too_large));
+  metric(&b, "beamd_input_missing_total", "counter",
+         "frames a source knows never came (detector frame-number gaps, short series)",
+         A(in->missing));
   metric(&b, "beamd_input_paused", "gauge", "1 while lossless input waits for room", in->paused);
   metric(&b, "beamd_input_rate_fps", "gauge", "frames per second over the last heartbeat", d->rate_fps);
   if (d->graph) {

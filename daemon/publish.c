@@ -328,6 +328,8 @@ void beamd_publish_series(beamd_t *d, const beam_series_t *s, int type, int abor
   memcpy(h.shape, s->shape, sizeof h.shape);
   h.raw_size = 0;
   h.flags = aborted ? BEAM_FLAG_ABORTED : 0;
+  if (type == BEAM_MSG_SERIES_END && s->missing_frames)
+    h.flags |= BEAM_FLAG_INCOMPLETE;
   if (type == BEAM_MSG_SERIES_START) {
     /* raw_size describes the series' frames; no payload part follows. */
     uint64_t n = beam_dtype_size(s->dtype);

@@ -6,7 +6,7 @@
 #include <jansson.h>
 
 #include "daemon/beamd.h"
-#include "gpu/gpu.h"
+#include "pipeline/device.h"
 
 #define U(x) json_integer((json_int_t)atomic_load(&(x)))
 
@@ -20,7 +20,8 @@ static const char *state_name(int s) {
 }
 
 static const char *mode_name(beam_input_mode_t m) {
-  return m == BEAM_IN_LIVE ? "live" : m == BEAM_IN_PULL ? "pull" : "replay";
+  const beamd_source_ops_t *s = beamd_source_find(m);
+  return s ? s->mode : "?";
 }
 
 static json_t *latency(const beam_hist_t *h) {
@@ -51,6 +52,7 @@ static json_t *input_json(beamd_t *d) {
   json_object_set_new(o, "too_large", U(in->too_large));
   json_object_set_new(o, "unexpected", U(in->unexpected));
   json_object_set_new(o, "corrupt", U(in->corrupt));
+  json_object_set_new(o, "missing", U(in->missing));
   json_object_set_new(o, "seq_resets", U(in->seq_resets));
   uint64_t drops = atomic_load(&in->lost) + atomic_load(&in->dropped_busy);
   json_object_set_new(o, "dropped_total", json_integer((json_int_t)drops));
@@ -63,7 +65,7 @@ static json_t *input_json(beamd_t *d) {
                       json_integer(d->graph ? (json_int_t)beam_graph_decoded_ahead(d->graph) : 0));
   json_object_set_new(o, "rate_fps", json_real(d->rate_fps));
   json_object_set_new(o, "rate_mbps", json_real(d->rate_mbps));
-  beamd_replay_stats(d, o);
+  beamd_ingest_stats(d, o);
   if (d->graph) {
     json_object_set_new(o, "pool_free", json_integer(beam_graph_input_free(d->graph)));
     json_object_set_new(o, "pool_slots", json_integer(beam_graph_input_slots(d->graph)));

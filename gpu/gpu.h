@@ -1,8 +1,7 @@
-/* The C face of the CUDA side. This header is plain C (no CUDA types), so
- * pipeline/ and daemon/ can include it in every build. In a CPU-only build
- * gpu/stubs.c provides the same symbols: beam_gpu_count() is 0, host memory
- * is ordinary memory, and every CUDA ops table's init fails with
- * BEAM_ENOTSUP and a message saying the build has no CUDA. */
+/* The C face of the CUDA side beyond what pipeline/device.h declares for
+ * the pipeline (device services, the stage kinds' CUDA ops): the engine
+ * entry points tools and benchmarks call. Plain C (no CUDA types); in a
+ * CPU-only build gpu/stubs.c provides the same symbols. */
 #ifndef BEAM_GPU_H
 #define BEAM_GPU_H
 
@@ -10,28 +9,12 @@
 #include <stdint.h>
 
 #include "proto/err.h"
+#include "pipeline/device.h"
 #include "pipeline/stage.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* 1 when this binary was built with CUDA. */
-int beam_gpu_built(void);
-/* Number of usable CUDA devices (0 without CUDA or without a device); never
- * fails loudly: the reason for 0 is written to why (may be NULL). */
-int beam_gpu_count(char *why, size_t why_len);
-/* "NVIDIA H200 (sm_90, 139 GiB)" or "none: <reason>". */
-void beam_gpu_describe(char *buf, size_t len);
-
-/* Page-locked host memory when pinned and a device is present, else
- * 64-byte aligned ordinary memory. Free with the same pinned value. */
-void *beam_host_alloc(size_t bytes, int pinned);
-void beam_host_free(void *p, int pinned);
-
-/* Free and total memory of device dev (cudaMemGetInfo): 0, or < 0 with
- * no device / no CUDA (both set to 0 then). */
-int beam_gpu_mem_info(int dev, size_t *free_b, size_t *total_b);
 
 /* The FFT floor of the DM engine's CUDA backend (gpu/dm_cuda.cu): seconds
  * per iteration of only its forward + inverse batched FFTs over nviews
@@ -40,16 +23,6 @@ int beam_gpu_mem_info(int dev, size_t *free_b, size_t *total_b);
 struct beam_dm_conf_s;
 int beam_dm_cuda_fft_seconds(const struct beam_dm_conf_s *c, uint32_t nviews, int iters,
                              double *sec_per_iter, beam_diag_t *d);
-
-/* CUDA backends of the stage kinds (stubs without CUDA). */
-extern const beam_stage_ops_t beam_correct_cuda_ops;
-extern const beam_stage_ops_t beam_roi_sum_cuda_ops;
-extern const beam_stage_ops_t beam_bin_cuda_ops;
-extern const beam_stage_ops_t beam_preview_cuda_ops;
-extern const beam_stage_ops_t beam_xpcs_multitau_cuda_ops;
-extern const beam_stage_ops_t beam_xpcs_twotime_cuda_ops;
-extern const beam_stage_ops_t beam_pca_cuda_ops;
-extern const beam_stage_ops_t beam_ptycho_dm_cuda_ops;
 
 #ifdef __cplusplus
 }

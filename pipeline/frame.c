@@ -12,7 +12,7 @@
 
 #include <jansson.h>
 
-#include "gpu/gpu.h"
+#include "pipeline/device.h"
 
 struct beam_pool_s {
   pthread_mutex_t mu;

@@ -94,6 +94,11 @@ typedef struct beam_series_s {
   double distance_m;     /* 0 = unknown */
   double pixel_size_m;   /* 0 = unknown */
   uint64_t nframes;      /* announced frame count, 0 = unknown */
+  /* Frames the source knows never came (a detector's frame-number gap, a
+   * series ended short of nframes): the end is published INCOMPLETE. The
+   * one field written after creation; by the loop thread only, which also
+   * is the only reader. */
+  uint64_t missing_frames;
   char *meta_json;       /* the SERIES_START metadata part, NUL-terminated, or NULL */
   size_t meta_len;
   atomic_int refs;

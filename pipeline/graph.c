@@ -19,7 +19,7 @@
 
 #include <jansson.h>
 
-#include "gpu/gpu.h"
+#include "pipeline/device.h"
 #include "pipeline/emit_int.h"
 
 enum { IT_START, IT_FRAME, IT_END, IT_QUIT };

@@ -2,7 +2,7 @@
  * (the CUDA ones are stubs in CPU-only builds). */
 #include <string.h>
 
-#include "gpu/gpu.h"
+#include "pipeline/device.h"
 #include "pipeline/kern/kinds.h"
 #include "pipeline/stage.h"
 

@@ -87,6 +87,7 @@ enum {
   BEAM_FLAG_CORRUPT = 1u << 5,  /* source could not read this frame; no payload */
   BEAM_FLAG_ANOMALY = 1u << 6,  /* a stage flagged this frame (e.g. PCA residual) */
   BEAM_FLAG_ABORTED = 1u << 7,  /* SERIES_END: the series ended early (drain, error) */
+  BEAM_FLAG_INCOMPLETE = 1u << 8, /* SERIES_END: frames of the series never arrived */
 };
 
 /* Decoded header (host form). Wire layout, little-endian, 128 bytes:
@@ -127,10 +128,18 @@ typedef struct beam_limits_s {
 /* Defaults: 1 GiB frames, 65536 per axis, 16 MiB metadata. */
 extern const beam_limits_t beam_limits_default;
 
-/* One part of a multipart message, borrowed. */
+/* Whoever holds the buffer a part's bytes lie in (a received ZeroMQ
+ * message, a shared-memory slot, a mapped file) and can lend it to a frame
+ * so the bytes are kept without a copy. proto/ only carries the pointer;
+ * its users define it (daemon/input.h). */
+typedef struct beam_owner_s beam_owner_t;
+
+/* One part of a multipart message, borrowed. owner may be NULL (nobody can
+ * keep the buffer: a reader that needs the bytes later copies them). */
 typedef struct beam_part_s {
   const void *data;
   size_t size;
+  beam_owner_t *owner;
 } beam_part_t;
 
 /* A parsed message: pointers into the caller's parts, nothing owned. */

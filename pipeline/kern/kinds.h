@@ -1,5 +1,5 @@
 /* The stage kinds of this build: their parameter schemas and CPU ops.
- * pipeline/registry.c lists them; gpu/gpu.h declares the CUDA ops. */
+ * pipeline/registry.c lists them; pipeline/device.h declares the CUDA ops. */
 #ifndef BEAM_KINDS_H
 #define BEAM_KINDS_H
 

@@ -128,7 +128,7 @@ def test_unreachable_control_times_out_clearly(zctx):
 
 def test_replay_server_feeds_beamd_losslessly(ports, start_beamd, zctx):
     cfg = make_config(ports, _roi_stage(), mode="replay", push=True, pool_frames=8)
-    cfg["input"].update({"credit": 4, "timeout": "2s"})
+    cfg["input"]["replay"] = {"credit": 4, "timeout": "2s"}
     frames = np.random.default_rng(2).integers(0, 60000, (57, 16, 16), dtype=np.uint16)
     with ReplayServer(ports.ep_input, frames, series_id=4, codec="bslz4",
                       meta={"energy": 8000.0}, context=zctx) as srv, \

@@ -17,7 +17,7 @@ docs/recording.md):
   NaN while every other frame is exact; a missing file stops beamd-replay
   with a message naming it;
 - a viewer that subscribes and never reads does not slow a replay down;
-- input.exit_on_eof: the daemon exits 0 when the file is done, and its state
+- input.replay.exit_on_eof: the daemon exits 0 when the file is done, and its state
   file says so.
 
 The roi_sum comparison is exact: sums of at most 3072 uint16 values in
@@ -66,8 +66,10 @@ def replay_config(ports, stages, **inp):
     beamd-replay (which binds ports.ep_input) and PUSHes results."""
     cfg = make_config(ports, stages, mode="replay", push=True, pool_frames=32,
                       frame_bytes="1Mi")
-    cfg["input"].update({"credit": 16, "timeout": "2s"})
-    cfg["input"].update(inp)
+    rp = {"credit": 16, "timeout": "2s"}
+    for k, v in inp.items():
+        (cfg["input"] if k in ("endpoint", "bind", "hwm") else rp)[k] = v
+    cfg["input"]["replay"] = rp
     return cfg
 
 
@@ -165,7 +167,7 @@ def no_map(shm):
 def check_shm(st, shm, n, in_place=0):
     """input.replay's transport: "on" with every payload landed in shared
     memory (the server ran --no-map), "nomap" the same because beamd's
-    input.map is false, "map" with `in_place` payloads read in place from
+    input.replay.map is false, "map" with `in_place` payloads read in place from
     the file and the rest landed, or "off" with neither."""
     rp = st["input"]["replay"]
     if shm in ("on", "nomap"):
@@ -189,7 +191,7 @@ def test_round_trip_bit_exact(tmp_path, ports, start_beamd, run_tool, kind, comp
     stages = [{"name": "rec", "kind": "record", "input": "frames", "dir": str(rec_dir),
                "compress": compress, "queue": 64},
               vd_stage()]
-    # nomap: input.map false, so beamd never asks (the server would agree).
+    # nomap: input.replay.map false, so beamd never asks (the server would agree).
     b = start_beamd(replay_config(ports, stages, shm="off" if shm == "off" else "on",
                                   map=shm != "nomap"))
     rec = start_recorder(run_tool, ports, tmp_path / "results")
@@ -259,7 +261,7 @@ def test_series_starts_do_not_drop_frames(tmp_path, ports, start_beamd, run_tool
             "rois": [{"name": "r%d" % i, "shape": "rect", "rect": [0, 0, side, side]}
                      for i in range(100)]}
     cfg = replay_config(ports, [busy])
-    del cfg["input"]["credit"]  # the default (64): the queue room decides
+    del cfg["input"]["replay"]["credit"]  # the default (64): the queue room decides
     b = start_beamd(cfg)
     out = tmp_path / "results"
     out.mkdir()
@@ -348,7 +350,7 @@ def test_server_kill9_request_resent(tmp_path, ports, start_beamd, run_tool, shm
     srv.p.wait(timeout=5)
     got = b.stats()["input"]["frames"]
     assert got < n, "the replay finished before the kill: slow it down"
-    time.sleep(1.5)  # longer than input.timeout: the daemon asks again into the void
+    time.sleep(1.5)  # longer than input.replay.timeout: the daemon asks again into the void
     srv2 = start_replay(run_tool, ports, path, "--rate", str(rate), *no_map(shm))
     wait_recorder(rec, b, 25)
     check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data)
@@ -364,7 +366,7 @@ def test_server_kill9_request_resent(tmp_path, ports, start_beamd, run_tool, shm
 
 @pytest.mark.parametrize("server_shm", [True, False])
 def test_shm_auto_over_ipc(tmp_path, ports, start_beamd, run_tool, server_shm):
-    """input.shm auto (the default) uses shared memory for an ipc://
+    """input.replay.shm auto (the default) uses shared memory for an ipc://
     endpoint; a server started with --no-shm refuses it, the daemon logs
     why once and every frame still arrives, inline."""
     n = 40
@@ -390,7 +392,7 @@ def test_shm_auto_over_ipc(tmp_path, ports, start_beamd, run_tool, server_shm):
 
 @pytest.mark.parametrize("depth", [1, 2, 4])
 def test_pipelined_requests_short_replies(tmp_path, ports, start_beamd, run_tool, depth):
-    """input.depth requests in flight: with a rate-limited server every
+    """input.replay.depth requests in flight: with a rate-limited server every
     reply is short, so the requests pipelined after it asked for the wrong
     range; their replies are discarded and asked for again, and every
     frame still arrives exactly once, in order. With depth 1 nothing is

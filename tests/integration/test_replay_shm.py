@@ -12,7 +12,7 @@ another name, a path that is not /proc/PID/fd/N), slots too small for the
 file's frames, and --no-shm, and then sends the payloads inline;
 malformed shm objects are refused like any bad request; a consumer that
 restarts with a new area is mapped afresh. The daemon side (landing.c,
-replay_in.c) is covered end to end in test_daemon_replay.py (shm on/off).
+src_replay.c) is covered end to end in test_daemon_replay.py (shm on/off).
 """
 import json
 import mmap

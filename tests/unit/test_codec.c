@@ -504,7 +504,7 @@ static void test_msg_payload_compressed(void **state) {
   h.payload_size = (uint64_t)len;
   uint8_t hb[128];
   beam_hdr_encode(&h, hb, sizeof hb);
-  beam_part_t parts[2] = {{hb, 128}, {enc, (size_t)len}};
+  beam_part_t parts[2] = {{hb, 128, NULL}, {enc, (size_t)len, NULL}};
   beam_msg_t msg;
   const char *why = NULL;
   assert_int_equal(beam_msg_parse(parts, 2, NULL, &msg, &why), 0);

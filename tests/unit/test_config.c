@@ -657,7 +657,8 @@ static void test_daemon_sections(void **state) {
   }
   beam_cfg_errs_t e = {0};
   beam_config_t *c = NULL;
-  const char *y = "input: {mode: replay, endpoint: 'ipc:///tmp/r', bind: yes, hwm: 0, credit: 8}\n"
+  const char *y = "input: {mode: replay, endpoint: 'ipc:///tmp/r', bind: yes, hwm: 0, "
+                  "replay: {credit: 8}}\n"
                   "output: {publish: '', push: tcp://*:7000, hwm: 5, push_hwm: 6, "
                   "publish_frames_meta: off}\n"
                   "pool: {frames: 4, frame_bytes: 1Mi, pinned: no}\ncontrol: {endpoint: ''}\n"
@@ -669,7 +670,7 @@ static void test_daemon_sections(void **state) {
   assert_string_equal(c->input.endpoint, "ipc:///tmp/r");
   assert_int_equal(c->input.bind, 1);
   assert_int_equal(c->input.hwm, 0);
-  assert_int_equal(c->input.credit, 8);
+  assert_int_equal(beam_cfg_int(beam_cfg_get(c->input.node, "replay"), "credit", 0), 8);
   assert_string_equal(c->output.publish, "");
   assert_string_equal(c->output.push, "tcp://*:7000");
   assert_int_equal(c->output.hwm, 5);
@@ -798,8 +799,10 @@ static void test_dump(void **state) {
   char *d = beam_cfg_dump(c->root);
   assert_non_null(d);
   assert_non_null(strstr(d, "input:\n  mode: pull\n  endpoint: tcp://127.0.0.1:5500\n  bind: "
-                            "true\n  hwm: 1000\n  credit: 64\n  state_file: \"\"\n  commit_delay: 2s\n"
-                            "  timeout: 10s\n  exit_on_eof: false\n  shm: auto\n  map: true\n  depth: 2\n"
+                            "true\n  hwm: 1000\n  replay:\n    credit: 64\n    state_file: \"\"\n"
+                            "    commit_delay: 2s\n    timeout: 10s\n    exit_on_eof: false\n"
+                            "    shm: auto\n    map: true\n    depth: 2\n  dectris:\n"
+                            "    format: auto\n    channel: \"\"\n    verify_hash: false\n"
                             "output:\n"));
   assert_non_null(strstr(d, "push: \"\"\n"));
   assert_non_null(strstr(d, "heartbeat: 2s\nstages: []\n"));

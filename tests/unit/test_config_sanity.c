@@ -418,10 +418,10 @@ static void test_checker_catches_drift(void **state) {
   char *text = reference_text();
   static const struct { const char *from, *to, *expect; } cases[] = {
       /* a default that no longer matches the code */
-      {"slots for. range: 1..4096. default: 64",
-       "slots for. range: 1..4096. default: 65", "input.credit (line"},
+      {"    # range: 1..4096. default: 64",
+       "    # range: 1..4096. default: 65", "input.replay.credit (line"},
       /* a key removed from the file */
-      {"  credit: 64\n", "", "input.credit: is not in etc/beamd.yaml"},
+      {"    credit: 64\n", "", "input.replay.credit: is not in etc/beamd.yaml"},
       /* a range that no longer matches */
       {"range: 1..1048576. default: 128", "range: 1..1000000. default: 128",
        "pool.frames (line"},

@@ -445,16 +445,16 @@ static size_t build(msgbuf_t *m, beam_hdr_t h, const char *topic, int meta) {
   size_t n = 0;
   m->meta = "{\"a\":1}";
   if (meta) { h.flags |= BEAM_FLAG_META; h.meta_size = (uint32_t)strlen(m->meta); }
-  if (topic) m->parts[n++] = (beam_part_t){topic, strlen(topic)};
+  if (topic) m->parts[n++] = (beam_part_t){topic, strlen(topic), NULL};
   beam_hdr_encode(&h, m->hdr, sizeof m->hdr);
-  m->parts[n++] = (beam_part_t){m->hdr, 128};
+  m->parts[n++] = (beam_part_t){m->hdr, 128, NULL};
   for (unsigned i = 0; i < sizeof m->payload; i++) m->payload[i] = (uint8_t)i;
-  if (h.nparts == 1) m->parts[n++] = (beam_part_t){m->payload, 48};
+  if (h.nparts == 1) m->parts[n++] = (beam_part_t){m->payload, 48, NULL};
   if (h.nparts == 2) {
-    m->parts[n++] = (beam_part_t){m->payload, 20};
-    m->parts[n++] = (beam_part_t){m->payload + 20, 28};
+    m->parts[n++] = (beam_part_t){m->payload, 20, NULL};
+    m->parts[n++] = (beam_part_t){m->payload + 20, 28, NULL};
   }
-  if (meta) m->parts[n++] = (beam_part_t){m->meta, strlen(m->meta)};
+  if (meta) m->parts[n++] = (beam_part_t){m->meta, strlen(m->meta), NULL};
   return n;
 }
 
@@ -510,20 +510,20 @@ static void test_parse_reject(void **state) {
   memcpy(p, m.parts, sizeof p);
   p[2].data = NULL;
   expect_str(parse_reason(p, n), "part with NULL data");
-  p[0] = (beam_part_t){"Caps.topic", 10};
+  p[0] = (beam_part_t){"Caps.topic", 10, NULL};
   memcpy(p + 1, m.parts + 1, sizeof(beam_part_t) * 2);
   expect_str(parse_reason(p, n), "topic contains invalid characters");
-  p[0] = (beam_part_t){"a b", 3};
+  p[0] = (beam_part_t){"a b", 3, NULL};
   expect_str(parse_reason(p, n), "topic contains invalid characters");
   static const char longt[] = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"; /* 65 */
-  p[0] = (beam_part_t){longt, 65};
+  p[0] = (beam_part_t){longt, 65, NULL};
   expect_str(parse_reason(p, n), "topic longer than 64 bytes");
-  p[0] = (beam_part_t){longt, 64};
+  p[0] = (beam_part_t){longt, 64, NULL};
   assert_null(parse_reason(p, n));
   expect_str(parse_reason(m.parts, 1), "topic without a header part");
   /* header errors surface unchanged */
   p[0] = m.parts[0];
-  p[1] = (beam_part_t){"\x89" "BMX", 4};
+  p[1] = (beam_part_t){"\x89" "BMX", 4, NULL};
   expect_str(parse_reason(p, 2), "header part too short");
 
   /* part counts */

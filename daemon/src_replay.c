@@ -1,5 +1,5 @@
-/* The replay input: a REQ socket asking a beamd-replay server (REP) for
- * frames, as proto/PROTOCOL.md §13 specifies.
+/* Source replay: a REQ socket asking a beamd-replay server (REP) for
+ * frames, as proto/PROTOCOL.md §13 specifies. Its keys are input.replay.
  *
  * Lossless by construction: requests never ask for more frames than the
  * graph can take at that moment (free input slots and queue places, less
@@ -7,7 +7,7 @@
  * without waiting. A reply carries up to `credit` frames, so throughput is
  * not bound by the round trip.
  *
- * Pipelining (input.depth): a DEALER socket keeps up to `depth` requests
+ * Pipelining (input.replay.depth): a DEALER socket keeps up to `depth` requests
  * in flight for consecutive ranges, so the server reads the next batch while
  * we hand this one to the graph. Each request carries an id the server
  * echoes; replies come back in order on one connection and only the
@@ -20,11 +20,11 @@
  * Resuming: the server is stateless, every request names the next frame
  * index. Progress (the graph's watermark: every frame below it processed by
  * every stage and its results handed to the outputs) is written to
- * input.state_file once it is commit_delay old, so results still inside
+ * input.replay.state_file once it is commit_delay old, so results still inside
  * ZeroMQ's queues at a kill -9 are produced again after the restart
  * (at-least-once; beamd-record keeps one copy per frame).
  *
- * Shared memory (input.shm, §13.6): each request also offers one free slot
+ * Shared memory (input.replay.shm, §13.6): each request also offers one free slot
  * of our landing area (landing.c) per frame asked for; the server reads
  * payloads into them and sends empty payload parts. Offered slots stay
  * reserved until a reply arrives (a resent request offers the same ones),
@@ -79,7 +79,14 @@ typedef struct fmap_ent_s {
   int damage_logged;
 } fmap_ent_t;
 
-typedef struct beamd_replay_s {
+typedef struct replay_s {
+  beamd_t *d;
+  beamd_zsock_t zs;        /* DEALER to the server's REP */
+  /* input.replay */
+  unsigned credit, cfg_depth;
+  char state_file[BEAM_ENDPOINT_MAX];
+  double commit_delay_s, timeout_s;
+  int exit_on_eof, shm, map;
   uv_timer_t tick;
   uv_idle_t kick;          /* reads replies a send left unannounced (send_req) */
   inflight_t q[DEPTH_MAX]; /* oldest first */
@@ -119,13 +126,13 @@ typedef struct beamd_replay_s {
   size_t parts_cap;
 } replay_t;
 
-static replay_t *R(beamd_t *d) { return d->in.replay; }
+static replay_t *R(beamd_t *d) { return d->in.src_state; }
 
 /* ---- state file --------------------------------------------------------- */
 
 static void state_write(beamd_t *d, uint64_t next) {
   replay_t *r = R(d);
-  const char *path = d->cfg->input.state_file;
+  const char *path = r->state_file;
   if (!path[0] || !r->file_id[0])
     return;
   char tmp[BEAM_ENDPOINT_MAX + 16];
@@ -155,7 +162,7 @@ static void state_write(beamd_t *d, uint64_t next) {
 
 static void state_read(beamd_t *d) {
   replay_t *r = R(d);
-  const char *path = d->cfg->input.state_file;
+  const char *path = r->state_file;
   if (!path[0])
     return;
   json_error_t je;
@@ -179,18 +186,19 @@ static void state_read(beamd_t *d) {
 /* ---- requests ------------------------------------------------------------ */
 
 static void on_replay_event(beamd_zsock_t *zs);
+static void pump(beamd_t *d);
 
 static void kick_cb(uv_idle_t *h) {
   beamd_t *d = h->data;
   uv_idle_stop(h);
-  on_replay_event(&d->in.zs);
+  on_replay_event(&R(d)->zs);
 }
 
 static void send_req(beamd_t *d, inflight_t *e) {
   replay_t *r = R(d);
   /* DEALER to REP: an empty delimiter, then the request. */
-  if (zmq_send(d->in.zs.sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-      zmq_send(d->in.zs.sock, e->text, strlen(e->text), ZMQ_DONTWAIT) < 0) {
+  if (zmq_send(r->zs.sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+      zmq_send(r->zs.sock, e->text, strlen(e->text), ZMQ_DONTWAIT) < 0) {
     BEAM_LOG(LOG_ERR, "replay: cannot send a request: %s", zmq_strerror(errno));
     return; /* resent at the timeout */
   }
@@ -200,7 +208,7 @@ static void send_req(beamd_t *d, inflight_t *e) {
    * meanwhile without the fd ever signalling it: with requests pipelined,
    * sends happen outside the read loop (room came back, a timeout), so
    * look, and read on the next loop turn. */
-  if (beamd_zsock_events(&d->in.zs) & ZMQ_POLLIN)
+  if (beamd_zsock_events(&r->zs) & ZMQ_POLLIN)
     uv_idle_start(&r->kick, kick_cb);
 }
 
@@ -248,7 +256,7 @@ static unsigned range_cap(const replay_t *r, uint64_t at, unsigned credit) {
   return credit;
 }
 
-void beamd_replay_pump(beamd_t *d) {
+static void pump(beamd_t *d) {
   replay_t *r = R(d);
   if (!r || r->eof || d->state != BEAMD_RUNNING || d->in.stopped)
     return;
@@ -273,12 +281,12 @@ void beamd_replay_pump(beamd_t *d) {
    * comes back (stages never keep frames), so the wait always ends. */
   unsigned slots = beam_graph_input_slots(d->graph);
   unsigned want = slots / 4 ? slots / 4 : 1;
-  want = range_cap(r, ask, want < d->cfg->input.credit ? want : d->cfg->input.credit);
+  want = range_cap(r, ask, want < r->credit ? want : r->credit);
   unsigned credit = 0;
   for (int again = 0;; again = 1) {
     unsigned room = beam_graph_room_count(d->graph); /* at 0 it asks for on_room itself */
     room = room > busy ? room - busy : 0;
-    credit = range_cap(r, ask, d->cfg->input.credit < room ? d->cfg->input.credit : room);
+    credit = range_cap(r, ask, r->credit < room ? r->credit : room);
     if (credit >= want || (credit > 0 && !busy && beam_graph_input_free(d->graph) == slots))
       break;
     if (r->qn)
@@ -317,7 +325,7 @@ void beamd_replay_pump(beamd_t *d) {
     n += snprintf(e->text + n, r->req_cap - (size_t)n, ",\"map\":true");
   snprintf(e->text + n, r->req_cap - (size_t)n, "}");
   send_req(d, e);
-  beamd_replay_pump(d); /* fill the pipeline */
+  pump(d); /* fill the pipeline */
 }
 
 static void shm_status(beamd_t *d, json_t *st) {
@@ -331,6 +339,40 @@ static void shm_status(beamd_t *d, json_t *st) {
   else if (!refused && r->shm_refused)
     BEAM_LOG(LOG_NOTICE, "replay: the server now uses shared memory");
   r->shm_refused = refused;
+}
+
+/* ---- owners of payloads that are not in the reply (input.h) ------------------ */
+
+/* A landing slot the server read a payload into. */
+typedef struct land_owner_s {
+  beam_owner_t base;
+  beamd_landing_t *land;
+  unsigned idx;
+} land_owner_t;
+
+static int land_lend(beam_owner_t *self, const void *data, beam_frame_t *f) {
+  land_owner_t *o = (land_owner_t *)self;
+  if (beamd_landing_ptr(o->land, o->idx) != data)
+    return 0;
+  beamd_landing_lend(o->land, o->idx, f);
+  self->taken = 1;
+  return 1;
+}
+
+/* A chunk read in place from our mapping of the server's file. */
+typedef struct fmap_owner_s {
+  beam_owner_t base;
+  beam_fmap_t *m;
+  uint64_t off;
+} fmap_owner_t;
+
+static int fmap_lend(beam_owner_t *self, const void *data, beam_frame_t *f) {
+  fmap_owner_t *o = (fmap_owner_t *)self;
+  if (beam_fmap_base(o->m) + o->off != data)
+    return 0;
+  beam_fmap_lend(o->m, o->off, f);
+  self->taken = 1;
+  return 1;
 }
 
 /* ---- files read in place (§13.8) ----------------------------------------- */
@@ -418,12 +460,12 @@ static int map_parse(replay_t *r, json_t *st, beam_fmap_t **rm, size_t *nrm, jso
 }
 
 /* A FRAME the server left in its file (at[nframe] = [file, offset]): point
- * its payload into our mapping and set d->in.cur_fmap. Returns 1, 0 when
+ * its payload into our mapping, owned by fo. Returns 1, 0 when
  * the frame is not in place (inline, a landing slot, CORRUPT), -1 when the
  * reference is malformed and -2 when we cannot read the file (reason in
  * r->map_error). */
 static int in_place(beamd_t *d, json_t *at, unsigned nframe, beam_fmap_t **rm, size_t nrm,
-                    const beam_hdr_t *h, beam_part_t *bp) {
+                    const beam_hdr_t *h, beam_part_t *bp, fmap_owner_t *fo) {
   replay_t *r = R(d);
   json_t *a = json_array_get(at, nframe);
   if (!a || json_is_null(a))
@@ -446,9 +488,8 @@ static int in_place(beamd_t *d, json_t *at, unsigned nframe, beam_fmap_t **rm, s
   }
   bp[1].data = beam_fmap_base(m) + o;
   bp[1].size = h->payload_size;
-  d->in.cur_fmap = m;
-  d->in.cur_fmap_off = o;
-  d->in.cur_fmap_taken = 0;
+  *fo = (fmap_owner_t){{fmap_lend, 0}, m, o};
+  bp[1].owner = &fo->base;
   return 1;
 }
 
@@ -505,11 +546,11 @@ static void on_status(beamd_t *d, json_t *st, int was_info, size_t nparts) {
       if (!r->loop && r->total && r->next >= r->total) {
         r->eof = 1;
         BEAM_LOG(LOG_NOTICE, "replay: %s was already replayed completely (delete %s to replay again)",
-                 r->file, d->cfg->input.state_file);
+                 r->file, r->state_file);
       }
     } else if (r->resume_id[0]) {
       BEAM_LOG(LOG_WARNING, "replay: state file %s is for another file (%s); starting from the beginning",
-               d->cfg->input.state_file, r->resume_id);
+               r->state_file, r->resume_id);
     }
     d->in.fed_next = r->next;
     return;
@@ -518,10 +559,11 @@ static void on_status(beamd_t *d, json_t *st, int was_info, size_t nparts) {
 }
 
 /* A FRAME (header h, parts bp) whose payload the server put in landing
- * slot offer[nframe] has an empty payload part: point it at the slot and
- * set d->in.cur_land. Returns 0, also for a payload carried inline, or -1
+ * slot offer[nframe] has an empty payload part: point it at the slot,
+ * owned by lo. Returns 0, also for a payload carried inline, or -1
  * when the reply does not match what was offered. */
-static int landed(beamd_t *d, inflight_t *e, unsigned nframe, const beam_hdr_t *h, beam_part_t *bp) {
+static int landed(beamd_t *d, inflight_t *e, unsigned nframe, const beam_hdr_t *h, beam_part_t *bp,
+                  land_owner_t *lo) {
   replay_t *r = R(d);
   if (h->nparts != 1 || bp[1].size != 0 || h->payload_size == 0)
     return 0;
@@ -529,9 +571,8 @@ static int landed(beamd_t *d, inflight_t *e, unsigned nframe, const beam_hdr_t *
     return -1;
   bp[1].data = beamd_landing_ptr(r->land, e->offer[nframe]);
   bp[1].size = h->payload_size;
-  d->in.cur_land = r->land;
-  d->in.cur_land_idx = e->offer[nframe];
-  d->in.cur_land_taken = 0;
+  *lo = (land_owner_t){{land_lend, 0}, r->land, e->offer[nframe]};
+  bp[1].owner = &lo->base;
   return 0;
 }
 
@@ -562,7 +603,7 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
       q_remove(r, (unsigned)at);
     r->discarded++;
     json_decref(st);
-    beamd_replay_pump(d);
+    pump(d);
     return;
   }
   inflight_t *e = &r->q[0];
@@ -581,7 +622,7 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
     q_remove(r, 0);
     r->discarded++;
     json_decref(st);
-    beamd_replay_pump(d);
+    pump(d);
     return;
   }
   int was_info = e->info;
@@ -594,7 +635,7 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
   if (was_info) {
     json_decref(st);
     q_remove(r, 0);
-    beamd_replay_pump(d);
+    pump(d);
     return;
   }
   uint64_t next2 = (uint64_t)json_integer_value(json_object_get(st, "next"));
@@ -608,6 +649,9 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
   int map_bad = e->map ? map_parse(r, st, rm, &nrm, &mat) : 0;
   uint64_t idx = next2 >= count ? next2 - count : 0;
   beam_part_t bp[2 + BEAM_MAX_PAYLOAD_PARTS];
+  beamd_zmsg_owner_t zo[2 + BEAM_MAX_PAYLOAD_PARTS];
+  land_owner_t lo = {0};
+  fmap_owner_t fo = {0};
   unsigned nframe = 0; /* FRAME ordinal in the reply: its landing slot is offer[nframe] */
   beam_graph_batch(d->graph, 1);
   for (size_t i = 1; i < n;) {
@@ -615,13 +659,16 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
     size_t k = msg_parts(parts, i, n, &h);
     int is_frame = k > 0 && h.type == BEAM_MSG_FRAME;
     for (size_t j = 0; j < k; j++) {
+      beamd_zmsg_owner_init(&zo[j], &parts[i + j]);
       bp[j].data = zmq_msg_data(&parts[i + j]);
       bp[j].size = zmq_msg_size(&parts[i + j]);
+      bp[j].owner = &zo[j].base;
     }
+    lo.base.taken = fo.base.taken = 0;
     const char *bad = k == 0 ? "an undecodable message" : NULL;
     int place = 0;
     if (!bad && is_frame && (mat || map_bad)) {
-      place = map_bad ? -1 : in_place(d, mat, nframe, rm, nrm, &h, bp);
+      place = map_bad ? -1 : in_place(d, mat, nframe, rm, nrm, &h, bp, &fo);
       if (place == -1) {
         bad = "a malformed in-place file reference";
         snprintf(r->map_error, sizeof r->map_error, "the server sent malformed file references");
@@ -640,7 +687,7 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
       r->eof = 0;
       break;
     }
-    if (!bad && !place && in_shm && is_frame && landed(d, e, nframe, &h, bp) < 0)
+    if (!bad && !place && in_shm && is_frame && landed(d, e, nframe, &h, bp, &lo) < 0)
       bad = "a landing slot it was not offered, or a payload larger than a slot,";
     if (bad) {
       atomic_fetch_add(&d->in.malformed, 1);
@@ -650,7 +697,8 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
       r->eof = 0; /* the end was in what is asked for again */
       break;
     }
-    if (h.type == BEAM_MSG_SERIES_START && d->in.series && d->in.series->series_id == h.series_id) {
+    const beam_series_t *open_s = beamd_ingest_series(d);
+    if (h.type == BEAM_MSG_SERIES_START && open_s && open_s->series_id == h.series_id) {
       /* A range asked for again from the first frame of a pass starts with
        * the pass's SERIES_START once more; the series is open already, and
        * taking it again would end it as aborted. */
@@ -659,18 +707,12 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
     }
     if (is_frame)
       d->in.fed_next = idx;
-    d->in.cur_zparts = &parts[i];
-    d->in.cur_nz = k;
-    beamd_ingest_handle(d, bp, k);
-    d->in.cur_zparts = NULL;
-    d->in.cur_nz = 0;
-    if (d->in.cur_land && d->in.cur_land_taken) {
+    beamd_ingest_parts(d, bp, k);
+    if (lo.base.taken) {
       e->offer[nframe] = UINT_MAX; /* the frame holds it now */
       r->shm_frames++;
     }
-    r->map_frames += (uint64_t)(d->in.cur_fmap && d->in.cur_fmap_taken);
-    d->in.cur_land = NULL;
-    d->in.cur_fmap = NULL;
+    r->map_frames += (uint64_t)fo.base.taken;
     if (is_frame) {
       d->in.fed_next = ++idx; /* a frame dropped at ingest counts as handled */
       nframe++;
@@ -700,7 +742,7 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
     BEAM_LOG(LOG_NOTICE, "replay: %s served completely (%llu frames, %llu corrupt)", r->file,
              (unsigned long long)r->total, (unsigned long long)r->corrupt);
   }
-  beamd_replay_pump(d);
+  pump(d);
 }
 
 static void on_replay_event(beamd_zsock_t *zs) {
@@ -731,7 +773,7 @@ static void on_replay_event(beamd_zsock_t *zs) {
       atomic_fetch_add(&d->in.malformed, 1);
       if (r->qn)
         q_remove(r, 0); /* asked for again by the next request */
-      beamd_replay_pump(d);
+      pump(d);
     } else if (d->state == BEAMD_RUNNING) {
       on_reply(d, r->parts + base, n - base);
     } else {
@@ -760,10 +802,10 @@ static void tick_cb(uv_timer_t *t) {
   beamd_t *d = t->data;
   replay_t *r = R(d);
   uint64_t now = beam_now_ns();
-  if (r->qn && now - r->q[0].sent_ns > (uint64_t)(d->cfg->input.timeout_s * 1e9) &&
+  if (r->qn && now - r->q[0].sent_ns > (uint64_t)(r->timeout_s * 1e9) &&
       d->state == BEAMD_RUNNING) {
     BEAM_LOG(LOG_WARNING, "replay: no answer from %s within %.1f s; asking again",
-             d->cfg->input.endpoint, d->cfg->input.timeout_s);
+             d->cfg->input.endpoint, r->timeout_s);
     r->resends++;
     /* Every request in flight again, in order, with its own id: a late
      * reply to the first sending is then a late copy and is discarded. The
@@ -786,7 +828,7 @@ static void tick_cb(uv_timer_t *t) {
   r->hist_head = (r->hist_head + 1) % HIST;
   if (r->hist_n < HIST)
     r->hist_n++;
-  uint64_t delay = (uint64_t)(d->cfg->input.commit_delay_s * 1e9), best = 0;
+  uint64_t delay = (uint64_t)(r->commit_delay_s * 1e9), best = 0;
   int found = 0;
   for (unsigned i = 0; i < r->hist_n; i++)
     if (now - r->hist[i].t_ns >= delay && r->hist[i].w >= best) {
@@ -795,34 +837,71 @@ static void tick_cb(uv_timer_t *t) {
     }
   if (found && (!r->have_committed || best > r->committed) && beamd_publish_backlog(d) == 0)
     state_write(d, best);
-  if (r->eof && d->cfg->input.exit_on_eof && d->state == BEAMD_RUNNING && w >= r->next &&
+  if (r->eof && r->exit_on_eof && d->state == BEAMD_RUNNING && w >= r->next &&
       (!d->graph || !beam_graph_series_open(d->graph)))
-    beamd_drain(d, "replay complete (input.exit_on_eof)");
+    beamd_input_eof(d, "replay complete (input.replay.exit_on_eof)");
 }
 
 /* ---- open / close -------------------------------------------------------------- */
 
-static int want_shm(const beam_config_t *c) {
-  if (c->input.shm == BEAM_SHM_AUTO)
-    return strncmp(c->input.endpoint, "ipc://", 6) == 0;
-  return c->input.shm == BEAM_SHM_ON;
+/* In the order of the shm enum's choices. */
+enum { SHM_AUTO = 0, SHM_ON = 1, SHM_OFF = 2 };
+
+const beam_param_t beamd_replay_params[] = {
+    {"credit", BEAM_P_INT, "64", 0, 1, 4096, NULL, NULL,
+     "frames asked for per request (capped by free pool slots)", NULL},
+    {"state_file", BEAM_P_STRING, "", 0, 0, 0, NULL, NULL,
+     "file where progress is kept so a restarted daemon resumes; \"\" = no resume", NULL},
+    {"commit_delay", BEAM_P_DURATION, "2s", 0, 0, 3600, NULL, NULL,
+     "how long progress is held back before it is written to state_file", NULL},
+    {"timeout", BEAM_P_DURATION, "10s", 0, 0.1, 3600, NULL, NULL,
+     "a request unanswered this long is sent again (server restarted)", NULL},
+    {"exit_on_eof", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
+     "drain and exit 0 when the file has been served completely", NULL},
+    {"shm", BEAM_P_ENUM, "auto", 0, 0, 0, "auto|on|off", NULL,
+     "let the server read payloads into shared memory (same host); auto = for ipc://", NULL},
+    {"map", BEAM_P_BOOL, "true", 0, 0, 0, NULL, NULL,
+     "with shm: read stored chunks in place from beamd's own mapping of the file", NULL},
+    {"depth", BEAM_P_INT, "2", 0, 1, 4, NULL, NULL,
+     "requests in flight at once, so the server reads while beamd ingests", NULL},
+    BEAM_PARAM_END};
+
+static void read_conf(replay_t *r, const beam_cnode_t *c, const char *endpoint) {
+  r->credit = (unsigned)beam_cfg_int(c, "credit", 64);
+  const char *sf = beam_cfg_str(c, "state_file");
+  snprintf(r->state_file, sizeof r->state_file, "%s", sf ? sf : "");
+  r->commit_delay_s = beam_cfg_float(c, "commit_delay", 2.0);
+  r->timeout_s = beam_cfg_float(c, "timeout", 10.0);
+  r->exit_on_eof = beam_cfg_bool(c, "exit_on_eof", 0);
+  int shm = (int)beam_cfg_int(c, "shm", SHM_AUTO);
+  r->shm = shm == SHM_AUTO ? strncmp(endpoint, "ipc://", 6) == 0 : shm == SHM_ON;
+  r->map = beam_cfg_bool(c, "map", 1);
+  r->cfg_depth = (unsigned)beam_cfg_int(c, "depth", 2);
 }
 
-int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
+static int replay_open(beamd_t *d, void **state, const beam_cnode_t *conf, char *err,
+                       size_t errlen) {
   replay_t *r = calloc(1, sizeof *r);
   if (!r) {
     snprintf(err, errlen, "input: out of memory");
     return BEAM_ENOMEM;
   }
-  d->in.replay = r;
-  r->parts_cap = MAX_REPLY_PARTS(d->cfg->input.credit);
+  *state = r;
+  r->d = d;
+  /* Handles first: close must find them initialised whatever fails below. */
+  uv_timer_init(&d->loop, &r->tick);
+  r->tick.data = d;
+  uv_idle_init(&d->loop, &r->kick);
+  r->kick.data = d;
+  read_conf(r, conf, d->cfg->input.endpoint);
+  r->parts_cap = MAX_REPLY_PARTS(r->credit);
   r->parts = calloc(r->parts_cap, sizeof *r->parts);
   /* The endpoint and a list of up to `credit` slot numbers. */
-  r->req_cap = 512 + BEAM_ENDPOINT_MAX + 11u * d->cfg->input.credit;
-  r->depth = d->cfg->input.depth < DEPTH_MAX ? d->cfg->input.depth : DEPTH_MAX;
+  r->req_cap = 512 + BEAM_ENDPOINT_MAX + 11u * r->credit;
+  r->depth = r->cfg_depth < DEPTH_MAX ? r->cfg_depth : DEPTH_MAX;
   for (unsigned i = 0; i < r->depth; i++) {
     r->q[i].text = malloc(r->req_cap);
-    r->q[i].offer = calloc(d->cfg->input.credit, sizeof *r->q[i].offer);
+    r->q[i].offer = calloc(r->credit, sizeof *r->q[i].offer);
     if (!r->q[i].text || !r->q[i].offer) {
       snprintf(err, errlen, "input: out of memory");
       return BEAM_ENOMEM;
@@ -832,7 +911,7 @@ int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
     snprintf(err, errlen, "input: out of memory");
     return BEAM_ENOMEM;
   }
-  if (want_shm(d->cfg)) {
+  if (r->shm) {
     /* Slots as many as the pool's: a frame holds at most one, so a free
      * pool slot always finds a free landing slot. Sized for the largest
      * compressed chunk a frame_bytes frame can take. */
@@ -842,15 +921,11 @@ int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
                                 errlen);
     if (!r->land)
       return BEAM_ENOMEM;
-    r->map_ask = d->cfg->input.map;
+    r->map_ask = r->map;
   }
-  uv_timer_init(&d->loop, &r->tick);
-  r->tick.data = d;
-  uv_idle_init(&d->loop, &r->kick);
-  r->kick.data = d;
   char zerr[512];
   beamd_zopts_t o = {.rcvhwm = d->cfg->input.hwm};
-  int rc = beamd_zsock_open(d, &d->in.zs, ZMQ_DEALER, d->cfg->input.endpoint, d->cfg->input.bind,
+  int rc = beamd_zsock_open(d, &r->zs, ZMQ_DEALER, d->cfg->input.endpoint, d->cfg->input.bind,
                             &o, on_replay_event, zerr, sizeof zerr);
   if (rc < 0) {
     snprintf(err, errlen, "input: %s", zerr);
@@ -867,14 +942,36 @@ int beamd_replay_open(beamd_t *d, char *err, size_t errlen) {
   return 0;
 }
 
-void beamd_replay_close(beamd_t *d) {
-  replay_t *r = R(d);
+static void replay_resume(beamd_t *d, void *state) {
+  (void)state;
+  pump(d);
+}
+
+/* Frames never asked for are asked for after a restart: nothing to read. */
+static int replay_drain(beamd_t *d, void *state) {
+  (void)d;
+  (void)state;
+  return 0;
+}
+
+static void replay_stop(beamd_t *d, void *state) {
+  (void)d;
+  replay_t *r = state;
+  if (r->zs.open && r->zs.polling) {
+    uv_poll_stop(&r->zs.poll);
+    r->zs.polling = 0;
+  }
+}
+
+static void replay_close(beamd_t *d, void *state) {
+  replay_t *r = state;
   if (!r)
     return;
   /* A clean exit with nothing waiting for a consumer: everything fed was
    * processed and handed to ZeroMQ, which lingers to send it. */
   if (!d->graph && d->ndraining == 0 && beamd_publish_backlog(d) == 0 && r->file_id[0])
     state_write(d, d->in.fed_next);
+  beamd_zsock_close(&r->zs, 0);
   if (!uv_is_closing((uv_handle_t *)&r->tick))
     uv_close((uv_handle_t *)&r->tick, NULL);
   if (!uv_is_closing((uv_handle_t *)&r->kick))
@@ -892,17 +989,14 @@ void beamd_replay_close(beamd_t *d) {
     r->q[i].text = NULL;
     r->q[i].offer = NULL;
   }
-  d->in.replay = NULL;
-  /* The timer handle lives in r: free it after its close callback ran,
-   * which beamd_fini's last uv_run does; leaking it instead is wrong, so
-   * park it on the loop's data for beamd_fini. */
-  d->replay_garbage = r;
+  /* The handles live in r: it is freed after their close callbacks ran,
+   * which beamd_fini's last uv_run does. */
+  d->src_garbage = r;
 }
 
-void beamd_replay_stats(beamd_t *d, void *obj) {
-  replay_t *r = R(d);
-  if (!r)
-    return;
+static void replay_stats(beamd_t *d, void *state, json_t *obj) {
+  (void)d;
+  replay_t *r = state;
   json_t *o = json_object();
   json_object_set_new(o, "file", json_string(r->file));
   json_object_set_new(o, "file_id", json_string(r->file_id));
@@ -915,7 +1009,7 @@ void beamd_replay_stats(beamd_t *d, void *obj) {
   json_object_set_new(o, "corrupt", json_integer((json_int_t)r->corrupt));
   json_object_set_new(o, "shm", json_string(!r->land ? "off" : r->shm_refused ? "refused" : "on"));
   json_object_set_new(o, "shm_frames", json_integer((json_int_t)r->shm_frames));
-  json_object_set_new(o, "map", json_string(!r->land || !d->cfg->input.map ? "off"
+  json_object_set_new(o, "map", json_string(!r->land || !r->map ? "off"
                                             : !r->map_ask ? "failed"
                                             : r->map_refused ? "refused" : "on"));
   json_object_set_new(o, "map_frames", json_integer((json_int_t)r->map_frames));
@@ -925,5 +1019,17 @@ void beamd_replay_stats(beamd_t *d, void *obj) {
   json_object_set_new(o, "inflight", json_integer((json_int_t)r->qn));
   json_object_set_new(o, "discarded", json_integer((json_int_t)r->discarded));
   json_object_set_new(o, "committed", r->have_committed ? json_integer((json_int_t)r->committed) : json_null());
-  json_object_set_new((json_t *)obj, "replay", o);
+  json_object_set_new(obj, "replay", o);
 }
+
+const beamd_source_ops_t beamd_src_replay = {
+    .mode = "replay",
+    .lossless = 1,
+    .params = beamd_replay_params,
+    .open = replay_open,
+    .resume = replay_resume,
+    .drain = replay_drain,
+    .stop = replay_stop,
+    .close = replay_close,
+    .stats = replay_stats,
+};
