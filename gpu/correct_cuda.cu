@@ -5,8 +5,10 @@
  * order, with explicitly rounded float32 operations (__fsub_rn, __fdiv_rn:
  * IEEE division whatever -prec-div or fast-math says) and the threshold and
  * saturation compares in double, so its output is bit-identical to the CPU
- * backend's. The per-pixel tables (dark, flat, bad) are built on the host
- * by correct.c at series start and uploaded once. */
+ * backend's; so is the gap-value test, (double)raw == gap (NaN: none). The
+ * per-pixel tables (dark, flat, bad) are built on the host by correct.c at
+ * every series start, from the files or the series' own arrays, and
+ * uploaded then. */
 #include "gpu/cuda_int.h"
 
 #include <math.h>
@@ -19,14 +21,14 @@ template <typename T>
 __global__ void correct_kernel(const T *__restrict__ raw, const float *__restrict__ dk,
                                const float *__restrict__ fl, const uint8_t *__restrict__ bad,
                                float *__restrict__ out, size_t n, double thr, double sat,
-                               float badv) {
+                               double gap, float badv) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     T r = raw[i];
     float o = __fdiv_rn(__fsub_rn((float)r, dk[i]), fl[i]);
     if ((double)o < thr)
       o = 0.0f;
-    out[i] = (bad[i] || (double)r >= sat) ? badv : o;
+    out[i] = (bad[i] || (double)r >= sat || (double)r == gap) ? badv : o;
   }
 }
 
@@ -35,6 +37,7 @@ typedef struct cuda_s {
   beam_correct_conf_t conf;
   beam_indesc_t in;
   size_t n, in_bytes;
+  double gap; /* this series' gap value (NaN = none), from the host tables */
   void *d_raw, *d_dark, *d_flat, *d_bad, *d_out;
   size_t c_raw, c_dark, c_flat, c_bad, c_out;
 } cuda_t;
@@ -72,12 +75,13 @@ static int cu_init(beam_stage_t *self, beam_diag_t *d) {
   return rc;
 }
 
-static int upload_tables(cuda_t *s, beam_diag_t *d) {
+static int upload_tables(cuda_t *s, const beam_correct_src_t *src, beam_diag_t *d) {
   beam_correct_tab_t t;
   memset(&t, 0, sizeof t);
-  int rc = beam_correct_tab_build(&t, &s->conf, s->n, d);
+  int rc = beam_correct_tab_build(&t, src, s->n, d);
   if (rc < 0)
     return rc;
+  s->gap = t.gap;
   cudaError_t e = cudaMemcpy(s->d_dark, t.dark, s->n * sizeof(float), cudaMemcpyHostToDevice);
   if (e == cudaSuccess)
     e = cudaMemcpy(s->d_flat, t.flat, s->n * sizeof(float), cudaMemcpyHostToDevice);
@@ -91,7 +95,10 @@ static int upload_tables(cuda_t *s, beam_diag_t *d) {
 static int cu_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in,
                     beam_diag_t *d) {
   cuda_t *s = (cuda_t *)self->priv;
-  int rc = beam_correct_start(self, &s->conf, in, d);
+  /* src borrows the series' arrays for `series` keys: used only to build
+   * this series' tables below. */
+  beam_correct_src_t src;
+  int rc = beam_correct_start(self, &s->conf, series, in, &src, d);
   if (rc < 0)
     return rc;
   s->in = *in;
@@ -106,7 +113,7 @@ static int cu_start(beam_stage_t *self, const beam_series_t *series, const beam_
       (rc = beam__dbuf_reserve(&s->d_bad, &s->c_bad, s->n, d)) < 0 ||
       (rc = beam__dbuf_reserve(&s->d_out, &s->c_out, s->n * sizeof(float), d)) < 0)
     return rc;
-  return upload_tables(s, d);
+  return upload_tables(s, &src, d);
 }
 
 static int run(cuda_t *s, const beam_frame_t *in, beam_frame_t *f, beam_diag_t *d) {
@@ -120,15 +127,15 @@ static int run(cuda_t *s, const beam_frame_t *in, beam_frame_t *f, beam_diag_t *
   switch (in->dtype) {
   case BEAM_DT_U16:
     correct_kernel<uint16_t><<<grid, threads, 0, st>>>((const uint16_t *)s->d_raw, dk, fl, bad, out,
-                                                       s->n, c->threshold, c->saturation, c->bad_value);
+                                                       s->n, c->threshold, c->saturation, s->gap, c->bad_value);
     break;
   case BEAM_DT_U32:
     correct_kernel<uint32_t><<<grid, threads, 0, st>>>((const uint32_t *)s->d_raw, dk, fl, bad, out,
-                                                       s->n, c->threshold, c->saturation, c->bad_value);
+                                                       s->n, c->threshold, c->saturation, s->gap, c->bad_value);
     break;
   case BEAM_DT_F32:
     correct_kernel<float><<<grid, threads, 0, st>>>((const float *)s->d_raw, dk, fl, bad, out, s->n,
-                                                    c->threshold, c->saturation, c->bad_value);
+                                                    c->threshold, c->saturation, s->gap, c->bad_value);
     break;
   default:
     return BEAM_DIAG(d, BEAM_ESHAPE, "correct: dtype %s", beam_dtype_name(in->dtype));

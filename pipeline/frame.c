@@ -383,9 +383,64 @@ void beam_series_unref(beam_series_t **sp) {
   beam_series_t *s = *sp;
   *sp = NULL;
   if (atomic_fetch_sub(&s->refs, 1) == 1) {
+    for (unsigned i = 0; i < s->narrays; i++)
+      beam_array_free(&s->arrays[i].arr);
     free(s->meta_json);
     free(s);
   }
+}
+
+int beam_series_add_array(beam_series_t *s, const char *name, beam_dtype_t dtype, uint32_t ndim,
+                          const uint32_t *shape, const void *data, size_t nbytes) {
+  if (!s || !name || !shape)
+    return BEAM_EINVAL;
+  /* Immutable once shared: stage threads read the arrays without a lock. */
+  if (atomic_load(&s->refs) != 1)
+    return BEAM_ESTATE;
+  size_t len = strnlen(name, BEAM_SERIES_ARRAY_NAME_MAX + 1);
+  if (len == 0 || len > BEAM_SERIES_ARRAY_NAME_MAX || beam_series_array(s, name))
+    return BEAM_EINVAL;
+  if (s->narrays >= BEAM_SERIES_MAX_ARRAYS)
+    return BEAM_ELIMIT;
+  size_t esz = beam_dtype_size(dtype);
+  if (esz == 0 || ndim < 1 || ndim > BEAM_MAX_NDIM)
+    return BEAM_EINVAL;
+  /* prod(shape) x esz without overflow: every partial product stays below
+   * the limit, which is far below SIZE_MAX. */
+  uint64_t want = esz;
+  for (uint32_t i = 0; i < ndim; i++) {
+    if (shape[i] == 0)
+      return BEAM_EINVAL;
+    if (want > BEAM_ARRAY_MAX_BYTES / shape[i])
+      return BEAM_ELIMIT;
+    want *= shape[i];
+  }
+  if ((uint64_t)nbytes != want || !data)
+    return BEAM_EINVAL;
+  beam_series_array_t *a = &s->arrays[s->narrays];
+  void *copy = malloc(nbytes);
+  if (!copy)
+    return BEAM_ENOMEM;
+  memcpy(copy, data, nbytes);
+  memset(a, 0, sizeof *a);
+  memcpy(a->name, name, len);
+  a->arr.dtype = dtype;
+  a->arr.ndim = ndim;
+  for (uint32_t i = 0; i < ndim; i++)
+    a->arr.shape[i] = shape[i];
+  a->arr.nbytes = nbytes;
+  a->arr.data = copy;
+  s->narrays++;
+  return 0;
+}
+
+const beam_series_array_t *beam_series_array(const beam_series_t *s, const char *name) {
+  if (!s || !name)
+    return NULL;
+  for (unsigned i = 0; i < s->narrays; i++)
+    if (strcmp(s->arrays[i].name, name) == 0)
+      return &s->arrays[i];
+  return NULL;
 }
 
 uint64_t beam_now_ns(void) {

@@ -24,6 +24,7 @@ using std::atomic_int;
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pipeline/array.h"
 #include "proto/err.h"
 #include "proto/proto.h"
 
@@ -83,6 +84,26 @@ struct beam_frame_s {
 
 enum { BEAM_DEC_NONE = 0, BEAM_DEC_PENDING, BEAM_DEC_BUSY, BEAM_DEC_DONE, BEAM_DEC_FAILED };
 
+/* Named arrays a series may carry: per-detector calibration sent at series
+ * start (DECTRIS header_detail "all"), which stages use at start to build
+ * their per-series tables. The names inputs use, and what they mean:
+ *   "pixel_mask"       uint32, the frame shape: nonzero = bad pixel (DECTRIS
+ *                      bits 0 gap, 1 dead, 2 cold, 3 hot/noisy, ...)
+ *   "flatfield"        float32, the frame shape: multiplicative factors,
+ *                      corrected = raw x flatfield (the DECTRIS convention,
+ *                      the inverse of the correct stage's `flat` file); an
+ *                      input adds it only when the detector has not already
+ *                      applied it to the frames
+ *   "countrate_table"  float32 [N, 2]: the count-rate correction table
+ * The data are the detector's, copied as sent (C order, little-endian). */
+#define BEAM_SERIES_MAX_ARRAYS 8
+#define BEAM_SERIES_ARRAY_NAME_MAX 31 /* characters, without the NUL */
+
+typedef struct beam_series_array_s {
+  char name[BEAM_SERIES_ARRAY_NAME_MAX + 1];
+  beam_array_t arr; /* data owned by the series (malloc'd, freed with it) */
+} beam_series_array_t;
+
 /* Metadata of a series, immutable once created and shared by reference. */
 typedef struct beam_series_s {
   uint64_t series_id;
@@ -101,6 +122,8 @@ typedef struct beam_series_s {
   uint64_t missing_frames;
   char *meta_json;       /* the SERIES_START metadata part, NUL-terminated, or NULL */
   size_t meta_len;
+  unsigned narrays;      /* arrays[0..narrays), see beam_series_add_array */
+  beam_series_array_t arrays[BEAM_SERIES_MAX_ARRAYS];
   atomic_int refs;
 } beam_series_t;
 
@@ -109,7 +132,25 @@ typedef struct beam_series_s {
 beam_series_t *beam_series_new(uint64_t series_id, beam_dtype_t dtype, uint32_t ndim,
                                const uint32_t *shape, const char *meta, size_t meta_len);
 beam_series_t *beam_series_ref(beam_series_t *s);
-void beam_series_unref(beam_series_t **s); /* NULLs the caller's pointer */
+/* NULLs the caller's pointer; the last unref frees the series' arrays too. */
+void beam_series_unref(beam_series_t **s);
+
+/* Attaches a copy of an n-d array to a series under `name` (1 to
+ * BEAM_SERIES_ARRAY_NAME_MAX characters, unique within the series). Call
+ * it right after beam_series_new, before the series is shared: a series is
+ * immutable once other threads hold it, so this is refused (BEAM_ESTATE)
+ * unless the caller holds the only reference. nbytes must equal
+ * prod(shape) x the dtype's size; data is copied (the caller keeps its
+ * buffer). Allocates: for series start, not the per-frame path. Returns 0,
+ * or BEAM_EINVAL (NULL series, empty/too long/duplicate name, ndim not
+ * 1..BEAM_MAX_NDIM, a zero dimension, unknown dtype, nbytes mismatch, NULL
+ * data), BEAM_ELIMIT (already BEAM_SERIES_MAX_ARRAYS arrays, or larger
+ * than BEAM_ARRAY_MAX_BYTES), BEAM_ENOMEM; the series is unchanged then. */
+int beam_series_add_array(beam_series_t *s, const char *name, beam_dtype_t dtype, uint32_t ndim,
+                          const uint32_t *shape, const void *data, size_t nbytes);
+/* The array called name, or NULL when the series has none (s may be NULL).
+ * Borrowed: valid while the caller holds its reference to the series. */
+const beam_series_array_t *beam_series_array(const beam_series_t *s, const char *name);
 
 size_t beam_frame_elems(const beam_frame_t *f);
 

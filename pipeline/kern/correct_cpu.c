@@ -4,7 +4,13 @@
  * The fast loop is branch-free per pixel (selects, not ifs) so the compiler
  * vectorises it; the reference re-derives every decision from the loaded
  * arrays. Both do the same float32 operations in the same order,
- * (float)raw - dark, then / flat, so their outputs are bit-identical. */
+ * (float)raw - dark, then / flat, so their outputs are bit-identical.
+ *
+ * The gap value is an equality test on the raw value, in double (NaN when
+ * there is none, which equals nothing). The float-only loops test
+ * v == gap_f instead: gap_f is the gap when float32 holds it exactly, else
+ * NaN, and since (float)r is exact for uint16 and float32, v == gap_f
+ * decides as (double)r == gap does. */
 #include <math.h>
 #include <string.h>
 
@@ -19,7 +25,7 @@
       float v = (float)r[i];                                                    \
       float o = (v - dk[i]) / fl[i];                                            \
       o = (double)o < thr ? 0.0f : o;                                           \
-      int b = bad[i] | ((double)r[i] >= sat);                                   \
+      int b = bad[i] | ((double)r[i] >= sat) | ((double)r[i] == gap);           \
       out[i] = b ? badv : o;                                                    \
     }                                                                           \
   } while (0)
@@ -34,21 +40,21 @@
       float v = (float)r[i];                                                    \
       float o = (v - dk[i]) / fl[i];                                            \
       o = o < thr_f ? 0.0f : o;                                                 \
-      int b = bad[i] | (v >= sat_f);                                            \
+      int b = bad[i] | (v >= sat_f) | (v == gap_f);                             \
       out[i] = b ? badv : o;                                                    \
     }                                                                           \
   } while (0)
 
-/* No dark, flat or mask (threshold and saturation only, as the built-in
- * configuration runs): (v - 0.0f) / 1.0f == v exactly, so skipping the
- * table reads gives the same bits with a third of the memory traffic. */
+/* No dark, flat or mask (threshold, saturation and gap value only, as the
+ * built-in configuration runs): (v - 0.0f) / 1.0f == v exactly, so skipping
+ * the table reads gives the same bits with a third of the memory traffic. */
 #define CORRECT_LOOP_PLAIN(T)                                                   \
   do {                                                                          \
     const T *restrict r = raw;                                                  \
     for (size_t i = 0; i < n; i++) {                                            \
       float v = (float)r[i];                                                    \
       float o = v < thr_f ? 0.0f : v;                                           \
-      out[i] = v >= sat_f ? badv : o;                                           \
+      out[i] = ((v >= sat_f) | (v == gap_f)) ? badv : o;                        \
     }                                                                           \
   } while (0)
 
@@ -59,13 +65,19 @@ static float ceil_float(double x) {
   return f;
 }
 
+/* x when float32 holds it exactly, else NaN (no float equals x then). */
+static float exact_float(double x) {
+  float f = (float)x;
+  return (double)f == x ? f : NAN;
+}
+
 void beam_correct_cpu(const beam_correct_tab_t *t, const beam_correct_conf_t *c,
                       beam_dtype_t dt, const void *raw, float *restrict out) {
   const float *restrict dk = t->dark, *restrict fl = t->flat;
   const uint8_t *restrict bad = t->bad;
   const size_t n = t->n;
-  const double thr = c->threshold, sat = c->saturation;
-  const float thr_f = ceil_float(thr), sat_f = ceil_float(sat);
+  const double thr = c->threshold, sat = c->saturation, gap = t->gap;
+  const float thr_f = ceil_float(thr), sat_f = ceil_float(sat), gap_f = exact_float(gap);
   const float badv = c->bad_value;
   if (t->plain && dt == BEAM_DT_U16) {
     CORRECT_LOOP_PLAIN(uint16_t);
@@ -92,14 +104,26 @@ static double raw_at(beam_dtype_t dt, const void *raw, size_t i) {
   }
 }
 
-void beam_correct_ref(const beam_correct_conf_t *c, beam_dtype_t dt, const void *raw,
-                      size_t n, float *out) {
+void beam_correct_ref(const beam_correct_conf_t *c, const beam_correct_src_t *src,
+                      beam_dtype_t dt, const void *raw, size_t n, float *out) {
   for (size_t i = 0; i < n; i++) {
     double r = raw_at(dt, raw, i);
-    float dark = c->dark.data ? (float)beam_array_get(&c->dark, i) : 0.0f;
-    float flat = c->flat.data ? (float)beam_array_get(&c->flat, i) : 1.0f;
-    int masked = c->mask.data && beam_array_get(&c->mask, i) != 0.0;
-    if (masked || !isfinite(dark) || !isfinite(flat) || flat <= 0.0f || r >= c->saturation) {
+    float dark = src->dark ? (float)beam_array_get(src->dark, i) : 0.0f;
+    float flat = 1.0f;
+    if (src->flat && src->flat_mul) /* out = (raw - dark) x factor, as / (1 / factor) */
+      flat = (float)(1.0 / beam_array_get(src->flat, i));
+    else if (src->flat)
+      flat = (float)beam_array_get(src->flat, i);
+    int masked = src->mask && beam_array_get(src->mask, i) != 0.0;
+    /* The gap value straight from the configuration: 2^N - 1 of an
+     * unsigned N-bit dtype for auto. */
+    int gap = 0;
+    if (c->gap_mode == BEAM_CORRECT_GAP_AUTO)
+      gap = (dt == BEAM_DT_U16 && r == 65535.0) || (dt == BEAM_DT_U32 && r == 4294967295.0);
+    else if (c->gap_mode == BEAM_CORRECT_GAP_VALUE)
+      gap = r == c->gap_value;
+    if (masked || gap || !isfinite(dark) || !isfinite(flat) || flat <= 0.0f ||
+        r >= c->saturation) {
       out[i] = c->bad_value;
       continue;
     }
@@ -142,13 +166,16 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
 static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in,
                      beam_diag_t *d) {
   cpu_t *s = self->priv;
-  int rc = beam_correct_start(self, &s->conf, in, d);
+  /* src borrows the series' arrays for `series` keys: used here only, the
+   * tables keep what process needs. */
+  beam_correct_src_t src;
+  int rc = beam_correct_start(self, &s->conf, series, in, &src, d);
   if (rc < 0)
     return rc;
   size_t n = 1;
   for (uint32_t i = 0; i < in->ndim; i++)
     n *= in->shape[i];
-  if ((rc = beam_correct_tab_build(&s->tab, &s->conf, n, d)) < 0)
+  if ((rc = beam_correct_tab_build(&s->tab, &src, n, d)) < 0)
     return rc;
   s->in = *in;
   return 0;
