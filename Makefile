@@ -51,7 +51,7 @@ $(error CUDA=1 but no nvcc found (set NVCC= or CUDA_HOME=))
 endif
 endif
 
-PKGS      := libzmq libuv yaml-0.1 hdf5 fftw3 fftw3f jansson liblz4 libzstd libsystemd openblas
+PKGS      := libzmq libuv yaml-0.1 hdf5 fftw3 fftw3f jansson liblz4 libzstd libmd libsystemd openblas
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lfftw3f_threads -lfftw3_threads -llapacke
 

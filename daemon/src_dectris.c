@@ -1,5 +1,34 @@
-/* temporary: replaced by the DECTRIS source in the next commit */
+/* Source dectris: a DECTRIS detector's stream, SIMPLON stream v1 (JSON
+ * multipart, EIGER) or v2 (one CBOR message per event, EIGER2, PSI
+ * Jungfraujoch), over a PULL connected to the detector's PUSH. Lossless:
+ * when beamd is full it stops reading and the detector's send queue fills.
+ *
+ * proto/dectris*.c decode each message (pure, borrowed); this file holds
+ * the series: it turns a start message into a beamd series (geometry,
+ * metadata JSON, the mask/flatfield/count-rate arrays), checks each image
+ * against it (series id, frame number, shape, dtype, optional md5) and
+ * hands the pixel blob to the ingest core as it came, still compressed
+ * (bslz4, lz4, bare LZ4, bszstd): it is decoded on a stage thread, only
+ * where a stage needs pixels, never here.
+ *
+ * What cannot be used is counted with its own reason and dropped; the
+ * messages around it go on. An image whose header was readable but whose
+ * pixels cannot be used (size, hash, channel) still enters the graph, as a
+ * CORRUPT frame, so frame numbers stay whole and stages know it is missing.
+ * Frames that never came (a number gap, fewer than announced at the end)
+ * are counted as missing and the series' end is flagged INCOMPLETE. */
+#include <math.h>
+#include <string.h>
+
+#include <md5.h>
+#include <zmq.h>
+
 #include "daemon/beamd.h"
+#include "proto/dectris.h"
+
+#define META_MAX (1u << 20)  /* series metadata JSON (the detector config) */
+#define INLINE_MAX 64        /* byte strings kept inline in it */
+
 /* In the order of the format enum's choices. */
 enum { FMT_AUTO = 0, FMT_V1 = 1, FMT_V2 = 2 };
 
@@ -15,8 +44,498 @@ const beam_param_t beamd_dectris_params[] = {
      "detector firmware sends hashes that do not match)", NULL},
     BEAM_PARAM_END};
 
-static int o(beamd_t *d, void **s, const beam_cnode_t *c, char *e, size_t l) {
-  (void)d; (void)s; (void)c; snprintf(e, l, "dectris: not yet"); return BEAM_ENOTSUP; }
-static void r(beamd_t *d, void *s) { (void)d; (void)s; }
-static int dr(beamd_t *d, void *s) { (void)d; (void)s; return 0; }
-const beamd_source_ops_t beamd_src_dectris = {.mode = "dectris", .lossless = 1, .params = beamd_dectris_params, .open = o, .resume = r, .drain = dr, .stop = r, .close = r};
+typedef struct dsrc_s {
+  beamd_zread_t zr; /* first: the reader's handle comes back as the state */
+  int format, verify_hash;
+  char channel[BEAM_DX_NAME_MAX];
+  /* the series being received */
+  int have_start; /* a start message was taken (beamd series maybe not yet) */
+  int version;
+  uint64_t series_id, expected, next_frame, received;
+  uint32_t width, height;
+  beam_dtype_t dtype;
+  int chan;       /* index of the channel taken (v2) */
+  beam_series_t *pending; /* series waiting for its first image to know its dtype */
+  beam_dx_msg_t msg;      /* decoded message (large: kept off the stack) */
+  /* counters */
+  uint64_t v1_messages, v2_messages, starts, images, ends, other, before_header, stale,
+      gaps, missing, unsupported, size_mismatch, hash_mismatch, no_channel, incomplete;
+} dsrc_t;
+
+static void warn(dsrc_t *s, const char *what, const char *why) {
+  beam_log_rl(&s->zr.d->in.rl, LOG_WARNING, "input: dectris: %s: %s", what, why);
+}
+
+/* ---- series start ---------------------------------------------------------------- */
+
+static void set_num(json_t *o, const char *k, double v) {
+  if (isfinite(v))
+    json_object_set_new(o, k, json_real(v));
+}
+
+/* Series metadata (PROTOCOL.md 7.1 keys, then everything the detector
+ * said under "dectris"). */
+/* Whether the detector says it applied the flat field itself (v1 config
+ * flatfield_correction_applied, v2 flatfield_enabled): then its flatfield
+ * array must not reach `correct`, which would apply it a second time. */
+static int flat_applied(const json_t *cfg) {
+  return json_is_true(json_object_get(cfg, "flatfield_correction_applied")) ||
+         json_is_true(json_object_get(cfg, "flatfield_enabled"));
+}
+
+static char *series_meta(dsrc_t *s, const beam_dx_start_t *st, int version, int *flat_done) {
+  json_t *o = json_object();
+  json_object_set_new(o, "detector", json_string(version == 1 ? "DECTRIS (stream v1)"
+                                                              : "DECTRIS (stream v2)"));
+  json_object_set_new(o, "frame_time", json_real(isfinite(st->frame_time) ? st->frame_time : 0));
+  json_object_set_new(o, "nframes", json_integer((json_int_t)st->expected_frames));
+  set_num(o, "energy", st->energy_ev);
+  set_num(o, "wavelength", st->wavelength_a);
+  set_num(o, "distance", st->distance_m);
+  set_num(o, "count_time", st->count_time);
+  if (isfinite(st->pixel_size_x) && isfinite(st->pixel_size_y)) {
+    if (st->pixel_size_x == st->pixel_size_y)
+      json_object_set_new(o, "pixel_size", json_real(st->pixel_size_x));
+    else
+      json_object_set_new(o, "pixel_size", json_pack("[f,f]", st->pixel_size_y, st->pixel_size_x));
+  }
+  if (isfinite(st->beam_center_x) && isfinite(st->beam_center_y))
+    json_object_set_new(o, "beam_center", json_pack("[f,f]", st->beam_center_y, st->beam_center_x));
+  json_t *dx = json_object();
+  json_object_set_new(dx, "stream", json_integer(version));
+  json_object_set_new(dx, "series", json_integer((json_int_t)st->series_id));
+  if (st->series_unique_id[0])
+    json_object_set_new(dx, "series_unique_id", json_string(st->series_unique_id));
+  if (st->header_detail >= 0)
+    json_object_set_new(dx, "header_detail",
+                        json_string(st->header_detail == 2   ? "all"
+                                    : st->header_detail == 1 ? "basic"
+                                                             : "none"));
+  if (st->nchannels) {
+    json_object_set_new(dx, "channel", json_string(st->channels[s->chan]));
+    set_num(dx, "threshold_energy", st->threshold_ev[s->chan]);
+  }
+  if (st->has_saturation)
+    json_object_set_new(dx, "saturation_value", json_integer((json_int_t)st->saturation_value));
+  if (st->has_error_value)
+    json_object_set_new(dx, "error_value", json_integer((json_int_t)st->error_value));
+  if (st->magic_number)
+    json_object_set_new(dx, "magic_number", json_integer((json_int_t)st->magic_number));
+  if (st->config) {
+    char *txt = malloc(META_MAX);
+    int64_t n = txt ? beam_dx_meta_json(st, version, txt, META_MAX, INLINE_MAX) : -1;
+    json_t *cfg = n >= 0 ? json_loadb(txt, (size_t)n, 0, NULL) : NULL;
+    *flat_done = flat_applied(cfg);
+    if (*flat_done)
+      json_object_set_new(dx, "flatfield_applied_by_detector", json_true());
+    if (cfg)
+      json_object_set_new(dx, "config", cfg);
+    else
+      warn(s, "series start", "the detector description could not be kept in the metadata");
+    free(txt);
+  }
+  json_object_set_new(o, "dectris", dx);
+  char *out = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  return out;
+}
+
+/* One series array, decoded when it came compressed (v2 may compress the
+ * mask). Series starts are rare: allocating here is fine. */
+static void add_array(dsrc_t *s, beam_series_t *ser, const char *name, const beam_dx_array_t *a) {
+  if (!a->data)
+    return;
+  const void *raw = a->data;
+  void *buf = NULL, *scratch = NULL;
+  const char *why = "out of memory";
+  size_t es = beam_dtype_size(a->dtype);
+  if (a->codec != BEAM_CODEC_RAW) {
+    buf = malloc(a->raw_size ? a->raw_size : 1);
+    scratch = malloc(a->raw_size ? a->raw_size : 1);
+    if (!buf || !scratch ||
+        beam_codec_decode(a->codec, a->data, a->size, buf, a->raw_size, es, scratch, &why) < 0) {
+      warn(s, name, why);
+      free(buf);
+      free(scratch);
+      return;
+    }
+    raw = buf;
+  }
+  if (beam_series_add_array(ser, name, a->dtype, a->ndim, a->shape, raw, a->raw_size) < 0)
+    warn(s, name, "not kept with the series (size or count limit)");
+  free(buf);
+  free(scratch);
+}
+
+static int channel_index(const dsrc_t *s, const beam_dx_start_t *st) {
+  if (!st->nchannels || !s->channel[0])
+    return 0;
+  for (unsigned i = 0; i < st->nchannels; i++)
+    if (strcmp(st->channels[i], s->channel) == 0)
+      return (int)i;
+  return -1;
+}
+
+static const beam_dx_array_t *of_channel(const beam_dx_array_t *a, unsigned n, const char *ch) {
+  for (unsigned i = 0; i < n; i++)
+    if (!ch || !a[i].channel[0] || strcmp(a[i].channel, ch) == 0)
+      return &a[i];
+  return NULL;
+}
+
+/* A beamd series needs its dtype; v1 without bit_depth_image (and a start
+ * without a size) learns it from the first image, so the series waits. */
+static void begin_series(dsrc_t *s, beam_series_t *ser) {
+  s->pending = NULL;
+  beamd_ingest_series_start(s->zr.d, ser);
+}
+
+static void on_start(dsrc_t *s, const beam_dx_start_t *st, int version) {
+  beamd_t *d = s->zr.d;
+  if (s->have_start && s->series_id == st->series_id && s->version == version)
+    return; /* the same start again (a detector re-arming with one series id) */
+  if (s->pending)
+    beam_series_unref(&s->pending);
+  s->starts++;
+  int chan = channel_index(s, st);
+  if (chan < 0) {
+    s->no_channel++;
+    beam_log_rl(&d->in.rl, LOG_ERR, "input: dectris: series %llu has no channel \"%s\" "
+                "(input.dectris.channel); its images are counted and dropped",
+                (unsigned long long)st->series_id, s->channel);
+  }
+  s->have_start = 1;
+  s->version = version;
+  s->series_id = st->series_id;
+  s->expected = st->expected_frames;
+  s->next_frame = 0;
+  s->received = 0;
+  s->width = st->width;
+  s->height = st->height;
+  s->dtype = st->dtype;
+  s->chan = chan;
+  if (chan < 0)
+    return;
+  int flat_done = 0;
+  char *meta = series_meta(s, st, version, &flat_done);
+  uint32_t shape[2] = {st->height, st->width};
+  beam_series_t *ser = beam_series_new(st->series_id, st->dtype, 2, shape, meta,
+                                       meta ? strlen(meta) : 0);
+  free(meta);
+  if (!ser) {
+    warn(s, "series start", "out of memory");
+    s->have_start = 0;
+    return;
+  }
+  const char *ch = st->nchannels ? st->channels[chan] : NULL;
+  const beam_dx_array_t *mask = of_channel(st->pixel_mask, st->npixel_mask, ch);
+  const beam_dx_array_t *flat = of_channel(st->flatfield, st->nflatfield, ch);
+  if (mask)
+    add_array(s, ser, "pixel_mask", mask);
+  if (flat && !flat_done)
+    add_array(s, ser, "flatfield", flat);
+  add_array(s, ser, "countrate_table", &st->countrate);
+  if (st->dtype != BEAM_DT_NONE && st->width && st->height)
+    begin_series(s, ser);
+  else
+    s->pending = ser;
+}
+
+/* ---- images ------------------------------------------------------------------------ */
+
+static int hash_ok(const beam_dx_image_t *im, const beam_dx_array_t *a) {
+  static const char hex[] = "0123456789abcdef";
+  if (!im->hash || im->hash_len != 32)
+    return 0;
+  MD5_CTX c;
+  uint8_t dg[16];
+  MD5Init(&c);
+  MD5Update(&c, a->data, a->size);
+  MD5Final(dg, &c);
+  for (int i = 0; i < 16; i++) {
+    char hi = im->hash[2 * i] | 0x20, lo = im->hash[2 * i + 1] | 0x20; /* either case */
+    if (hi != hex[dg[i] >> 4] || lo != hex[dg[i] & 15])
+      return 0;
+  }
+  return 1;
+}
+
+/* The part (of the message's) that holds the blob: v1 sends it as its own
+ * part, v2 inside the one CBOR part. */
+static beam_owner_t *blob_owner(const beam_part_t *parts, size_t n, const void *blob) {
+  for (size_t i = 0; i < n; i++) {
+    const char *b = parts[i].data;
+    if ((const char *)blob >= b && (const char *)blob < b + parts[i].size)
+      return parts[i].owner;
+  }
+  return NULL;
+}
+
+static void frame_in(dsrc_t *s, const beam_dx_image_t *im, const beam_dx_array_t *a,
+                     const beam_part_t *parts, size_t n, uint64_t t_recv, int corrupt) {
+  /* Sent as it came: no copy, no decode on the loop thread. */
+  beam_msg_t m;
+  memset(&m, 0, sizeof m);
+  beam_hdr_t *h = &m.hdr;
+  h->type = BEAM_MSG_FRAME;
+  h->series_id = s->series_id;
+  h->frame_id = im->image_id;
+  h->seq = im->image_id;
+  h->dtype = (uint8_t)s->dtype;
+  h->ndim = 2;
+  h->shape[0] = s->height;
+  h->shape[1] = s->width;
+  h->raw_size = (uint64_t)s->height * s->width * beam_dtype_size(s->dtype);
+  if (corrupt) {
+    h->flags = BEAM_FLAG_CORRUPT;
+    h->codec = BEAM_CODEC_RAW;
+  } else {
+    h->codec = (uint8_t)a->codec;
+    h->nparts = 1;
+    h->payload_size = a->size;
+    m.npayload = 1;
+    m.payload[0].data = a->data;
+    m.payload[0].size = a->size;
+    m.payload[0].owner = blob_owner(parts, n, a->data);
+  }
+  beamd_ingest_frame(s->zr.d, &m, t_recv);
+}
+
+static const beam_dx_array_t *pick(const dsrc_t *s, const beam_dx_image_t *im) {
+  if (s->version == 1 || !s->channel[0])
+    return im->nchannels ? &im->data[0] : NULL;
+  for (unsigned i = 0; i < im->nchannels; i++)
+    if (strcmp(im->data[i].channel, s->channel) == 0)
+      return &im->data[i];
+  return NULL;
+}
+
+static void on_image(dsrc_t *s, const beam_dx_image_t *im, const beam_part_t *parts, size_t n,
+                     uint64_t t_recv) {
+  beamd_t *d = s->zr.d;
+  s->images++;
+  if (!s->have_start) {
+    s->before_header++;
+    warn(s, "image before any series start", "dropped");
+    return;
+  }
+  if (im->series_id != s->series_id) {
+    /* Older: left over from an earlier arm (LiberTEM drains these too);
+     * newer: its start never reached us. Either way not this series'. */
+    s->stale++;
+    beam_log_rl(&d->in.rl, LOG_WARNING, "input: dectris: image %llu of series %llu while series "
+                "%llu is open: dropped", (unsigned long long)im->image_id,
+                (unsigned long long)im->series_id, (unsigned long long)s->series_id);
+    return;
+  }
+  if (s->chan < 0) {
+    s->no_channel++;
+    return;
+  }
+  const beam_dx_array_t *a = pick(s, im);
+  if (s->pending) {
+    if (!a) {
+      s->no_channel++;
+      warn(s, "first image of a series", "has no data for the channel taken; dropped");
+      return;
+    }
+    /* The series' geometry comes from its first image; nothing has seen
+     * the series yet, so it may still change. */
+    if (!s->width || !s->height) {
+      s->height = a->shape[0];
+      s->width = a->shape[1];
+      s->pending->shape[0] = s->height;
+      s->pending->shape[1] = s->width;
+    }
+    s->dtype = s->pending->dtype = a->dtype;
+    begin_series(s, s->pending);
+  }
+  if (im->image_id < s->next_frame) {
+    s->stale++;
+    beam_log_rl(&d->in.rl, LOG_WARNING, "input: dectris: image %llu of series %llu again or out "
+                "of order (next is %llu): dropped", (unsigned long long)im->image_id,
+                (unsigned long long)im->series_id, (unsigned long long)s->next_frame);
+    return;
+  }
+  if (im->image_id > s->next_frame) {
+    s->gaps++;
+    s->missing += im->image_id - s->next_frame;
+    beamd_ingest_missing(d, im->image_id - s->next_frame);
+    beam_log_rl(&d->in.rl, LOG_WARNING, "input: dectris: series %llu: images %llu..%llu never "
+                "came", (unsigned long long)s->series_id, (unsigned long long)s->next_frame,
+                (unsigned long long)im->image_id - 1);
+  }
+  s->next_frame = im->image_id + 1;
+  const char *why = NULL;
+  if (!a) {
+    s->no_channel++;
+    why = "no data for the channel taken";
+  } else if (a->ndim != 2 || a->shape[0] != s->height || a->shape[1] != s->width) {
+    s->size_mismatch++;
+    why = "its shape differs from the series' detector size";
+  } else if (a->dtype != s->dtype) {
+    s->unsupported++;
+    why = "its dtype differs from the series'";
+  } else if (s->verify_hash && s->version == 1 && !hash_ok(im, a)) {
+    s->hash_mismatch++;
+    why = "its md5 does not match the hash sent with it";
+  }
+  if (why)
+    beam_log_rl(&d->in.rl, LOG_WARNING, "input: dectris: series %llu image %llu: %s; passed on "
+                "as CORRUPT", (unsigned long long)s->series_id, (unsigned long long)im->image_id,
+                why);
+  s->received++;
+  frame_in(s, im, a, parts, n, t_recv, why != NULL);
+}
+
+static void on_end(dsrc_t *s, uint64_t series_id) {
+  beamd_t *d = s->zr.d;
+  s->ends++;
+  if (!s->have_start || series_id != s->series_id) {
+    s->stale++;
+    warn(s, "end of a series that is not open", "dropped");
+    return;
+  }
+  if (s->pending)
+    begin_series(s, s->pending); /* a series without one image is a series still */
+  if (s->expected > s->next_frame) {
+    s->missing += s->expected - s->next_frame;
+    beamd_ingest_missing(d, s->expected - s->next_frame);
+  }
+  const beam_series_t *ser = beamd_ingest_series(d);
+  if (ser && ser->missing_frames) {
+    s->incomplete++;
+    BEAM_LOG(LOG_WARNING, "input: dectris: series %llu ended with %llu of %llu images (%llu "
+             "never came)", (unsigned long long)series_id, (unsigned long long)s->received,
+             (unsigned long long)s->expected, (unsigned long long)ser->missing_frames);
+  }
+  s->have_start = 0;
+  beamd_ingest_series_end(d, series_id, 0);
+}
+
+/* ---- messages ------------------------------------------------------------------------ */
+
+static void handle(beamd_zread_t *zr, const beam_part_t *parts, size_t n, uint64_t t_recv) {
+  dsrc_t *s = (dsrc_t *)zr;
+  beamd_t *d = zr->d;
+  atomic_fetch_add(&d->in.messages, 1);
+  int v = s->format == FMT_AUTO ? beam_dx_detect(parts, n) : s->format;
+  const char *why = NULL;
+  int rc;
+  if (v == 1) {
+    s->v1_messages++;
+    rc = beam_dx1_parse(parts, n, &s->msg, &why);
+  } else if (v == 2) {
+    s->v2_messages++;
+    rc = n == 1 ? beam_dx2_parse(parts[0].data, parts[0].size, &s->msg, &why) : BEAM_EPROTO;
+    if (n != 1)
+      why = "dectris v2: a message of more than one part";
+  } else {
+    beamd_ingest_malformed(d, "dectris message", "neither a JSON (v1) nor a CBOR (v2) message");
+    return;
+  }
+  if (rc < 0) {
+    if (rc == BEAM_ENOTSUP)
+      s->unsupported++;
+    else if (rc == BEAM_ESHAPE)
+      s->size_mismatch++;
+    else
+      atomic_fetch_add(&d->in.malformed, 1);
+    warn(s, "message dropped", why ? why : "?");
+    return;
+  }
+  switch (s->msg.kind) {
+  case BEAM_DX_START: on_start(s, &s->msg.start, v); break;
+  case BEAM_DX_IMAGE: on_image(s, &s->msg.image, parts, n, t_recv); break;
+  case BEAM_DX_END: on_end(s, s->msg.end_series_id); break;
+  default:
+    s->other++;
+    beam_log_rl(&d->in.rl, LOG_INFO, "input: dectris: \"%s\" message skipped", s->msg.other_type);
+  }
+}
+
+/* ---- the source ------------------------------------------------------------------------ */
+
+static int dsrc_open(beamd_t *d, void **state, const beam_cnode_t *conf, char *err,
+                     size_t errlen) {
+  dsrc_t *s = calloc(1, sizeof *s);
+  if (!s) {
+    snprintf(err, errlen, "input: out of memory");
+    return BEAM_ENOMEM;
+  }
+  *state = s;
+  s->format = (int)beam_cfg_int(conf, "format", FMT_AUTO);
+  s->verify_hash = beam_cfg_bool(conf, "verify_hash", 0);
+  const char *ch = beam_cfg_str(conf, "channel");
+  snprintf(s->channel, sizeof s->channel, "%s", ch ? ch : "");
+  s->zr.handle = handle;
+  return beamd_zread_open(d, &s->zr, ZMQ_PULL, d->cfg->input.endpoint, d->cfg->input.bind,
+                          d->cfg->input.hwm, 1, err, errlen);
+}
+
+static void dsrc_resume(beamd_t *d, void *st) {
+  (void)d;
+  beamd_zread_read(st);
+}
+
+/* The detector counts what ZeroMQ took as delivered: read it all. */
+static int dsrc_drain(beamd_t *d, void *st) {
+  (void)d;
+  return beamd_zread_drain(st);
+}
+
+static void dsrc_stop(beamd_t *d, void *st) {
+  (void)d;
+  beamd_zread_stop(st);
+}
+
+static void dsrc_close(beamd_t *d, void *st) {
+  dsrc_t *s = st;
+  if (!s)
+    return;
+  beam_series_unref(&s->pending);
+  beamd_zread_close(&s->zr);
+  d->src_garbage = s; /* freed once the loop closed the reader's idle handle */
+}
+
+static void dsrc_stats(beamd_t *d, void *st, json_t *obj) {
+  (void)d;
+  dsrc_t *s = st;
+  json_t *o = json_object();
+#define C(name) json_object_set_new(o, #name, json_integer((json_int_t)s->name))
+  C(v1_messages);
+  C(v2_messages);
+  C(starts);
+  C(images);
+  C(ends);
+  C(other);
+  C(before_header);
+  C(stale);
+  C(gaps);
+  C(missing);
+  C(unsupported);
+  C(size_mismatch);
+  C(hash_mismatch);
+  C(no_channel);
+  C(incomplete);
+#undef C
+  json_object_set_new(o, "series_open", json_boolean(s->have_start));
+  if (s->have_start) {
+    json_object_set_new(o, "series_id", json_integer((json_int_t)s->series_id));
+    json_object_set_new(o, "expected", json_integer((json_int_t)s->expected));
+    json_object_set_new(o, "received", json_integer((json_int_t)s->received));
+  }
+  json_object_set_new(obj, "dectris", o);
+}
+
+const beamd_source_ops_t beamd_src_dectris = {
+    .mode = "dectris",
+    .lossless = 1,
+    .params = beamd_dectris_params,
+    .open = dsrc_open,
+    .resume = dsrc_resume,
+    .drain = dsrc_drain,
+    .stop = dsrc_stop,
+    .close = dsrc_close,
+    .stats = dsrc_stats,
+};

@@ -70,19 +70,19 @@ static void expect_reject_at(const mp_t *m, int code, const char *reason, int li
 static void test_detect(void **state) {
   (void)state;
   static const uint8_t cbor[] = {0xd9, 0xd9, 0xf7, 0xa1};
-  beam_part_t p[2] = {{cbor, sizeof cbor}, {"{}", 2}};
+  beam_part_t p[2] = {{cbor, sizeof cbor, NULL}, {"{}", 2, NULL}};
   assert_int_equal(beam_dx_detect(p, 1), 2);
   assert_int_equal(beam_dx_detect(p, 2), 0); /* v2 is always one part */
   p[0].size = 2;                             /* d9 d9 only */
   assert_int_equal(beam_dx_detect(p, 1), 0);
-  p[0] = (beam_part_t){" \r\n\t{\"htype\":1}", 15};
+  p[0] = (beam_part_t){" \r\n\t{\"htype\":1}", 15, NULL};
   assert_int_equal(beam_dx_detect(p, 1), 1);
   assert_int_equal(beam_dx_detect(p, 2), 1);
-  p[0] = (beam_part_t){"[1]", 3};
+  p[0] = (beam_part_t){"[1]", 3, NULL};
   assert_int_equal(beam_dx_detect(p, 1), 0);
-  p[0] = (beam_part_t){"  ", 2};
+  p[0] = (beam_part_t){"  ", 2, NULL};
   assert_int_equal(beam_dx_detect(p, 1), 0);
-  p[0] = (beam_part_t){"", 0};
+  p[0] = (beam_part_t){"", 0, NULL};
   assert_int_equal(beam_dx_detect(p, 1), 0);
   assert_int_equal(beam_dx_detect(p, 0), 0);
   assert_int_equal(beam_dx_detect(NULL, 1), 0);
@@ -742,7 +742,7 @@ static void test_classify(void **state) {
   }
   /* A NUL terminator sent along is not JSON. */
   static const char with_nul[] = "{\"htype\":\"dseries_end-1.0\",\"series\":6}";
-  m.p[0] = (beam_part_t){with_nul, sizeof with_nul};
+  m.p[0] = (beam_part_t){with_nul, sizeof with_nul, NULL};
   EXPECT_REJECT(&m, BEAM_EPROTO, "dectris v1: part 1 is not a JSON object");
 
   sets(&m, 0, "{}");
@@ -773,7 +773,7 @@ static void test_classify(void **state) {
   const char *why = NULL;
   assert_int_equal(beam_dx1_parse(NULL, 1, &out, &why), BEAM_EINVAL);
   assert_int_equal(beam_dx1_parse(m.p, 1, NULL, &why), BEAM_EINVAL);
-  beam_part_t nul = {NULL, 0};
+  beam_part_t nul = {NULL, 0, NULL};
   assert_int_equal(beam_dx1_parse(&nul, 1, &out, NULL), BEAM_EPROTO); /* why may be NULL */
 }
 
