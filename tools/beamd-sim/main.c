@@ -5,7 +5,8 @@
  * each series, with optional malformed messages spread over the run. The
  * pixel patterns live in bank.c (xpcs speckle in xpcs.c, the pca pattern
  * in pca.c) and the wire
- * encoding in tx.c. Usage is in
+ * encoding in tx.c; --protocol dectris1|dectris2 hands the run to the
+ * DECTRIS stream emitters in dectris.c instead. Usage is in
  * docs/tools.md and --help. Exit codes: 0 done, 1 runtime error (bind,
  * send), 2 bad command line.
  */
@@ -29,7 +30,8 @@
 static void usage(FILE *f) {
   fprintf(f,
 "usage: beamd-sim [options]\n"
-"Synthetic detector: sends SERIES_START / FRAME / SERIES_END (beamd wire v1).\n"
+"Synthetic detector: sends SERIES_START / FRAME / SERIES_END (beamd wire v1),\n"
+"or a DECTRIS SIMPLON stream v1/v2 (--protocol).\n"
 "  --bind ENDPOINT        bind here (default " DEFAULT_ENDPOINT ")\n"
 "  --connect ENDPOINT     connect instead of binding\n"
 "  --socket pub|push      socket type (default pub)\n"
@@ -81,6 +83,19 @@ static void usage(FILE *f) {
 "  --defocus M            sample distance from the focus (default 1.1e-3)\n"
 "  --ptycho-object F[:/D] object from HDF5 (complex or real 2-D; centre used)\n"
 "  --write-h5 FILE        write the scan as an NXmx file with the truth, no socket\n"
+"  DECTRIS streams (docs/tools.md; a bound PUSH, one series per --series):\n"
+"  --protocol P           beamd|dectris1|dectris2 (default beamd); dectris1\n"
+"                         binds tcp://127.0.0.1:9999, dectris2 :31001 by default\n"
+"  --header-detail D      none|basic|all (default basic)\n"
+"  --encoding E           raw|lz4|bslz4|bszstd (default bslz4; bszstd v2 only)\n"
+"  --header-appendix TEXT v1: extra header part; v2: start user_data\n"
+"  --image-appendix TEXT  v1: extra image part; v2: image user_data\n"
+"  --channels N           v2: 1 or 2 (threshold_1, threshold_2; default 1)\n"
+"  --jfj                  v2: Jungfraujoch flavour (extra start keys, calibration)\n"
+"  --fault LIST           comma-separated faults, each once per series: v1\n"
+"                         nonjson,truncated,image-before-header,stale,gap,size,\n"
+"                         encoding,dtype,hash; v2 nosig,typenotfirst,nesting,\n"
+"                         dims,short,algorithm,gap,stale\n"
 "  --meta KEY=VALUE       extra series metadata (repeatable; numbers and JSON\n"
 "                         arrays/objects are parsed, anything else is a string)\n"
 "  --quiet                no progress messages on stderr\n"
@@ -175,6 +190,7 @@ static const struct option long_opts[] = {
   {"pca-drift-angle", required_argument, 0, OPT_PANGLE},
   {"pca-basis-file", required_argument, 0, OPT_PBASIS},
   SIM_PTYCHO_LONG_OPTS
+  SIM_DECTRIS_LONG_OPTS
   {0, 0, 0, 0},
 };
 
@@ -231,7 +247,7 @@ static int sim_ptycho_file(const sim_opts_t *o) {
 
 /* Returns 0, 1 for --help, or -1 after printing why. */
 static int parse_args(int argc, char **argv, sim_opts_t *o) {
-  int have_bind = 0, have_connect = 0, c;
+  int have_bind = 0, have_connect = 0, have_socket = 0, have_codec = 0, c;
   const char *xpcs_opt = NULL; /* an xpcs-only option seen, for the error */
   const char *pca_opt = NULL;  /* a pca-only option seen */
   const char *pty_opt = NULL;  /* a ptycho-only option seen */
@@ -242,6 +258,7 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
     case OPT_BIND: o->endpoint = optarg; have_bind = 1; break;
     case OPT_CONNECT: o->endpoint = optarg; have_connect = 1; break;
     case OPT_SOCKET:
+      have_socket = 1;
       if (!strcmp(optarg, "pub")) o->sock_type = ZMQ_PUB;
       else if (!strcmp(optarg, "push")) o->sock_type = ZMQ_PUSH;
       else return tool_bad("socket", optarg, "pub or push");
@@ -260,6 +277,7 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
       if (tool_parse_u64("series-id", optarg, 0, (uint64_t)INT64_MAX / 2, &o->series_id0)) return -1;
       break;
     case OPT_CODEC:
+      have_codec = 1;
       if (!strcmp(optarg, "raw")) o->codec = BEAM_CODEC_RAW;
       else if (!strcmp(optarg, "lz4")) o->codec = BEAM_CODEC_LZ4;
       else if (!strcmp(optarg, "bslz4")) o->codec = BEAM_CODEC_BSLZ4;
@@ -344,6 +362,11 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
         pty_opt = argv[optind - 1];
         break;
       }
+      if (c >= SIM_DX_OPT_BASE && c < SIM_DX_OPT_END) {
+        if (sim_dectris_opt(c, optarg, o))
+          return -1;
+        break;
+      }
       return tool_bad_option(argv, 1);
     }
   }
@@ -354,6 +377,8 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
     return -1;
   }
   o->bind = !have_connect;
+  if (sim_dectris_check(o, have_bind, have_connect, have_socket, have_codec))
+    return -1;
   if (xpcs_opt && o->pattern != SIM_PAT_XPCS) {
     fprintf(stderr, "beamd-sim: %s applies to --pattern xpcs only\n", xpcs_opt);
     return -1;
@@ -497,6 +522,7 @@ int main(int argc, char **argv) {
   };
   tool_cli_init("beamd-sim");
   sim_ptycho_defaults(&o);
+  sim_dectris_defaults(&o);
   int ex = tool_args_exit(parse_args(argc, argv, &o), usage);
   if (ex >= 0) {
     json_decref(o.meta);
@@ -547,7 +573,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "beamd-sim: basis file: %s\n", d.msg);
     goto out;
   }
-  if (!o.quiet) {
+  if (!o.quiet && o.protocol != SIM_PROTO_BEAMD) {
+    sim_dectris_describe(&o);
+  } else if (!o.quiet) {
     fprintf(stderr, "beamd-sim: %s %s (%s), %ux%u %s %s %s, %llu series x ",
             o.bind ? "bound" : "connected", o.endpoint, o.sock_type == ZMQ_PUB ? "pub" : "push",
             o.h, o.w, beam_dtype_name(o.dtype), beam_codec_name(o.codec),
@@ -563,7 +591,9 @@ int main(int argc, char **argv) {
   }
   if (o.sock_type == ZMQ_PUB && o.wait_subs > 0)
     sleep_until(wait_until);
-  if (run(&tx, &o, &d) < 0 && d.code != 0) {
+  int sent = o.protocol == SIM_PROTO_BEAMD ? run(&tx, &o, &d)
+                                            : sim_dectris_run(sock, &o, &bank, &tx.st, &d);
+  if (sent < 0 && d.code != 0) {
     fprintf(stderr, "beamd-sim: %s\n", d.msg);
   } else {
     rc = 0;

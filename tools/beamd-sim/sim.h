@@ -2,8 +2,10 @@
  *
  * beamd-sim is a synthetic detector for testing and benchmarking beamd: it
  * sends SERIES_START / FRAME / SERIES_END messages in the wire format of
- * proto/proto.h over a ZeroMQ PUB or PUSH socket. This header is shared by
- * the tool's own files only; nothing else links against it.
+ * proto/proto.h over a ZeroMQ PUB or PUSH socket, or (--protocol) the
+ * DECTRIS SIMPLON stream v1 / v2 a real detector sends (dectris.c). This
+ * header is shared by the tool's own files only; nothing else links
+ * against it.
  */
 #ifndef BEAMD_SIM_H
 #define BEAMD_SIM_H
@@ -27,6 +29,28 @@ typedef enum sim_pattern_e {
   SIM_PAT_PCA,
   SIM_PAT_PTYCHO,
 } sim_pattern_t;
+
+/* What goes on the wire (--protocol): beamd's own protocol, or a DECTRIS
+ * detector stream (dectris.c, docs/tools.md). */
+typedef enum sim_protocol_e {
+  SIM_PROTO_BEAMD = 0,
+  SIM_PROTO_DECTRIS1, /* SIMPLON "legacy": JSON multipart messages */
+  SIM_PROTO_DECTRIS2, /* SIMPLON CBOR, one part per message */
+} sim_protocol_t;
+
+typedef enum sim_dx_detail_e { SIM_DX_NONE = 0, SIM_DX_BASIC, SIM_DX_ALL } sim_dx_detail_t;
+typedef enum sim_dx_enc_e {
+  SIM_DX_RAW = 0, SIM_DX_LZ4, SIM_DX_BSLZ4, SIM_DX_BSZSTD
+} sim_dx_enc_t;
+
+/* Faults --fault can inject into a DECTRIS stream, one bit each. */
+typedef enum sim_dx_fault_e {
+  SIM_FAULT_NONJSON = 0, SIM_FAULT_TRUNCATED, SIM_FAULT_BEFORE_HEADER,
+  SIM_FAULT_STALE, SIM_FAULT_GAP, SIM_FAULT_SIZE, SIM_FAULT_ENCODING,
+  SIM_FAULT_DTYPE, SIM_FAULT_HASH, SIM_FAULT_NOSIG, SIM_FAULT_TYPENOTFIRST,
+  SIM_FAULT_NESTING, SIM_FAULT_DIMS, SIM_FAULT_SHORT, SIM_FAULT_ALGORITHM,
+  SIM_FAULT_COUNT_
+} sim_dx_fault_t;
 
 #define SIM_PCA_MAX_K 32
 #define SIM_PCA_NO_DRIFT UINT64_MAX
@@ -80,6 +104,15 @@ typedef struct sim_opts_s {
   double pty_zp_diam, pty_zp_drn, pty_zp_cs, pty_defocus; /* m */
   const char *pty_object_file; /* FILE.h5[:/dataset] */
   const char *write_h5;  /* write the scan file and exit, no socket */
+  /* DECTRIS streams only (see dectris.c and docs/tools.md) */
+  sim_protocol_t protocol;
+  sim_dx_detail_t dx_detail;
+  sim_dx_enc_t dx_enc;
+  const char *dx_header_appendix, *dx_image_appendix; /* NULL: none */
+  uint32_t dx_channels;  /* v2: 1 or 2 */
+  int dx_jfj;            /* v2: Jungfraujoch flavour */
+  uint32_t dx_faults;    /* 1u << sim_dx_fault_t */
+  const char *dx_opt;    /* a DECTRIS-only option seen, for the error */
   int quiet;
   int stats_json;
 } sim_opts_t;
@@ -250,5 +283,38 @@ int sim_tx_series_end(sim_tx_t *self, uint64_t series_id, uint64_t nframes,
 /* Sends malformed message number k (kinds cycle, see docs/tools.md). */
 int sim_tx_malformed(sim_tx_t *self, uint64_t k, uint64_t series_id,
                      beam_diag_t *d);
+
+/* DECTRIS SIMPLON streams (dectris.c). Option codes, spliced into main.c's
+ * table like the ptycho ones and handed to sim_dectris_opt. */
+enum {
+  SIM_DX_OPT_BASE = 1100, SIM_DX_PROTOCOL = SIM_DX_OPT_BASE, SIM_DX_DETAIL,
+  SIM_DX_ENCODING, SIM_DX_HAPPENDIX, SIM_DX_IAPPENDIX, SIM_DX_CHANNELS, SIM_DX_JFJ,
+  SIM_DX_FAULT, SIM_DX_OPT_END
+};
+#define SIM_DECTRIS_LONG_OPTS                                                 \
+  {"protocol", required_argument, 0, SIM_DX_PROTOCOL},                        \
+  {"header-detail", required_argument, 0, SIM_DX_DETAIL},                     \
+  {"encoding", required_argument, 0, SIM_DX_ENCODING},                        \
+  {"header-appendix", required_argument, 0, SIM_DX_HAPPENDIX},                \
+  {"image-appendix", required_argument, 0, SIM_DX_IAPPENDIX},                 \
+  {"channels", required_argument, 0, SIM_DX_CHANNELS},                        \
+  {"jfj", no_argument, 0, SIM_DX_JFJ},                                        \
+  {"fault", required_argument, 0, SIM_DX_FAULT},
+/* Sets the defaults of the DECTRIS fields (protocol beamd). */
+void sim_dectris_defaults(sim_opts_t *o);
+/* Parses one DECTRIS option (code from the enum); 0 or -1 after printing. */
+int sim_dectris_opt(int code, const char *arg, sim_opts_t *o);
+/* Cross-checks after parsing; sets the protocol's default endpoint and the
+ * PUSH socket. The flags say which generic options were given. 0 or -1
+ * after printing why. */
+int sim_dectris_check(sim_opts_t *o, int have_bind, int have_connect, int have_socket,
+                      int have_codec);
+/* One line on stderr describing the run (the counterpart of main.c's). */
+void sim_dectris_describe(const sim_opts_t *o);
+/* Sends every series on sock (a bound PUSH) and prints the one-line JSON
+ * summary on stderr; fills st for --stats-json. Returns 0, or -1 with d set
+ * (d->code == 0 when a signal stopped it, which is not an error). */
+int sim_dectris_run(void *sock, const sim_opts_t *o, sim_bank_t *bank, sim_stats_t *st,
+                    beam_diag_t *d);
 
 #endif
