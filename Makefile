@@ -154,7 +154,6 @@ endif
 
 $(BUILD)/beamd-ptycho: LDLIBS_EXTRA = $(MPI_LIBS) -lpng
 $(BUILD)/beamd-view: LDLIBS_EXTRA = $(LWS_LIBS)
-$(BUILD)/beamd-sim: LDLIBS_EXTRA = -lmd
 
 $(BUILD)/beamd: $(BUILD)/daemon/main.o $(LIBBEAMD) $(LIBBEAM)
 	$(LINK)

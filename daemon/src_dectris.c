@@ -12,11 +12,10 @@
  * where a stage needs pixels, never here.
  *
  * What cannot be used is counted with its own reason and dropped; the
- * messages around it go on. An image whose header was readable but whose
- * pixels cannot be used (size, hash, channel) still enters the graph, as a
- * CORRUPT frame, so frame numbers stay whole and stages know it is missing.
- * Frames that never came (a number gap, fewer than announced at the end)
- * are counted as missing and the series' end is flagged INCOMPLETE. */
+ * messages around it go on. A dropped image does not take its frame
+ * number, so a good copy may still follow; frames that never came (a
+ * number gap, fewer than announced at the end) are counted as missing and
+ * the series' end is flagged INCOMPLETE. */
 #include <math.h>
 #include <string.h>
 
@@ -126,6 +125,12 @@ static char *series_meta(dsrc_t *s, const beam_dx_start_t *st, int version, int 
     int64_t n = txt ? beam_dx_meta_json(st, version, txt, META_MAX, INLINE_MAX) : -1;
     json_t *cfg = n >= 0 ? json_loadb(txt, (size_t)n, 0, NULL) : NULL;
     *flat_done = flat_applied(cfg);
+    /* Stream v2 gives the distance only as the detector's position (x, y,
+     * z), z along the beam from the sample. */
+    json_t *tr = json_object_get(cfg, "detector_translation");
+    if (!isfinite(st->distance_m) && json_array_size(tr) == 3 &&
+        json_is_number(json_array_get(tr, 2)))
+      json_object_set_new(o, "distance", json_real(json_number_value(json_array_get(tr, 2))));
     if (*flat_done)
       json_object_set_new(dx, "flatfield_applied_by_detector", json_true());
     if (cfg)
@@ -272,7 +277,7 @@ static beam_owner_t *blob_owner(const beam_part_t *parts, size_t n, const void *
 }
 
 static void frame_in(dsrc_t *s, const beam_dx_image_t *im, const beam_dx_array_t *a,
-                     const beam_part_t *parts, size_t n, uint64_t t_recv, int corrupt) {
+                     const beam_part_t *parts, size_t n, uint64_t t_recv) {
   /* Sent as it came: no copy, no decode on the loop thread. */
   beam_msg_t m;
   memset(&m, 0, sizeof m);
@@ -286,18 +291,13 @@ static void frame_in(dsrc_t *s, const beam_dx_image_t *im, const beam_dx_array_t
   h->shape[0] = s->height;
   h->shape[1] = s->width;
   h->raw_size = (uint64_t)s->height * s->width * beam_dtype_size(s->dtype);
-  if (corrupt) {
-    h->flags = BEAM_FLAG_CORRUPT;
-    h->codec = BEAM_CODEC_RAW;
-  } else {
-    h->codec = (uint8_t)a->codec;
-    h->nparts = 1;
-    h->payload_size = a->size;
-    m.npayload = 1;
-    m.payload[0].data = a->data;
-    m.payload[0].size = a->size;
-    m.payload[0].owner = blob_owner(parts, n, a->data);
-  }
+  h->codec = (uint8_t)a->codec;
+  h->nparts = 1;
+  h->payload_size = a->size;
+  m.npayload = 1;
+  m.payload[0].data = a->data;
+  m.payload[0].size = a->size;
+  m.payload[0].owner = blob_owner(parts, n, a->data);
   beamd_ingest_frame(s->zr.d, &m, t_recv);
 }
 
@@ -350,6 +350,27 @@ static void on_image(dsrc_t *s, const beam_dx_image_t *im, const beam_part_t *pa
     s->dtype = s->pending->dtype = a->dtype;
     begin_series(s, s->pending);
   }
+  const char *why = NULL;
+  if (!a) {
+    s->no_channel++;
+    why = "no data for the channel taken";
+  } else if (a->ndim != 2 || a->shape[0] != s->height || a->shape[1] != s->width) {
+    s->size_mismatch++;
+    why = "its shape differs from the series' detector size";
+  } else if (a->dtype != s->dtype) {
+    s->unsupported++;
+    why = "its dtype differs from the series'";
+  } else if (s->verify_hash && s->version == 1 && !hash_ok(im, a)) {
+    s->hash_mismatch++;
+    why = "its md5 does not match the hash sent with it";
+  }
+  if (why) {
+    /* Like a message that does not decode: its frame number is not taken,
+     * so a good copy may still come; if none does, it is missing. */
+    beam_log_rl(&d->in.rl, LOG_WARNING, "input: dectris: series %llu image %llu: %s; dropped",
+                (unsigned long long)s->series_id, (unsigned long long)im->image_id, why);
+    return;
+  }
   if (im->image_id < s->next_frame) {
     s->stale++;
     beam_log_rl(&d->in.rl, LOG_WARNING, "input: dectris: image %llu of series %llu again or out "
@@ -366,26 +387,8 @@ static void on_image(dsrc_t *s, const beam_dx_image_t *im, const beam_part_t *pa
                 (unsigned long long)im->image_id - 1);
   }
   s->next_frame = im->image_id + 1;
-  const char *why = NULL;
-  if (!a) {
-    s->no_channel++;
-    why = "no data for the channel taken";
-  } else if (a->ndim != 2 || a->shape[0] != s->height || a->shape[1] != s->width) {
-    s->size_mismatch++;
-    why = "its shape differs from the series' detector size";
-  } else if (a->dtype != s->dtype) {
-    s->unsupported++;
-    why = "its dtype differs from the series'";
-  } else if (s->verify_hash && s->version == 1 && !hash_ok(im, a)) {
-    s->hash_mismatch++;
-    why = "its md5 does not match the hash sent with it";
-  }
-  if (why)
-    beam_log_rl(&d->in.rl, LOG_WARNING, "input: dectris: series %llu image %llu: %s; passed on "
-                "as CORRUPT", (unsigned long long)s->series_id, (unsigned long long)im->image_id,
-                why);
   s->received++;
-  frame_in(s, im, a, parts, n, t_recv, why != NULL);
+  frame_in(s, im, a, parts, n, t_recv);
 }
 
 static void on_end(dsrc_t *s, uint64_t series_id) {

@@ -33,9 +33,10 @@
  * stacks are per thread, hence beam_h5_quiet() in start.
  *
  * Not known to a stage: whether the series was aborted (end() has no flag).
- * A series that was cut short (the graph says so in end_aborted), or that
- * announced nframes and delivered fewer, is incomplete: its file keeps the
- * .partial name and complete=false. */
+ * A series that was cut short (the graph says so in end_aborted), whose
+ * source knows frames never came (end_missing: a detector's frame-number
+ * gap), or that announced nframes and delivered fewer, is incomplete: its
+ * file keeps the .partial name and complete=false. */
 #include "daemon/stage_record.h"
 
 #include <errno.h>
@@ -614,7 +615,7 @@ static int rec_end(beam_stage_t *self, beam_emit_t *emit) {
     if (periodic_flush(self, s, 1) < 0)
       rc = rc ? rc : d->code;
   }
-  int complete = s->file >= 0 && s->errors == 0 && !self->end_aborted &&
+  int complete = s->file >= 0 && s->errors == 0 && !self->end_aborted && !self->end_missing &&
                  (s->nframes == 0 || s->written + s->corrupt >= s->nframes);
   if (s->file >= 0) {
     hid_t entry = H5Gopen2(s->file, "/entry", H5P_DEFAULT);
@@ -622,6 +623,7 @@ static int rec_end(beam_stage_t *self, beam_emit_t *emit) {
     if (entry >= 0) {
       arc |= beam_h5_attr_u64(entry, "frames_written", s->committed);
       arc |= beam_h5_attr_u64(entry, "frames_corrupt", s->corrupt);
+      arc |= beam_h5_attr_u64(entry, "frames_missing", self->end_missing);
       arc |= beam_h5_attr_u64(entry, "write_errors", s->errors);
       arc |= beam_h5_attr_u64(entry, "frames_passthrough", s->passthrough);
       arc |= beam_h5_attr_bool(entry, "complete", complete);

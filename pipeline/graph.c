@@ -527,6 +527,9 @@ static void series_done(beam_graph_t *g, end_tracker_t *t) {
 
 static void on_end(node_t *nd, item_t *it) {
   nd->stage.end_aborted = it->tracker->aborted;
+  /* Written by the loop thread before it ended the series; the queue that
+   * brought this end orders that write before this read. */
+  nd->stage.end_missing = nd->series ? nd->series->missing_frames : 0;
   if (nd->series_ok) {
     emit_ctx_t ec = {nd, NULL};
     beam_emit_t e = {&ec, emit_get, emit_put, emit_drop};

@@ -94,6 +94,8 @@ struct beam_stage_s {
   beam_diag_t diag;        /* last process/end error, for rate-limited logs */
   int end_aborted;         /* during end: 1 when the series was cut short
                             * (drain, a new SERIES_START, ABORTED flag) */
+  uint64_t end_missing;    /* during end: frames the source knows never came
+                            * (beam_series_t.missing_frames; final by then) */
   int (*idle)(beam_stage_t *self, beam_emit_t *emit); /* optional, see above */
   atomic_int interrupt;    /* set (never cleared) when the graph shuts down */
   /* Optional, set in init by a stage that can use an input frame still in

@@ -291,12 +291,17 @@ static int get_rational(dx_t *x, unsigned depth, field_t f, double *sec) {
 
 /* ---- typed and multi-dimensional arrays ---- */
 
-/* RFC 8746 typed-array tags beamd decodes: little-endian u8, u16, u32, f32. */
+/* RFC 8746 typed-array tags beamd decodes: little-endian u8, u16, u32, f32
+ * (DECTRIS), and the signed i8, i16, i32 JUNGFRAU data may come in
+ * (pedestal-subtracted pixels go negative; Jungfraujoch's error_value). */
 static beam_dtype_t typed_dtype(uint64_t tag) {
   switch (tag) {
   case 64: return BEAM_DT_U8;
   case 69: return BEAM_DT_U16;
   case 70: return BEAM_DT_U32;
+  case 72: return BEAM_DT_I8;
+  case 77: return BEAM_DT_I16;
+  case 78: return BEAM_DT_I32;
   case 85: return BEAM_DT_F32;
   default: return BEAM_DT_NONE;
   }
