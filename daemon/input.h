@@ -67,7 +67,11 @@ struct beamd_zread_s {
   beamd_zsock_t zs;
   uv_idle_t more;
   int more_on, lossless, stopped;
+  int hold; /* the source holds a message of this socket: read no further (beamd_zread_hold) */
   void (*handle)(beamd_zread_t *zr, const beam_part_t *parts, size_t n, uint64_t t_recv);
+  /* Draining: this socket is empty. NULL: the drain is complete
+   * (beamd_input_drained); a source with several sockets counts them. */
+  void (*drained)(beamd_zread_t *zr);
   void *ctx; /* the source's */
   zmq_msg_t parts[BEAMD_ZREAD_MAX_PARTS];
   beamd_zmsg_owner_t owners[BEAMD_ZREAD_MAX_PARTS];
@@ -78,6 +82,9 @@ int beamd_zread_open(beamd_t *d, beamd_zread_t *zr, int type, const char *endpoi
 void beamd_zread_read(beamd_zread_t *zr);    /* a wake-up, or room came back */
 int beamd_zread_drain(beamd_zread_t *zr);    /* the drain op's answer (input.h) */
 void beamd_zread_stop(beamd_zread_t *zr);
+/* on: stop reading after the message being handled (the source keeps one
+ * back); off: read again, from the next loop iteration. */
+void beamd_zread_hold(beamd_zread_t *zr, int on);
 /* Closes the socket and the idle handle; zr must stay allocated until the
  * loop ran the handle's close (sources park their state in src_garbage). */
 void beamd_zread_close(beamd_zread_t *zr);

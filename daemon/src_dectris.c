@@ -28,6 +28,17 @@
 #define META_MAX (1u << 20)  /* series metadata JSON (the detector config) */
 #define INLINE_MAX 64        /* byte strings kept inline in it */
 
+#define MAX_STREAMS 16
+
+static const char *endpoints_valid(const beam_cnode_t *v) {
+  if (v->n + 1 > MAX_STREAMS)
+    return "at most 15 further endpoints";
+  for (size_t i = 0; i < v->n; i++)
+    if (!v->items[i]->scalar || !v->items[i]->scalar[0])
+      return "an endpoint cannot be \"\"";
+  return NULL;
+}
+
 /* In the order of the format enum's choices. */
 enum { FMT_AUTO = 0, FMT_V1 = 1, FMT_V2 = 2 };
 
@@ -41,10 +52,37 @@ const beam_param_t beamd_dectris_params[] = {
     {"verify_hash", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
      "v1: check each image's md5 against its dimage hash (costs a pass over the blob; some "
      "detector firmware sends hashes that do not match)", NULL},
+    {"endpoints", BEAM_P_ENDPOINT_LIST, "[]", 0, 0, 0, NULL, NULL,
+     "further PUSH sockets of one image stream split over several (Jungfraujoch writers): "
+     "beamd reads endpoint and each of these and merges the images by image id", endpoints_valid},
+    {"merge_wait", BEAM_P_DURATION, "200ms", 0, 0.001, 60, NULL, NULL,
+     "with endpoints: how long an image waits for a lower image id from another socket "
+     "before it is taken anyway (the ids skipped count as missing)", NULL},
     BEAM_PARAM_END};
 
+/* One socket of the stream. With several (a split image stream), each
+ * socket's images come in order but interleave with the others': an image
+ * ahead of the next id waits here (its socket not read meanwhile) until
+ * the lower ids came from the other sockets, every other live socket has
+ * an image waiting too, or merge_wait ran out. */
+typedef struct stream_s {
+  beamd_zread_t zr;
+  struct dsrc_s *src;
+  int held;                 /* an image waits in hparts */
+  zmq_msg_t hparts[BEAMD_ZREAD_MAX_PARTS];
+  size_t hn;
+  uint64_t held_id, held_ns;
+  int ended;                /* its end of the open series came */
+  int drained;
+} stream_t;
+
 typedef struct dsrc_s {
-  beamd_zread_t zr; /* first: the reader's handle comes back as the state */
+  beamd_t *d;
+  stream_t st[MAX_STREAMS];
+  unsigned nst;
+  uv_timer_t merge_timer;
+  int timer_on, force_one, end_pending, drain_pending;
+  uint64_t merge_wait_ns, end_id;
   int format, verify_hash;
   char channel[BEAM_DX_NAME_MAX];
   /* the series being received */
@@ -58,11 +96,12 @@ typedef struct dsrc_s {
   beam_dx_msg_t msg;      /* decoded message (large: kept off the stack) */
   /* counters */
   uint64_t v1_messages, v2_messages, starts, images, ends, other, before_header, stale,
-      gaps, missing, unsupported, size_mismatch, hash_mismatch, no_channel, incomplete;
+      gaps, missing, unsupported, size_mismatch, hash_mismatch, no_channel, incomplete,
+      merge_held, merge_timeouts;
 } dsrc_t;
 
 static void warn(dsrc_t *s, const char *what, const char *why) {
-  beam_log_rl(&s->zr.d->in.rl, LOG_WARNING, "input: dectris: %s: %s", what, why);
+  beam_log_rl(&s->d->in.rl, LOG_WARNING, "input: dectris: %s: %s", what, why);
 }
 
 /* ---- series start ---------------------------------------------------------------- */
@@ -192,16 +231,21 @@ static const beam_dx_array_t *of_channel(const beam_dx_array_t *a, unsigned n, c
  * without a size) learns it from the first image, so the series waits. */
 static void begin_series(dsrc_t *s, beam_series_t *ser) {
   s->pending = NULL;
-  beamd_ingest_series_start(s->zr.d, ser);
+  beamd_ingest_series_start(s->d, ser);
 }
 
 static void on_start(dsrc_t *s, const beam_dx_start_t *st, int version) {
-  beamd_t *d = s->zr.d;
+  beamd_t *d = s->d;
   if (s->have_start && s->series_id == st->series_id && s->version == version)
     return; /* the same start again (a detector re-arming with one series id) */
   if (s->pending)
     beam_series_unref(&s->pending);
   s->starts++;
+  /* A split stream's sockets each end the series; a new start forgets
+   * ends that were waiting for the others. */
+  for (unsigned i = 0; i < s->nst; i++)
+    s->st[i].ended = 0;
+  s->end_pending = 0;
   int chan = channel_index(s, st);
   if (chan < 0) {
     s->no_channel++;
@@ -298,7 +342,7 @@ static void frame_in(dsrc_t *s, const beam_dx_image_t *im, const beam_dx_array_t
   m.payload[0].data = a->data;
   m.payload[0].size = a->size;
   m.payload[0].owner = blob_owner(parts, n, a->data);
-  beamd_ingest_frame(s->zr.d, &m, t_recv);
+  beamd_ingest_frame(s->d, &m, t_recv);
 }
 
 static const beam_dx_array_t *pick(const dsrc_t *s, const beam_dx_image_t *im) {
@@ -312,7 +356,7 @@ static const beam_dx_array_t *pick(const dsrc_t *s, const beam_dx_image_t *im) {
 
 static void on_image(dsrc_t *s, const beam_dx_image_t *im, const beam_part_t *parts, size_t n,
                      uint64_t t_recv) {
-  beamd_t *d = s->zr.d;
+  beamd_t *d = s->d;
   s->images++;
   if (!s->have_start) {
     s->before_header++;
@@ -392,7 +436,7 @@ static void on_image(dsrc_t *s, const beam_dx_image_t *im, const beam_part_t *pa
 }
 
 static void on_end(dsrc_t *s, uint64_t series_id) {
-  beamd_t *d = s->zr.d;
+  beamd_t *d = s->d;
   s->ends++;
   if (!s->have_start || series_id != s->series_id) {
     s->stale++;
@@ -418,10 +462,10 @@ static void on_end(dsrc_t *s, uint64_t series_id) {
 
 /* ---- messages ------------------------------------------------------------------------ */
 
-static void handle(beamd_zread_t *zr, const beam_part_t *parts, size_t n, uint64_t t_recv) {
-  dsrc_t *s = (dsrc_t *)zr;
-  beamd_t *d = zr->d;
-  atomic_fetch_add(&d->in.messages, 1);
+/* Decodes one message into s->msg: its stream version, or 0 when it was
+ * counted and dropped. */
+static int decode(dsrc_t *s, const beam_part_t *parts, size_t n) {
+  beamd_t *d = s->d;
   int v = s->format == FMT_AUTO ? beam_dx_detect(parts, n) : s->format;
   const char *why = NULL;
   int rc;
@@ -435,7 +479,7 @@ static void handle(beamd_zread_t *zr, const beam_part_t *parts, size_t n, uint64
       why = "dectris v2: a message of more than one part";
   } else {
     beamd_ingest_malformed(d, "dectris message", "neither a JSON (v1) nor a CBOR (v2) message");
-    return;
+    return 0;
   }
   if (rc < 0) {
     if (rc == BEAM_ENOTSUP)
@@ -445,12 +489,161 @@ static void handle(beamd_zread_t *zr, const beam_part_t *parts, size_t n, uint64
     else
       atomic_fetch_add(&d->in.malformed, 1);
     warn(s, "message dropped", why ? why : "?");
+    return 0;
+  }
+  return v;
+}
+
+/* ---- several sockets: merging by image id ------------------------------------------------ */
+
+static void merge_arm(dsrc_t *s);
+
+/* The held image of stream k goes in (decoded again: its parts moved since). */
+static void release_held(dsrc_t *s, stream_t *k) {
+  beam_part_t bp[BEAMD_ZREAD_MAX_PARTS];
+  beamd_zmsg_owner_t zo[BEAMD_ZREAD_MAX_PARTS];
+  for (size_t i = 0; i < k->hn; i++) {
+    beamd_zmsg_owner_init(&zo[i], &k->hparts[i]);
+    bp[i] = (beam_part_t){zmq_msg_data(&k->hparts[i]), zmq_msg_size(&k->hparts[i]), &zo[i].base};
+  }
+  s->images--; /* counted when it arrived */
+  if (decode(s, bp, k->hn) && s->msg.kind == BEAM_DX_IMAGE)
+    on_image(s, &s->msg.image, bp, k->hn, beam_now_ns());
+  for (size_t i = 0; i < k->hn; i++)
+    zmq_msg_close(&k->hparts[i]);
+  k->held = 0;
+  k->hn = 0;
+  beamd_zread_hold(&k->zr, 0);
+}
+
+static stream_t *lowest_held(dsrc_t *s) {
+  stream_t *lo = NULL;
+  for (unsigned i = 0; i < s->nst; i++)
+    if (s->st[i].held && (!lo || s->st[i].held_id < lo->held_id))
+      lo = &s->st[i];
+  return lo;
+}
+
+/* Lets in every held image that is next; the lowest one even across a gap
+ * when every live socket has one waiting, when merge_wait ran out
+ * (force_one), or when every socket has ended the series or drained. Only
+ * while the graph has room (lossless: resume comes back here). When
+ * nothing is held any more, a series end or a drain waiting for that
+ * completes. */
+static void merge_progress(dsrc_t *s) {
+  beamd_t *d = s->d;
+  int all_ended = 1, all_drained = 1;
+  for (unsigned i = 0; i < s->nst; i++) {
+    all_ended &= s->st[i].ended;
+    all_drained &= s->st[i].drained;
+  }
+  for (stream_t *lo; (lo = lowest_held(s));) {
+    int all_wait = 1;
+    for (unsigned i = 0; i < s->nst; i++)
+      all_wait &= s->st[i].held || s->st[i].ended;
+    if (lo->held_id > s->next_frame && !all_wait && !all_ended && !s->drain_pending &&
+        !s->force_one)
+      break;
+    if (!beamd_ingest_room(d)) {
+      beamd_ingest_pause(d); /* the graph calls resume, which comes back here */
+      break;
+    }
+    s->force_one = 0;
+    release_held(s, lo);
+  }
+  s->force_one = 0;
+  if (!lowest_held(s)) {
+    if (all_ended && s->end_pending) {
+      s->end_pending = 0;
+      for (unsigned i = 0; i < s->nst; i++)
+        s->st[i].ended = 0;
+      s->ends += s->nst - 1; /* one end per socket, one series end */
+      on_end(s, s->end_id);
+    }
+    if (all_drained && s->drain_pending) {
+      s->drain_pending = 0;
+      beamd_input_drained(d);
+    }
+  }
+  merge_arm(s);
+}
+
+static void merge_timer_cb(uv_timer_t *t) {
+  dsrc_t *s = t->data;
+  stream_t *lo = lowest_held(s);
+  if (lo && beam_now_ns() - lo->held_ns >= s->merge_wait_ns) {
+    s->merge_timeouts++;
+    s->force_one = 1;
+    merge_progress(s);
+  }
+}
+
+static void merge_arm(dsrc_t *s) {
+  int any = lowest_held(s) != NULL;
+  if (any && !s->timer_on) {
+    uint64_t ms = s->merge_wait_ns / 2000000 + 1;
+    uv_timer_start(&s->merge_timer, merge_timer_cb, ms, ms);
+  } else if (!any && s->timer_on) {
+    uv_timer_stop(&s->merge_timer);
+  }
+  s->timer_on = any;
+}
+
+/* An image of stream k that is ahead of the next id: keep it back. */
+static void hold(dsrc_t *s, stream_t *k, beamd_zread_t *zr, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    zmq_msg_init(&k->hparts[i]);
+    zmq_msg_move(&k->hparts[i], &zr->parts[i]);
+  }
+  k->hn = n;
+  k->held = 1;
+  k->held_id = s->msg.image.image_id;
+  k->held_ns = beam_now_ns();
+  s->merge_held++;
+  beamd_zread_hold(zr, 1);
+  merge_progress(s);
+}
+
+static void stream_end(dsrc_t *s, stream_t *k, uint64_t series_id) {
+  if (!s->have_start || series_id != s->series_id) {
+    on_end(s, series_id); /* counts it */
     return;
   }
+  k->ended = 1;
+  s->end_pending = 1;
+  s->end_id = series_id;
+  merge_progress(s); /* the series ends with its last socket's end */
+}
+
+static void handle(beamd_zread_t *zr, const beam_part_t *parts, size_t n, uint64_t t_recv) {
+  stream_t *k = zr->ctx;
+  dsrc_t *s = k->src;
+  beamd_t *d = s->d;
+  atomic_fetch_add(&d->in.messages, 1);
+  int v = decode(s, parts, n);
+  if (!v)
+    return;
   switch (s->msg.kind) {
-  case BEAM_DX_START: on_start(s, &s->msg.start, v); break;
-  case BEAM_DX_IMAGE: on_image(s, &s->msg.image, parts, n, t_recv); break;
-  case BEAM_DX_END: on_end(s, s->msg.end_series_id); break;
+  case BEAM_DX_START:
+    on_start(s, &s->msg.start, v);
+    break;
+  case BEAM_DX_IMAGE:
+    if (s->nst > 1 && s->have_start && s->msg.image.series_id == s->series_id &&
+        s->msg.image.image_id > s->next_frame && !s->drain_pending && !k->held) {
+      s->images++;
+      hold(s, k, zr, n);
+    } else {
+      on_image(s, &s->msg.image, parts, n, t_recv);
+      if (s->nst > 1)
+        merge_progress(s);
+    }
+    break;
+  case BEAM_DX_END:
+    if (s->nst > 1)
+      stream_end(s, k, s->msg.end_series_id);
+    else
+      on_end(s, s->msg.end_series_id);
+    break;
   default:
     s->other++;
     beam_log_rl(&d->in.rl, LOG_INFO, "input: dectris: \"%s\" message skipped", s->msg.other_type);
@@ -458,6 +651,14 @@ static void handle(beamd_zread_t *zr, const beam_part_t *parts, size_t n, uint64
 }
 
 /* ---- the source ------------------------------------------------------------------------ */
+
+/* Draining: everything received goes in, held images too (lossless to
+ * the end), and the drain is complete when every socket is empty. */
+static void stream_drained(beamd_zread_t *zr) {
+  stream_t *k = zr->ctx;
+  k->drained = 1;
+  merge_progress(k->src);
+}
 
 static int dsrc_open(beamd_t *d, void **state, const beam_cnode_t *conf, char *err,
                      size_t errlen) {
@@ -467,29 +668,64 @@ static int dsrc_open(beamd_t *d, void **state, const beam_cnode_t *conf, char *e
     return BEAM_ENOMEM;
   }
   *state = s;
+  s->d = d;
+  uv_timer_init(&d->loop, &s->merge_timer);
+  s->merge_timer.data = s;
   s->format = (int)beam_cfg_int(conf, "format", FMT_AUTO);
   s->verify_hash = beam_cfg_bool(conf, "verify_hash", 0);
+  s->merge_wait_ns = (uint64_t)(beam_cfg_float(conf, "merge_wait", 0.2) * 1e9);
   const char *ch = beam_cfg_str(conf, "channel");
   snprintf(s->channel, sizeof s->channel, "%s", ch ? ch : "");
-  s->zr.handle = handle;
-  return beamd_zread_open(d, &s->zr, ZMQ_PULL, d->cfg->input.endpoint, d->cfg->input.bind,
-                          d->cfg->input.hwm, 1, err, errlen);
+  const beam_cnode_t *more = beam_cfg_get(conf, "endpoints");
+  s->nst = 1 + (unsigned)beam_cfg_len(more);
+  int rc = 0;
+  for (unsigned i = 0; i < s->nst && rc == 0; i++) {
+    stream_t *k = &s->st[i];
+    k->src = s;
+    k->zr.ctx = k;
+    k->zr.handle = handle;
+    k->zr.drained = stream_drained;
+    const char *ep = i ? beam_cfg_at(more, i - 1)->scalar : d->cfg->input.endpoint;
+    rc = beamd_zread_open(d, &k->zr, ZMQ_PULL, ep, d->cfg->input.bind, d->cfg->input.hwm, 1, err,
+                          errlen);
+  }
+  return rc;
 }
 
 static void dsrc_resume(beamd_t *d, void *st) {
   (void)d;
-  beamd_zread_read(st);
+  dsrc_t *s = st;
+  if (s->nst > 1)
+    merge_progress(s);
+  for (unsigned i = 0; i < s->nst; i++)
+    beamd_zread_read(&s->st[i].zr);
 }
 
 /* The detector counts what ZeroMQ took as delivered: read it all. */
 static int dsrc_drain(beamd_t *d, void *st) {
   (void)d;
-  return beamd_zread_drain(st);
+  dsrc_t *s = st;
+  if (s->nst == 1)
+    return beamd_zread_drain(&s->st[0].zr);
+  s->drain_pending = 1;
+  merge_progress(s); /* held images first, in order */
+  for (unsigned i = 0; i < s->nst; i++) {
+    s->st[i].drained = !s->st[i].zr.zs.open;
+    beamd_zread_hold(&s->st[i].zr, 0);
+  }
+  for (unsigned i = 0; i < s->nst; i++)
+    if (!s->st[i].drained)
+      beamd_zread_drain(&s->st[i].zr);
+  merge_progress(s);
+  return 1;
 }
 
 static void dsrc_stop(beamd_t *d, void *st) {
   (void)d;
-  beamd_zread_stop(st);
+  dsrc_t *s = st;
+  for (unsigned i = 0; i < s->nst; i++)
+    beamd_zread_stop(&s->st[i].zr);
+  uv_timer_stop(&s->merge_timer);
 }
 
 static void dsrc_close(beamd_t *d, void *st) {
@@ -497,8 +733,17 @@ static void dsrc_close(beamd_t *d, void *st) {
   if (!s)
     return;
   beam_series_unref(&s->pending);
-  beamd_zread_close(&s->zr);
-  d->src_garbage = s; /* freed once the loop closed the reader's idle handle */
+  for (unsigned i = 0; i < s->nst; i++) {
+    stream_t *k = &s->st[i];
+    for (size_t j = 0; k->held && j < k->hn; j++)
+      zmq_msg_close(&k->hparts[j]);
+    k->held = 0;
+    if (k->zr.d)
+      beamd_zread_close(&k->zr);
+  }
+  if (!uv_is_closing((uv_handle_t *)&s->merge_timer))
+    uv_close((uv_handle_t *)&s->merge_timer, NULL);
+  d->src_garbage = s; /* freed once the loop closed the readers' handles */
 }
 
 static void dsrc_stats(beamd_t *d, void *st, json_t *obj) {
@@ -521,7 +766,10 @@ static void dsrc_stats(beamd_t *d, void *st, json_t *obj) {
   C(hash_mismatch);
   C(no_channel);
   C(incomplete);
+  C(merge_held);
+  C(merge_timeouts);
 #undef C
+  json_object_set_new(o, "sockets", json_integer(s->nst));
   json_object_set_new(o, "series_open", json_boolean(s->have_start));
   if (s->have_start) {
     json_object_set_new(o, "series_id", json_integer((json_int_t)s->series_id));

@@ -79,6 +79,11 @@ static void burst(beamd_zread_t *zr) {
   }
   beam_part_t bp[MAX_PARTS];
   for (int i = 0; i < BATCH; i++) {
+    if (zr->hold) {
+      set_more(zr, 0);
+      settle(zr);
+      return;
+    }
     if (zr->lossless && !beamd_ingest_room(d)) {
       beamd_ingest_pause(d); /* the graph calls back (resume) when room appears */
       set_more(zr, 0);
@@ -88,8 +93,8 @@ static void burst(beamd_zread_t *zr) {
     int n = recv_parts(zr->zs.sock, zr->parts);
     if (n == 0) {
       set_more(zr, 0);
-      if (draining)
-        beamd_input_drained(d); /* everything delivered to us is in the graph */
+      if (draining) /* everything delivered to us is in the graph */
+        zr->drained ? zr->drained(zr) : beamd_input_drained(d);
       return;
     }
     if (n < 0) {
@@ -156,6 +161,12 @@ void beamd_zread_stop(beamd_zread_t *zr) {
     uv_poll_stop(&zr->zs.poll);
     zr->zs.polling = 0;
   }
+}
+
+void beamd_zread_hold(beamd_zread_t *zr, int on) {
+  zr->hold = on;
+  if (!on && !zr->stopped)
+    set_more(zr, 1); /* not now: this may run inside another socket's handler */
 }
 
 void beamd_zread_close(beamd_zread_t *zr) {

@@ -288,6 +288,7 @@ static const char *type_name(beam_ptype_t t) {
   case BEAM_P_PATH: return "a path";
   case BEAM_P_INT_LIST: return "a list of integers";
   case BEAM_P_FLOAT_LIST: return "a list of numbers";
+  case BEAM_P_ENDPOINT_LIST: return "a list of endpoints";
   case BEAM_P_MAP: return "a map";
   case BEAM_P_MAP_LIST: return "a list of maps";
   default: return "a value";
@@ -760,11 +761,13 @@ static int convert_value(vctx_t *vc, beam_cnode_t *v, const beam_param_t *p, con
     break;
   case BEAM_P_INT_LIST:
   case BEAM_P_FLOAT_LIST:
+  case BEAM_P_ENDPOINT_LIST:
     if (v->kind != BEAM_CN_SEQ) {
       char q[QUOTE_MAX * 2 + 16];
       if (v->kind == BEAM_CN_SCALAR) {
         quote_val(q, sizeof q, v->scalar);
-        verr(vc, v, "%s: expected %s such as [1, 2], got \"%s\"", path, type_name(p->type),
+        verr(vc, v, "%s: expected %s such as %s, got \"%s\"", path, type_name(p->type),
+             p->type == BEAM_P_ENDPOINT_LIST ? "[tcp://host:5500, tcp://host:5501]" : "[1, 2]",
              q);
       } else {
         verr(vc, v, "%s: expected %s, got %s", path, type_name(p->type), kind_name(v));
@@ -773,8 +776,10 @@ static int convert_value(vctx_t *vc, beam_cnode_t *v, const beam_param_t *p, con
     }
     for (size_t i = 0; i < v->n; i++) {
       snprintf(sub, sizeof sub, "%s[%zu]", path, i);
-      if (convert_scalar(vc, v->items[i], p,
-                         p->type == BEAM_P_INT_LIST ? BEAM_P_INT : BEAM_P_FLOAT, sub) < 0)
+      beam_ptype_t it = p->type == BEAM_P_INT_LIST     ? BEAM_P_INT
+                        : p->type == BEAM_P_FLOAT_LIST ? BEAM_P_FLOAT
+                                                       : BEAM_P_ENDPOINT;
+      if (convert_scalar(vc, v->items[i], p, it, sub) < 0)
         bad = 1;
     }
     break;
@@ -812,7 +817,8 @@ static int convert_value(vctx_t *vc, beam_cnode_t *v, const beam_param_t *p, con
 
 /* A default as a synthetic node (line 0). Lists take "a, b" or "[a, b]". */
 static beam_cnode_t *default_node(const beam_param_t *p, const char *file) {
-  if (p->type != BEAM_P_INT_LIST && p->type != BEAM_P_FLOAT_LIST) {
+  if (p->type != BEAM_P_INT_LIST && p->type != BEAM_P_FLOAT_LIST &&
+      p->type != BEAM_P_ENDPOINT_LIST) {
     beam_cnode_t *n = beam_cnode_new(BEAM_CN_SCALAR, file, 0, 0);
     if (n && !(n->scalar = strdup(p->def))) {
       beam_cnode_free(n);

@@ -54,6 +54,7 @@ typedef enum beam_ptype_e {
   BEAM_P_PATH,      /* file path (existence is checked by the stage at init) */
   BEAM_P_INT_LIST,  /* sequence of ints (each within min/max) */
   BEAM_P_FLOAT_LIST,
+  BEAM_P_ENDPOINT_LIST, /* sequence of endpoints, each as BEAM_P_ENDPOINT */
   BEAM_P_MAP,       /* nested map validated against sub[] */
   BEAM_P_MAP_LIST,  /* sequence of maps, each validated against sub[] */
   BEAM_P_ANY,       /* not checked here; the owner validates it (e.g. stages list) */

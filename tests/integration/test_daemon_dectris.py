@@ -621,3 +621,65 @@ def test_sim_stream_through_daemon(tmp_path, ports, start_beamd, run_tool, proto
             assert meta["nframes"] == n and meta["pixel_size"] == 75e-6
         assert meta["dectris"]["stream"] == int(protocol[-1])
     assert b.alive()
+
+
+# ---- Jungfraujoch: one image stream split over several PUSH sockets ----------------------
+
+def split_config(ports, stages, extra_eps, **dx):
+    cfg = dectris_config(ports, stages, endpoints=extra_eps, **dx)
+    return cfg
+
+
+def test_split_stream_merged_in_order(tmp_path, ports, zctx, start_beamd):
+    """Images 0-3 and 8-11 on one socket, 4-7 on another (file by file),
+    the second socket's sent first: beamd holds them back and lets every
+    image in by id, none missing; start and end come on both sockets."""
+    from conftest import free_ports
+    n = 12
+    data = frames(n)
+    ep2 = "tcp://127.0.0.1:%d" % free_ports(1)[0]
+    b = start_beamd(split_config(ports, [record_stage(tmp_path)], [ep2], merge_wait="5s"))
+    a, c = Detector(zctx, ports.ep_input), Detector(zctx, ep2)
+    for det in (a, c):
+        det.send(v2_start(SERIES, n, jfj=True))
+    for i in range(4, 8):
+        c.send(v2_image(SERIES, i, [data[i]], "bszstd"))
+    c.send(v2_end(SERIES))
+    time.sleep(0.3)  # beamd holds image 4 and reads no further from that socket
+    assert b.stats()["input"]["frames"] == 0
+    for i in list(range(0, 4)) + list(range(8, 12)):
+        a.send(v2_image(SERIES, i, [data[i]], "bszstd"))
+    a.send(v2_end(SERIES))
+    st = wait_recorded(b, n)
+    got, ids, _, complete = recorded(tmp_path)
+    assert ids == list(range(n)) and complete
+    for i in range(n):
+        assert np.array_equal(got[i], data[i]), "frame %d" % i
+    dx = st["input"]["dectris"]
+    assert dx["sockets"] == 2 and dx["missing"] == 0 and dx["merge_held"] >= 1, dx
+    assert dx["starts"] == 1 and dx["ends"] == 2 and dx["merge_timeouts"] == 0, dx
+
+
+def test_split_stream_lost_image_times_out(tmp_path, ports, zctx, start_beamd):
+    """An image that never comes (a Jungfraujoch writer dropped it): after
+    merge_wait the next one is taken, the lost one counted as missing."""
+    from conftest import free_ports
+    n = 6
+    data = frames(n)
+    ep2 = "tcp://127.0.0.1:%d" % free_ports(1)[0]
+    b = start_beamd(split_config(ports, [record_stage(tmp_path)], [ep2], merge_wait="100ms"))
+    a, c = Detector(zctx, ports.ep_input), Detector(zctx, ep2)
+    for det in (a, c):
+        det.send(v2_start(SERIES, n))
+    for i in (0, 1, 2):
+        a.send(v2_image(SERIES, i, [data[i]]))
+    for i in (4, 5):  # image 3 is lost
+        c.send(v2_image(SERIES, i, [data[i]]))
+    st = b.wait_stats(lambda s: s["input"]["frames"] == 5, timeout=10, what="5 frames")
+    for det in (a, c):
+        det.send(v2_end(SERIES))
+    st = wait_recorded(b, 5)
+    dx = st["input"]["dectris"]
+    assert dx["missing"] == 1 and dx["merge_timeouts"] >= 1 and dx["incomplete"] == 1, dx
+    got, ids, _, _ = recorded(tmp_path, partial=True)
+    assert ids == [0, 1, 2, 4, 5]
