@@ -21,6 +21,7 @@
 #include "proto/err.h"
 #include "proto/json_scan.h"
 #include "proto/proto.h"
+#include "tests/fuzz/parts.h"
 
 #define MAX_PARTS 24
 #define FUZZ_MAX_RAW (1u << 20)
@@ -109,17 +110,7 @@ static void check_array(const beam_dx_array_t *a, int decode) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   beam_part_t parts[MAX_PARTS];
-  size_t n = 0, pos = 0;
-  while (pos + 4 <= size && n < MAX_PARTS) {
-    uint32_t len = (uint32_t)data[pos] | ((uint32_t)data[pos + 1] << 8) |
-                   ((uint32_t)data[pos + 2] << 16) | ((uint32_t)data[pos + 3] << 24);
-    pos += 4;
-    if (len > size - pos) len = (uint32_t)(size - pos);
-    parts[n].data = data + pos;
-    parts[n].size = len;
-    n++;
-    pos += len;
-  }
+  size_t n = fuzz_split_parts(data, size, parts, MAX_PARTS);
   in_lo = data;
   in_hi = data + size;
 
