@@ -17,7 +17,9 @@
  * number gap, fewer than announced at the end) are counted as missing and
  * the series' end is flagged INCOMPLETE. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <md5.h>
 #include <zmq.h>
@@ -92,6 +94,8 @@ typedef struct dsrc_s {
   uint32_t width, height;
   beam_dtype_t dtype;
   int chan;       /* index of the channel taken (v2) */
+  char date_text[40]; /* the last v2 series_date seen, and its value */
+  uint64_t date_ns;
   beam_series_t *pending; /* series waiting for its first image to know its dtype */
   beam_dx_msg_t msg;      /* decoded message (large: kept off the stack) */
   /* counters */
@@ -309,6 +313,65 @@ static int hash_ok(const beam_dx_image_t *im, const beam_dx_array_t *a) {
   return 1;
 }
 
+/* An RFC 3339 date-time ("2026-12-02T06:00:00.25Z", "...+02:00") as ns
+ * since the epoch; 0 when it is not one. */
+static uint64_t rfc3339_ns(const char *p, size_t n) {
+  char b[40];
+  if (!p || n >= sizeof b)
+    return 0;
+  memcpy(b, p, n);
+  b[n] = 0;
+  int y, mo, d, h, mi, sec, used = 0;
+  if (sscanf(b, "%4d-%2d-%2d%*1[Tt ]%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &sec, &used) != 6 ||
+      !used)
+    return 0;
+  const char *q = b + used;
+  double frac = 0;
+  if (*q == '.') {
+    char *e;
+    frac = strtod(q, &e);
+    q = e;
+  }
+  long off = 0;
+  if (*q == 'Z' || *q == 'z') {
+    q++;
+  } else if (*q == '+' || *q == '-') {
+    int oh, om, k = 0;
+    if (sscanf(q + 1, "%2d:%2d%n", &oh, &om, &k) != 2 || k != 5)
+      return 0;
+    off = (oh * 60L + om) * 60L * (*q == '-' ? -1 : 1);
+    q += 6;
+  } else {
+    return 0;
+  }
+  struct tm tm = {.tm_year = y - 1900, .tm_mon = mo - 1, .tm_mday = d, .tm_hour = h,
+                  .tm_min = mi, .tm_sec = sec};
+  time_t t = timegm(&tm);
+  if (*q || t == (time_t)-1 || t - off < 0 || !(frac >= 0 && frac < 1))
+    return 0;
+  return (uint64_t)(t - off) * 1000000000ull + (uint64_t)(frac * 1e9);
+}
+
+/* v2: when the image was taken (series_date + start_time), realtime ns; 0
+ * when the detector did not say. v1's dconfig ticks count from an arm time
+ * the stream does not carry. */
+static uint64_t acq_ns(dsrc_t *s, const beam_dx_image_t *im) {
+  if (!im->series_date || !isfinite(im->start_time_s) || im->start_time_s < 0)
+    return 0;
+  if (im->series_date_len >= sizeof s->date_text ||
+      memcmp(s->date_text, im->series_date, im->series_date_len) ||
+      s->date_text[im->series_date_len]) {
+    s->date_ns = 0;
+    s->date_text[0] = 0;
+    if (im->series_date_len < sizeof s->date_text) {
+      memcpy(s->date_text, im->series_date, im->series_date_len);
+      s->date_text[im->series_date_len] = 0;
+      s->date_ns = rfc3339_ns(im->series_date, im->series_date_len);
+    }
+  }
+  return s->date_ns ? s->date_ns + (uint64_t)(im->start_time_s * 1e9) : 0;
+}
+
 /* The part (of the message's) that holds the blob: v1 sends it as its own
  * part, v2 inside the one CBOR part. */
 static beam_owner_t *blob_owner(const beam_part_t *parts, size_t n, const void *blob) {
@@ -330,6 +393,7 @@ static void frame_in(dsrc_t *s, const beam_dx_image_t *im, const beam_dx_array_t
   h->series_id = s->series_id;
   h->frame_id = im->image_id;
   h->seq = im->image_id;
+  h->t_acq_ns = acq_ns(s, im);
   h->dtype = (uint8_t)s->dtype;
   h->ndim = 2;
   h->shape[0] = s->height;

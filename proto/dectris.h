@@ -104,6 +104,8 @@ typedef struct beam_dx_start_s {
   size_t config_len;
   const void *user_data; /* v1 header appendix part; v2 user_data (raw CBOR item) */
   size_t user_data_len;
+  const char *arm_date;  /* v2 arm_date, RFC 3339 text (not NUL-terminated); NULL when not sent */
+  size_t arm_date_len;
 } beam_dx_start_t;
 
 typedef struct beam_dx_image_s {
@@ -119,6 +121,10 @@ typedef struct beam_dx_image_s {
   size_t hash_len;
   const void *user_data; /* v1 image appendix part; v2 user_data (raw CBOR item) */
   size_t user_data_len;
+  /* v2 series_date, RFC 3339 text (not NUL-terminated), NULL when not
+   * sent: start_time and stop_time count from it. */
+  const char *series_date;
+  size_t series_date_len;
 } beam_dx_image_t;
 
 typedef struct beam_dx_msg_s {

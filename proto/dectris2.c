@@ -154,6 +154,8 @@ typedef enum field_e {
   F_STOP_TIME,
   F_REAL_TIME,
   F_DATA,
+  F_ARM_DATE,
+  F_SERIES_DATE,
   F_COUNT_
 } field_t;
 
@@ -195,6 +197,8 @@ static const struct {
     FLD(F_STOP_TIME, "stop_time", K_IMAGE, "a Rational [num, den]"),
     FLD(F_REAL_TIME, "real_time", K_IMAGE, "a Rational [num, den]"),
     FLD(F_DATA, "data", K_IMAGE, "a map of channel to MultiDimArray"),
+    FLD(F_ARM_DATE, "arm_date", K_START, "a DateTime text"),
+    FLD(F_SERIES_DATE, "series_date", K_IMAGE, "a DateTime text"),
 #undef FLD
 };
 
@@ -571,6 +575,11 @@ static int start_field(dx_t *x, field_t f, unsigned depth, beam_dx_start_t *s, c
     s->user_data = at;
     s->user_data_len = (size_t)(x->c.p - at);
     return 0;
+  case F_ARM_DATE:
+    if (get_text(x, depth, f, &it)) return BEAM_EPROTO;
+    s->arm_date = (const char *)it.data;
+    s->arm_date_len = (size_t)it.val;
+    return 0;
   default: return skip(x, depth); /* not a start field: field_of() filters these */
   }
 }
@@ -584,6 +593,13 @@ static int image_field(dx_t *x, field_t f, unsigned depth, beam_dx_image_t *im) 
   case F_STOP_TIME: return get_rational(x, depth, f, &im->stop_time_s);
   case F_REAL_TIME: return get_rational(x, depth, f, &im->real_time_s);
   case F_DATA: return parse_channel_map(x, depth, f, im->data, &im->nchannels);
+  case F_SERIES_DATE: {
+    beam_cbor_item_t it;
+    if (get_text(x, depth, f, &it)) return BEAM_EPROTO;
+    im->series_date = (const char *)it.data;
+    im->series_date_len = (size_t)it.val;
+    return 0;
+  }
   case F_USER_DATA:
     if (skip(x, depth)) return BEAM_EPROTO;
     im->user_data = at;

@@ -328,6 +328,10 @@ def test_v2_stream_bit_exact(tmp_path, ports, zctx, start_beamd, enc):
     assert dx["v2_messages"] == n + 2 and dx["images"] == n and dx["missing"] == 0
     meta = json.loads(attrs["metadata_json"])
     assert meta["energy"] == 12400.0 and meta["nframes"] == n
+    # series_date 2026-12-02T06:00:00Z + start_time 250000 * i / 50 MHz
+    with h5py.File(str(tmp_path / "rec" / ("series_%d.h5" % SERIES)), "r") as f:
+        t_acq = f["/entry/data/t_acq_ns"][...].tolist()
+    assert t_acq == [1796191200 * 10**9 + 5000000 * i for i in range(n)], t_acq
     assert meta["dectris"]["channel"] == "threshold_2"
     assert meta["dectris"]["threshold_energy"] == 7200.0
     assert meta["dectris"]["series_unique_id"] == "01HBV3JPF9T4ZDPADX6EMK6XMZ"

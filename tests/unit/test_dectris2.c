@@ -632,6 +632,9 @@ static void check_image(const beam_dx_msg_t *m, const enc_t *e, const chan_t *ch
   assert_int_equal(m->end_series_id, 7);
   assert_int_equal(im->nchannels, n);
   assert_true(im->start_time_s == 2.0);
+  assert_non_null(im->series_date); /* the text inside tag 0, borrowed */
+  assert_int_equal(im->series_date_len, 24);
+  assert_memory_equal(im->series_date, "2024-05-01T12:00:00.000Z", 24);
   assert_true(im->stop_time_s == 100215873.0 / 50000000.0);
   assert_true(im->real_time_s == 215873.0 / 50000000.0);
   assert_true(fabs(im->real_time_s - 0.00431746) < 1e-12);
@@ -706,6 +709,8 @@ static void test_start_full(void **state) {
   assert_string_equal(s->channels[1], "threshold_2");
   assert_true(s->threshold_ev[0] == 6200.0);
   assert_true(s->threshold_ev[1] == 9000.0);
+  assert_non_null(s->arm_date);
+  assert_int_equal(s->arm_date_len, 24);
   assert_true(isnan(s->threshold_ev[2]) && isnan(s->threshold_ev[3]));
   assert_int_equal(s->nflatfield, 2);
   assert_int_equal(s->npixel_mask, 2);
