@@ -6,7 +6,7 @@
 #   make check-unit      unit tests only;  make check-gpu: GPU cross-checks only
 #   make SANITIZER=address|undefined check-unit
 #   make bench           benchmarks (figures, not pass/fail)
-#   make fuzz            run the protocol decoder fuzzer for FUZZ_SECONDS
+#   make fuzz            run every decoder fuzzer (tests/fuzz/fuzz_*.c) for FUZZ_SECONDS each
 #   make deps            install the Debian packages everything here needs
 #   make install         binary, tools, unit and config under $(DESTDIR)$(PREFIX)
 

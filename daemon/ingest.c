@@ -9,10 +9,8 @@
  *
  * Every malformed message is counted, logged (rate-limited) with the reason
  * and dropped; the messages around it are processed normally. */
-#include <errno.h>
 #include <string.h>
 
-#include <zmq.h>
 
 #include "daemon/beamd.h"
 
