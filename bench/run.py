@@ -3,8 +3,9 @@
 
 Figures, not pass/fail: throughput of beamd against raw ZeroMQ on the same
 messages, frame-in -> result-out latency while not saturated, the daemon's
-resident memory, CPU kernel micro-benchmarks, and HDF5 replay through beamd
-against the raw chunk read rate (bench/replay.py, which needs h5py).
+resident memory, CPU kernel micro-benchmarks, HDF5 replay through beamd
+against the raw chunk read rate (bench/replay.py, which needs h5py), and the
+DECTRIS detector input against raw ZeroMQ (bench/dectris.py).
 Everything runs on loopback with ports and ipc paths of its own, every child
 process has a timeout, and the whole run is bounded (about 4 minutes at the
 defaults).
@@ -447,6 +448,9 @@ def summary(res):
     if res.get("xpcs"):
         import xpcs
         L.extend(xpcs.summary_lines(res["xpcs"]))
+    if res.get("dectris"):
+        import dectris
+        L.extend(dectris.summary_lines(res["dectris"]))
     if res.get("ptycho"):
         L.append("DM ptychography, CPU engine, %d threads (median of %d iterations)" %
                  (res["ptycho"]["threads"], res["ptycho"]["iters"]))
@@ -486,13 +490,15 @@ def main():
     ap.add_argument("--kernel-runs", type=int, default=7)
     ap.add_argument("--replay-pass-mib", type=int, default=512,
                     help="replay: decoded frame bytes per pass, MiB (default 512)")
+    ap.add_argument("--dectris-seconds", type=float, default=1.0,
+                    help="dectris: length of each run (default 1; --reps runs of each case)")
     ap.add_argument("--only", choices=["throughput", "latency", "kernels", "replay", "xpcs", "view",
-                                        "ptycho", "ptycho_gpu"],
+                                        "ptycho", "ptycho_gpu", "dectris"],
                     action="append",
                     help="run only these figures (repeatable; latency includes memory)")
     a = ap.parse_args()
     only = set(a.only or ["throughput", "latency", "kernels", "replay", "xpcs", "view",
-                          "ptycho", "ptycho_gpu"])
+                          "ptycho", "ptycho_gpu", "dectris"])
     a.json = a.json or os.path.join(a.build, "bench-results.json")
 
     b = Bench(a)
@@ -501,7 +507,7 @@ def main():
             sys.exit("bench: %s is missing; run `make BUILD=%s` first" % (exe, a.build))
     res = {"machine": machine_info(),
            "params": {"seconds": a.seconds, "reps": a.reps, "rates": a.rates, "skip": a.skip,
-                      "replay_pass_mib": a.replay_pass_mib,
+                      "replay_pass_mib": a.replay_pass_mib, "dectris_seconds": a.dectris_seconds,
                       "queue_bytes_per_socket": QUEUE_BYTES},
            "errors": [], "json_path": a.json}
     m = res["machine"]
@@ -516,6 +522,11 @@ def main():
               lambda: res.__setitem__("replay", b.replay_bench())),
              ("xpcs", "XPCS multi-tau (bench/xpcs.py: stage kernel, daemon end to end)",
               lambda: res.__setitem__("xpcs", __import__("xpcs").run(a.build))),
+             ("dectris", "DECTRIS detector input (bench/dectris.py: EIGER 4M stream v1 and "
+              "EIGER2 16M stream v2, bslz4, raw ZeroMQ vs beamd record pass-through and roi_sum; "
+              "decoder and parse cost)",
+              lambda: res.__setitem__("dectris", __import__("dectris").run(
+                  a.build, a.dectris_seconds, a.reps, log, tmp=b.tmp))),
              ("view", "live viewer (bench/view.py: viewer CPU, published -> drawn latency, "
               "daemon throughput with and without a viewer)",
               lambda: res.__setitem__("view", __import__("view").run(a.build))),
@@ -540,6 +551,8 @@ def main():
                 log("  ERROR: %s" % e)
     finally:
         b.stop_daemon()
+    # A figure that ran with some of its cases failed keeps its errors.
+    res["errors"].extend("dectris: " + e for e in (res.get("dectris") or {}).get("errors", []))
     m["loadavg_end"] = os.getloadavg()[0]
     res["wall_s"] = time.time() - t0
     os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
