@@ -75,6 +75,10 @@ const beam_param_t beam_record_params[] = {
      "chunk compression: bslz4 (HDF5 filter 32008) or none", NULL},
     {"chunk_frames", BEAM_P_INT, "1", 0, 1, 1024, NULL, NULL,
      "frames per HDF5 chunk", NULL},
+    {"check", BEAM_P_ENUM, "decode", 0, 0, 0, "decode|framing", NULL,
+     "bitshuffle-LZ4 frames stored as they came: decode = every LZ4 block decompressed to check "
+     "it; framing = block headers and sizes only (faster; a corrupt LZ4 stream inside intact "
+     "framing would be stored)", NULL},
     BEAM_PARAM_END};
 
 typedef struct rec_s {
@@ -82,6 +86,7 @@ typedef struct rec_s {
   char dir[4096];
   char prefix[132];
   int bslz4;
+  int check_decode; /* check: decode (else framing) */
   unsigned chunk_frames;
   /* series (copied: the stage keeps no reference to the series object) */
   int open;
@@ -170,6 +175,7 @@ static int rec_init(beam_stage_t *self, beam_diag_t *d) {
   const char *prefix = beam_cfg_str(self->cfg, "prefix");
   const char *comp = beam_cfg_str(self->cfg, "compress");
   int64_t cf = beam_cfg_int(self->cfg, "chunk_frames", 1);
+  const char *check = beam_cfg_str(self->cfg, "check");
   int rc = 0;
   if (!dir || !dir[0] || strlen(dir) >= sizeof s->dir)
     rc = BEAM_DIAG(d, BEAM_ECONFIG, "record: dir must be a path of 1..%zu characters", sizeof s->dir - 1);
@@ -184,6 +190,7 @@ static int rec_init(beam_stage_t *self, beam_diag_t *d) {
     snprintf(s->prefix, sizeof s->prefix, "%s", prefix ? prefix : "");
     s->bslz4 = !comp || !strcmp(comp, "bslz4");
     s->chunk_frames = (unsigned)cf;
+    s->check_decode = !check || strcmp(check, "framing") != 0;
     rc = check_dir(s->dir, d);
   }
   self->process_encoded = rec_process_encoded;
@@ -524,8 +531,11 @@ static uint64_t rd_be(const uint8_t *p, int n) {
 
 /* 1 when src is a 32008 chunk the filter will turn into exactly raw_bytes:
  * the checks of beam_codec_decode, with each LZ4 block decompressed into
- * scratch (block bytes) but not bit-unshuffled, which cannot fail. */
-static int bslz4_chunk_ok(const uint8_t *src, size_t len, size_t raw_bytes, size_t es, uint8_t *scratch) {
+ * scratch (block bytes) but not bit-unshuffled, which cannot fail. Without
+ * decode (check: framing) the LZ4 streams themselves are taken on trust:
+ * only the framing must account for every byte. */
+static int bslz4_chunk_ok(const uint8_t *src, size_t len, size_t raw_bytes, size_t es,
+                          uint8_t *scratch, int decode) {
   if (len < REC_FRAMING_HDR || rd_be(src, 8) != raw_bytes)
     return 0;
   size_t bbytes = (size_t)rd_be(src + 8, 4);
@@ -544,9 +554,14 @@ static int bslz4_chunk_ok(const uint8_t *src, size_t len, size_t raw_bytes, size
     pos += 4;
     if (c > len - pos || c > (size_t)LZ4_MAX_INPUT_SIZE)
       return 0;
-    int got = LZ4_decompress_safe((const char *)src + pos, (char *)scratch, (int)c, (int)(cnt * es));
-    if (got < 0 || (size_t)got != cnt * es)
-      return 0;
+    if (decode) {
+      int got = LZ4_decompress_safe((const char *)src + pos, (char *)scratch, (int)c,
+                                    (int)(cnt * es));
+      if (got < 0 || (size_t)got != cnt * es)
+        return 0;
+    } else if ((size_t)c > LZ4_COMPRESSBOUND(cnt * es)) {
+      return 0; /* more than LZ4 could have made of the block */
+    }
     pos += c;
   }
   return len - pos == (n % REC_BSHUF_MULT) * es;
@@ -589,7 +604,7 @@ static int rec_process_encoded(beam_stage_t *self, beam_frame_t *in, beam_emit_t
     if (!fits)
       return 0;
   }
-  if (!decoded_ok && !bslz4_chunk_ok(chunk, len, s->frame_bytes, s->elem, s->scratch))
+  if (!decoded_ok && !bslz4_chunk_ok(chunk, len, s->frame_bytes, s->elem, s->scratch, s->check_decode))
     return 0;
   add_row(s, in, flags);
   int rc = store_chunk(self, s, 1, chunk, len, 0, &self->diag);

@@ -24,9 +24,13 @@
 #include "daemon/stage_record.h"
 #include "tests/common/stage_harness.h"
 
+static const char *g_check; /* record's check key for the next new_stage, NULL = default */
+
 static int new_stage(bh_t **h, const char *dir, const char *compress, const char *chunk,
                      const char *prefix, beam_diag_t *d) {
   beam_cnode_t *cfg = bh_stage_cfg("record");
+  if (g_check)
+    bh_set(cfg, "check", g_check);
   bh_set(cfg, "dir", dir);
   if (compress)
     bh_set(cfg, "compress", compress);
@@ -600,6 +604,38 @@ static void test_passthrough_fallbacks(void **state) {
   assert_int_equal(run_case(&bad, 6, 1, 1), 3);
 }
 
+/* check: framing takes the LZ4 streams on trust: the broken body is stored
+ * as it came (passes through), while a wrong size or a stray byte, which
+ * the framing shows, still go the ordinary way and are CORRUPT. */
+static void test_passthrough_check_framing(void **state) {
+  (void)state;
+  g_check = "framing";
+  static const int spoil[4] = {SPOIL_NONE, SPOIL_SIZE, SPOIL_TRAIL, SPOIL_NONE};
+  fb_case_t bad = {NULL, NULL, "frm_", BEAM_CODEC_BSLZ4, 0, spoil};
+  assert_int_equal(run_case(&bad, 4, 1, 1), 2);
+  bh_t *h;
+  beam_diag_t d = {0};
+  assert_int_equal(new_stage(&h, bh_tmpdir(), NULL, NULL, "frm2_", &d), 0);
+  uint32_t shape[2] = {40, 36};
+  assert_int_equal(bh_start(h, BEAM_DT_U16, 2, shape, &d), 0);
+  beam_frame_t **r = refs(h, BEAM_DT_U16, shape, 1);
+  beam_pool_t *p = beam_pool_new(1, r[0]->nbytes, 0, &d);
+  enc_t e;
+  beam_frame_t *f = pending_frame(p, r[0], BEAM_CODEC_BSLZ4, 0, SPOIL_BODY, &e);
+  assert_int_equal(feed(h, f, NULL), 1); /* stored without a decode */
+  assert_int_equal(passthrough_count(h), 1);
+  assert_int_equal(bh_end(h), 0);
+  char path[512];
+  snprintf(path, sizeof path, "%s/frm2_series_%llu.h5", bh_tmpdir(),
+           (unsigned long long)h->series.series_id);
+  assert_stored_chunk(path, 0, e.buf, e.len);
+  beam_frame_unref(f);
+  beam_pool_close(&p);
+  free_frames(r, 1);
+  bh_free(&h);
+  g_check = NULL;
+}
+
 /* Another stage decodes each frame on its own thread while record stores it:
  * whichever wins, the decoder gets the exact pixels and the file holds
  * them. For even frames the decoder and the stage start together after a
@@ -685,6 +721,7 @@ int main(void) {
       cmocka_unit_test(test_incomplete_stays_partial), cmocka_unit_test(test_series_metadata),
       cmocka_unit_test(test_init_errors),        cmocka_unit_test(test_registered),
       cmocka_unit_test(test_passthrough_bslz4),  cmocka_unit_test(test_passthrough_fallbacks),
+      cmocka_unit_test(test_passthrough_check_framing),
       cmocka_unit_test(test_passthrough_concurrent_decoder),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
