@@ -80,7 +80,6 @@ typedef struct fmap_ent_s {
 } fmap_ent_t;
 
 typedef struct replay_s {
-  beamd_t *d;
   beamd_zsock_t zs;        /* DEALER to the server's REP */
   /* input.replay */
   unsigned credit, cfg_depth;
@@ -887,7 +886,6 @@ static int replay_open(beamd_t *d, void **state, const beam_cnode_t *conf, char 
     return BEAM_ENOMEM;
   }
   *state = r;
-  r->d = d;
   /* Handles first: close must find them initialised whatever fails below. */
   uv_timer_init(&d->loop, &r->tick);
   r->tick.data = d;
