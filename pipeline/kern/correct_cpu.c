@@ -58,6 +58,20 @@
     }                                                                           \
   } while (0)
 
+/* The same when the gap test cannot change the result: no gap value (NaN
+ * equals nothing), or one at or above saturation (v == gap_f >= sat_f
+ * implies v >= sat_f), as uint16 with saturation below 65535 has. Two
+ * vector operations of nine fewer per 8 pixels, the same bits. */
+#define CORRECT_LOOP_PLAIN_SAT(T)                                               \
+  do {                                                                          \
+    const T *restrict r = raw;                                                  \
+    for (size_t i = 0; i < n; i++) {                                            \
+      float v = (float)r[i];                                                    \
+      float o = v < thr_f ? 0.0f : v;                                           \
+      out[i] = v >= sat_f ? badv : o;                                           \
+    }                                                                           \
+  } while (0)
+
 static float ceil_float(double x) {
   float f = (float)x;
   if ((double)f < x)
@@ -71,6 +85,22 @@ static float exact_float(double x) {
   return (double)f == x ? f : NAN;
 }
 
+/* An AVX2 clone where the CPU has it, as roi_sum has: the baseline
+ * x86-64 build (SSE2) lacks the widening loads and blends these loops
+ * need and emulates them: 512x512 uint16 without tables, 49 -> 21 us a
+ * frame (16-18 us with the saturation-only loop), against 10 us for a
+ * memcpy of the input bytes. The same operations in the same order, so
+ * the same bits. */
+#if !defined(CORRECT_CLONES) && defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones) /* -DCORRECT_CLONES= builds SSE2 only */
+#define CORRECT_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef CORRECT_CLONES
+#define CORRECT_CLONES
+#endif
+
+CORRECT_CLONES
 void beam_correct_cpu(const beam_correct_tab_t *t, const beam_correct_conf_t *c,
                       beam_dtype_t dt, const void *raw, float *restrict out) {
   const float *restrict dk = t->dark, *restrict fl = t->flat;
@@ -79,6 +109,11 @@ void beam_correct_cpu(const beam_correct_tab_t *t, const beam_correct_conf_t *c,
   const double thr = c->threshold, sat = c->saturation, gap = t->gap;
   const float thr_f = ceil_float(thr), sat_f = ceil_float(sat), gap_f = exact_float(gap);
   const float badv = c->bad_value;
+  const int gap_moot = isnan(gap_f) || gap_f >= sat_f;
+  if (t->plain && dt == BEAM_DT_U16 && gap_moot) {
+    CORRECT_LOOP_PLAIN_SAT(uint16_t);
+    return;
+  }
   if (t->plain && dt == BEAM_DT_U16) {
     CORRECT_LOOP_PLAIN(uint16_t);
     return;
