@@ -38,6 +38,12 @@ enum { IT_START, IT_FRAME, IT_END, IT_QUIT };
  * a futex and two context switches each time. */
 #define SMALL_OUT_SLOTS 64u
 #define SMALL_OUT_BYTES (1u << 20)
+/* Frames up to this size wake the next stage once per few frames (queue
+ * BATCH_WAKE, or when their producer waits), as input frames in a batch
+ * do: a stage faster than its upstream would otherwise sleep and be woken
+ * for every frame. Larger frames wake it at once, while the frame the
+ * upstream just wrote is still in the cache. */
+#define BATCH_OUT_BYTES (2u << 20)
 
 /* Shared by the END items of one series: the last stage to finish it
  * reports the series done. */
@@ -71,6 +77,7 @@ typedef struct out_s {
   beam_pool_t *pool;
   node_t *cons[MAX_CONSUMERS];
   unsigned ncons;
+  int batch; /* small frames: consumers woken per few frames (BATCH_OUT_BYTES) */
 } out_t;
 
 /* A downstream stage and which of our outputs it reads (by name, resolved
@@ -96,6 +103,7 @@ struct node_s {
   beam_series_t *series; /* current series when start succeeded */
   int series_ok;
   int idle_more; /* the stage's idle op asked to be called again */
+  int kick;      /* frames pushed downstream without waking their stage */
   int upstream;          /* node index of the input stage, -1 = frames */
   /* ingest_idx of the frame being processed, UINT64_MAX when idle (read
    * by beam_graph_watermark under the queue lock). */
@@ -291,12 +299,29 @@ typedef struct emit_ctx_s {
   const beam_frame_t *in;
 } emit_ctx_t;
 
+/* Wakes the downstream stages for the frames emit_put gave them without
+ * waking them (small frames, BATCH_OUT_BYTES): before this worker waits,
+ * for its next item or for an output slot (which only they can give
+ * back), and when it has nothing more queued. */
+static void kick_consumers(node_t *nd) {
+  if (!nd->kick)
+    return;
+  nd->kick = 0;
+  for (unsigned o = 0; o < nd->stage.nouts; o++)
+    for (unsigned i = 0; i < nd->outs[o].ncons; i++)
+      queue_kick(&nd->outs[o].cons[i]->q);
+}
+
 static beam_frame_t *emit_get(void *ctx, unsigned out) {
   emit_ctx_t *ec = ctx;
   node_t *nd = ec->nd;
   if (out >= nd->stage.nouts || !nd->outs[out].pool)
     return NULL;
-  beam_frame_t *f = beam_pool_get(nd->outs[out].pool, -1);
+  beam_frame_t *f = beam_pool_try_get(nd->outs[out].pool);
+  if (!f) {
+    kick_consumers(nd);
+    f = beam_pool_get(nd->outs[out].pool, -1);
+  }
   if (!f)
     return NULL;
   const beam_outdesc_t *o = &nd->stage.outs[out];
@@ -342,8 +367,9 @@ static void emit_put(void *ctx, beam_frame_t *f) {
   for (unsigned i = 0; i < o->ncons; i++) {
     item_t it = {.kind = IT_FRAME, .frame = f};
     atomic_fetch_add(&g->inflight, 1);
-    queue_push(&o->cons[i]->q, &it);
+    queue_push_b(&o->cons[i]->q, &it, o->batch);
   }
+  nd->kick |= o->batch && o->ncons;
   if (nd->publish)
     g->hooks.on_result(g->hooks.ctx, f);
 }
@@ -432,6 +458,7 @@ static void on_start(node_t *nd, item_t *it) {
                      : bytes * SMALL_OUT_SLOTS <= SMALL_OUT_BYTES ? SMALL_OUT_SLOTS
                                                                   : DEFAULT_OUT_SLOTS;
     nd->outs[o].pool = beam_pool_new(slots, bytes ? bytes : 1, 0, &pd);
+    nd->outs[o].batch = bytes <= BATCH_OUT_BYTES;
     if (!nd->outs[o].pool) {
       report(nd, it->series->series_id, 0, pd.msg);
       close_out_pools(nd);
@@ -550,12 +577,24 @@ static void on_end(node_t *nd, item_t *it) {
 static void *worker_main(void *arg) {
   node_t *nd = arg;
   beam_graph_t *g = nd->g;
+  /* "st:<stage>" (cut to 15 bytes) in ps, top and perf, so that each
+   * stage's CPU time can be told apart (/proc/PID/task/TID/comm). */
+  char tname[16] = "st:";
+  size_t tl = strnlen(nd->stage.name, sizeof tname - 4);
+  memcpy(tname + 3, nd->stage.name, tl);
+  tname[3 + tl] = 0;
+  pthread_setname_np(pthread_self(), tname);
   for (;;) {
     item_t it;
     int idle = nd->idle_more && nd->series_ok && nd->stage.idle && !nd->stage.interrupt;
-    if (!queue_pop(&nd->q, &it, &nd->cur_idx, !idle)) {
-      on_idle(nd);
-      continue;
+    if (!queue_pop(&nd->q, &it, &nd->cur_idx, 0)) {
+      /* Nothing queued: what this stage emitted goes on now. */
+      kick_consumers(nd);
+      if (idle) {
+        on_idle(nd);
+        continue;
+      }
+      queue_pop(&nd->q, &it, &nd->cur_idx, 1);
     }
     nd->idle_more = it.kind == IT_FRAME || it.kind == IT_START;
     int quit = it.kind == IT_QUIT;
@@ -583,6 +622,9 @@ static void *worker_main(void *arg) {
       forward(nd, &it);
       break;
     }
+    /* Nothing more queued: what this item produced goes on now. */
+    if (nd->kick && queue_depth(&nd->q) == 0)
+      kick_consumers(nd);
     atomic_fetch_sub(&g->inflight, 1);
     room_maybe(g);
     if (quit)
