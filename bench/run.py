@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import signal
 import socket
 import statistics
@@ -82,6 +83,68 @@ def machine_info():
         "kernel": platform.release(),
         "loadavg_start": os.getloadavg()[0],
     }
+
+
+def thread_cpu(pid):
+    """{tid: (comm, ns on CPU)} for every thread of pid (schedstat: exact)."""
+    out = {}
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return out
+    for t in tids:
+        try:
+            with open("/proc/%d/task/%s/comm" % (pid, t)) as f:
+                comm = f.read().strip()
+            with open("/proc/%d/task/%s/schedstat" % (pid, t)) as f:
+                out[int(t)] = (comm, int(f.read().split()[0]))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def busy_cpu_s():
+    """CPU seconds the whole machine has been busy (user, nice, system, irq, softirq)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
+
+
+def self_cpu_s():
+    a = resource.getrusage(resource.RUSAGE_SELF)
+    b = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime, b.ru_utime + b.ru_stime
+
+
+class CpuMeter:
+    """CPU per frame during one run: each beamd thread (by name: "beamd" is
+    the loop thread, "st:NAME" a stage, "ZMQbg/IO/0" ZeroMQ's I/O thread),
+    the sender and receiver together, and the CPU used meanwhile by
+    processes that are not ours ("other load", in cores): another job on
+    the machine changes every figure, so a run with other load is worth
+    rerunning."""
+
+    def __init__(self, pid=None):
+        self.pid = pid
+        self.t0 = thread_cpu(pid) if pid else {}
+        self.s0, self.c0 = self_cpu_s()
+        self.b0, self.w0 = busy_cpu_s(), time.monotonic()
+
+    def done(self, frames):
+        b1, w1 = busy_cpu_s(), time.monotonic()
+        s1, c1 = self_cpu_s()
+        t1 = thread_cpu(self.pid) if self.pid else {}
+        n = max(frames, 1)
+        per = {}
+        mine = (s1 - self.s0) + (c1 - self.c0)
+        for tid, (comm, ns) in t1.items():
+            if tid in self.t0:
+                d = (ns - self.t0[tid][1]) * 1e-9
+                mine += d
+                per[comm] = per.get(comm, 0.0) + d * 1e6 / n
+        return {"us_per_frame": {k: round(v, 1) for k, v in per.items() if v >= 0.05},
+                "send_recv_us_per_frame": round((c1 - self.c0) * 1e6 / n, 1),
+                "other_load_cores": round(max(0.0, (b1 - self.b0) - mine) / (w1 - self.w0), 3)}
 
 
 def proc_mem(pid):
@@ -250,13 +313,18 @@ stages:
                     for rep in range(self.a.reps):
                         # Raw: the same sender and receiver, nothing in between.
                         ep = eps.new("raw")
+                        meter = CpuMeter()
                         s, r = self.one_run(ep, ep, shape, hwm, bind_recv=True)
-                        raw.append({"send": s, "recv": r})
+                        raw.append({"send": s, "recv": r, "cpu": meter.done(r["counted"])})
+                        meter = CpuMeter(self.daemon.pid)
                         s, r = self.one_run(out_ep, in_ep, shape, hwm, topic="vd.sums")
-                        bd.append({"send": s, "recv": r})
-                        log("  %s %4dx%-4d rep %d: raw %8.1f frames/s   beamd %8.1f frames/s" %
+                        bd.append({"send": s, "recv": r, "cpu": meter.done(r["counted"])})
+                        other = max(raw[-1]["cpu"]["other_load_cores"],
+                                    bd[-1]["cpu"]["other_load_cores"])
+                        log("  %s %4dx%-4d rep %d: raw %8.1f frames/s   beamd %8.1f frames/s%s" %
                             (tr, shape, shape, rep + 1, raw[-1]["recv"]["e2e_fps"],
-                             bd[-1]["recv"]["e2e_fps"]))
+                             bd[-1]["recv"]["e2e_fps"],
+                             "   (other load %.2f cores)" % other if other >= 0.1 else ""))
                     stats = self.ctl(ctl_ep, "stats")
                 finally:
                     self.stop_daemon()
@@ -270,7 +338,18 @@ stages:
                                                        if busy_window else None),
                            "latency": st.get("latency")}
                           for st in stats.get("stages", [])]
+                cpu = {}
+                for run in bd:
+                    for k, v in run["cpu"]["us_per_frame"].items():
+                        cpu.setdefault(k, []).append(v)
+                cpu = {k: statistics.median(v) for k, v in cpu.items()}
+                cpu["send+recv"] = statistics.median(x["cpu"]["send_recv_us_per_frame"]
+                                                     for x in bd)
                 rows.append({
+                    "beamd_cpu_us_per_frame": cpu,
+                    "raw_cpu_us_per_frame": statistics.median(x["cpu"]["send_recv_us_per_frame"]
+                                                              for x in raw),
+                    "other_load_cores_max": max(x["cpu"]["other_load_cores"] for x in raw + bd),
                     "transport": tr, "shape": [shape, shape], "dtype": "uint16",
                     "frame_bytes": fbytes, "hwm": hwm,
                     "raw_fps": raw_fps, "raw_gbps": raw_fps * fbytes / 1e9,
@@ -398,6 +477,14 @@ def summary(res):
             busy = ", ".join("%s %.0f%%" % (s["name"], 100 * (s["busy_frac_of_beamd_runs"] or 0))
                              for s in r["beamd_stages"])
             L.append("  %-15s stage busy (share of beamd run time): %s" % ("", busy))
+            if r.get("beamd_cpu_us_per_frame"):
+                c = r["beamd_cpu_us_per_frame"]
+                L.append("  %-15s CPU us/frame: %s; raw send+recv %.0f%s" % (
+                    "", ", ".join("%s %.0f" % (k, c[k]) for k in sorted(c, key=lambda k: -c[k])
+                                  if c[k] >= 0.5),
+                    r["raw_cpu_us_per_frame"],
+                    "; other load up to %.2f cores: rerun" % r["other_load_cores_max"]
+                    if r["other_load_cores_max"] >= 0.1 else ""))
     if "latency" in res:
         L.append("Latency frame-in -> result-out, 512x512 uint16, tcp, paced "
                  "(sender t_acq_ns -> receiver, realtime clock)")
