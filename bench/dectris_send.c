@@ -51,6 +51,8 @@
 
 #include <zmq.h>
 
+#include "bench/bench_zmq.h"
+
 #include "bench/dectris_bench.h"
 
 #define MAX_PARTS 16
@@ -72,12 +74,6 @@ typedef struct opts_s {
   int hwm;
 } opts_t;
 
-static uint64_t now_ns(clockid_t c) {
-  struct timespec ts;
-  clock_gettime(c, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void usage(FILE *f) {
   fprintf(f,
           "usage: dectris_send send --endpoint EP [--bind] --stream 1|2 --shape 4m|16m|HxW\n"
@@ -90,24 +86,7 @@ static void usage(FILE *f) {
 }
 
 static int open_sock(void *ctx, int type, const opts_t *o, void **out) {
-  void *s = zmq_socket(ctx, type);
-  if (!s) {
-    fprintf(stderr, "dectris_send: zmq_socket: %s\n", zmq_strerror(errno));
-    return -1;
-  }
-  if (o->hwm > 0) {
-    zmq_setsockopt(s, ZMQ_SNDHWM, &o->hwm, sizeof o->hwm);
-    zmq_setsockopt(s, ZMQ_RCVHWM, &o->hwm, sizeof o->hwm);
-  }
-  int rc = o->bind ? zmq_bind(s, o->endpoint) : zmq_connect(s, o->endpoint);
-  if (rc != 0) {
-    fprintf(stderr, "dectris_send: cannot %s %s: %s\n", o->bind ? "bind" : "connect to",
-            o->endpoint, zmq_strerror(errno));
-    zmq_close(s);
-    return -1;
-  }
-  *out = s;
-  return 0;
+  return bench_open_sock(ctx, type, o->endpoint, o->bind, o->hwm, "dectris_send", out);
 }
 
 /* ---- send ------------------------------------------------------------------ */
@@ -192,11 +171,11 @@ static int do_send(const opts_t *o) {
     fprintf(stderr, "dectris_send send: start message: %s\n", zmq_strerror(errno));
     goto out;
   }
-  t0 = now_ns(CLOCK_MONOTONIC);
-  t0_real = now_ns(CLOCK_REALTIME);
+  t0 = bench_now_ns(CLOCK_MONOTONIC);
+  t0_real = bench_now_ns(CLOCK_REALTIME);
   const uint64_t t_end = t0 + (uint64_t)(o->seconds * 1e9);
   for (uint64_t i = 0;; i++) {
-    if (o->frames ? i >= o->frames : now_ns(CLOCK_MONOTONIC) >= t_end)
+    if (o->frames ? i >= o->frames : bench_now_ns(CLOCK_MONOTONIC) >= t_end)
       break;
     unsigned b = (unsigned)(i % k);
     if (o->stream == 1) {
@@ -237,7 +216,7 @@ static int do_send(const opts_t *o) {
     blob_bytes += bank.len[b];
     sent++;
   }
-  t1 = now_ns(CLOCK_MONOTONIC);
+  t1 = bench_now_ns(CLOCK_MONOTONIC);
   if (o->stream == 1) {
     char e[96];
     int n = dxb_v1_end(e, sizeof e, o->series);
@@ -270,9 +249,9 @@ out:
      * here with libzmq 4.3.4). */
     fflush(stdout);
     if (rc == 0 && o->hold_s > 0) {
-      const uint64_t until = now_ns(CLOCK_MONOTONIC) + (uint64_t)(o->hold_s * 1e9);
+      const uint64_t until = bench_now_ns(CLOCK_MONOTONIC) + (uint64_t)(o->hold_s * 1e9);
       struct timespec tick = {0, 10000000};
-      while (!g_stop && now_ns(CLOCK_MONOTONIC) < until)
+      while (!g_stop && bench_now_ns(CLOCK_MONOTONIC) < until)
         nanosleep(&tick, NULL);
     }
     /* Linger so the last images and the end reach the peer. */
@@ -350,7 +329,7 @@ static int do_recv(const opts_t *o) {
       more = zmq_msg_more(p);
       n++;
     }
-    uint64_t t = now_ns(CLOCK_MONOTONIC);
+    uint64_t t = bench_now_ns(CLOCK_MONOTONIC);
     messages++;
     if (kind == K_IMAGE) {
       if (!counted)
@@ -416,7 +395,7 @@ static int do_decode(const opts_t *o) {
   int rc = 0;
   uint64_t total = 0;
   for (unsigned r = 0; r < reps && rc == 0; r++) {
-    uint64_t n = 0, t0 = now_ns(CLOCK_MONOTONIC), t = t0;
+    uint64_t n = 0, t0 = bench_now_ns(CLOCK_MONOTONIC), t = t0;
     do {
       const char *why = NULL;
       unsigned b = (unsigned)(n % k);
@@ -427,7 +406,7 @@ static int do_decode(const opts_t *o) {
         break;
       }
       n++;
-      t = now_ns(CLOCK_MONOTONIC);
+      t = bench_now_ns(CLOCK_MONOTONIC);
     } while (n < k || (double)(t - t0) * 1e-9 < o->min_seconds);
     us[r] = (double)(t - t0) / 1e3 / (double)n;
     total += n;

@@ -33,6 +33,8 @@
 
 #include <zmq.h>
 
+#include "bench/bench_zmq.h"
+
 #include "proto/proto.h"
 
 #define MAX_PARTS (BEAM_MAX_PAYLOAD_PARTS + 3)
@@ -54,12 +56,6 @@ typedef struct opts_s {
   int hwm;
 } opts_t;
 
-static uint64_t now_ns(clockid_t c) {
-  struct timespec ts;
-  clock_gettime(c, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void usage(FILE *f) {
   fprintf(f,
           "usage: zthroughput send --endpoint EP [--bind] --shape HxW [--seconds S | --frames N]\n"
@@ -70,24 +66,7 @@ static void usage(FILE *f) {
 }
 
 static int open_sock(void *ctx, int type, const opts_t *o, void **out) {
-  void *s = zmq_socket(ctx, type);
-  if (!s) {
-    fprintf(stderr, "zthroughput: zmq_socket: %s\n", zmq_strerror(errno));
-    return -1;
-  }
-  if (o->hwm > 0) {
-    zmq_setsockopt(s, ZMQ_SNDHWM, &o->hwm, sizeof o->hwm);
-    zmq_setsockopt(s, ZMQ_RCVHWM, &o->hwm, sizeof o->hwm);
-  }
-  int rc = o->bind ? zmq_bind(s, o->endpoint) : zmq_connect(s, o->endpoint);
-  if (rc != 0) {
-    fprintf(stderr, "zthroughput: cannot %s %s: %s\n", o->bind ? "bind" : "connect to",
-            o->endpoint, zmq_strerror(errno));
-    zmq_close(s);
-    return -1;
-  }
-  *out = s;
-  return 0;
+  return bench_open_sock(ctx, type, o->endpoint, o->bind, o->hwm, "zthroughput", out);
 }
 
 /* ---- send ------------------------------------------------------------------ */
@@ -108,7 +87,7 @@ static int send_hdr_only(void *s, beam_hdr_t *h) {
   h->nparts = 0;
   h->payload_size = 0;
   h->raw_size = 0;
-  h->t_send_ns = h->t_acq_ns = now_ns(CLOCK_REALTIME);
+  h->t_send_ns = h->t_acq_ns = bench_now_ns(CLOCK_REALTIME);
   if (beam_hdr_encode(h, buf, sizeof buf) < 0)
     return -1;
   return zmq_send(s, buf, sizeof buf, 0) < 0 ? -1 : 0;
@@ -159,12 +138,12 @@ static int do_send(const opts_t *o) {
     rc = 1;
     goto out;
   }
-  const uint64_t t0 = now_ns(CLOCK_MONOTONIC);
+  const uint64_t t0 = bench_now_ns(CLOCK_MONOTONIC);
   const uint64_t t_end = t0 + (uint64_t)(o->seconds * 1e9);
   const double period = o->rate > 0 ? 1e9 / o->rate : 0;
   uint8_t buf[BEAM_HDR_SIZE_V1];
   for (uint64_t i = 0;; i++) {
-    if (o->frames ? i >= o->frames : now_ns(CLOCK_MONOTONIC) >= t_end)
+    if (o->frames ? i >= o->frames : bench_now_ns(CLOCK_MONOTONIC) >= t_end)
       break;
     if (period > 0) {
       uint64_t due = t0 + (uint64_t)(period * (double)i);
@@ -177,7 +156,7 @@ static int do_send(const opts_t *o) {
     h.seq = seq++;
     h.nparts = 1;
     h.raw_size = h.payload_size = bytes;
-    h.t_acq_ns = h.t_send_ns = now_ns(CLOCK_REALTIME);
+    h.t_acq_ns = h.t_send_ns = bench_now_ns(CLOCK_REALTIME);
     beam_hdr_encode(&h, buf, sizeof buf);
     zmq_msg_t m;
     /* ffn NULL: the bank outlives the context, ZeroMQ may keep pointers. */
@@ -191,7 +170,7 @@ static int do_send(const opts_t *o) {
     sent++;
     payload += bytes;
   }
-  const uint64_t t1 = now_ns(CLOCK_MONOTONIC);
+  const uint64_t t1 = bench_now_ns(CLOCK_MONOTONIC);
   hdr_base(&h, o, BEAM_MSG_SERIES_END);
   h.seq = seq++;
   h.frame_id = sent;
@@ -285,7 +264,7 @@ static int do_recv(const opts_t *o) {
         fprintf(stderr, "zthroughput recv: %s\n", zmq_strerror(errno));
       break;
     }
-    uint64_t t_mono = now_ns(CLOCK_MONOTONIC), t_real = now_ns(CLOCK_REALTIME);
+    uint64_t t_mono = bench_now_ns(CLOCK_MONOTONIC), t_real = bench_now_ns(CLOCK_REALTIME);
     messages++;
     beam_part_t parts[MAX_PARTS];
     int np = n < MAX_PARTS ? n : MAX_PARTS;

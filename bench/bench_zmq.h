@@ -1,0 +1,45 @@
+/* What the ZeroMQ benchmark programs (zthroughput, dectris_send) share:
+ * their clock and how they open a socket. Header-only: each bench program
+ * is one file with its own main. */
+#ifndef BEAM_BENCH_ZMQ_H
+#define BEAM_BENCH_ZMQ_H
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+
+#include <zmq.h>
+
+static inline uint64_t bench_now_ns(clockid_t c) {
+  struct timespec ts;
+  clock_gettime(c, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* A socket of `type` bound or connected to endpoint, with both HWMs set to
+ * hwm when it is > 0. Returns 0, or -1 with the reason on stderr under the
+ * program's name. */
+static inline int bench_open_sock(void *ctx, int type, const char *endpoint, int bind, int hwm,
+                                  const char *prog, void **out) {
+  void *s = zmq_socket(ctx, type);
+  if (!s) {
+    fprintf(stderr, "%s: zmq_socket: %s\n", prog, zmq_strerror(errno));
+    return -1;
+  }
+  if (hwm > 0) {
+    zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+  }
+  int rc = bind ? zmq_bind(s, endpoint) : zmq_connect(s, endpoint);
+  if (rc != 0) {
+    fprintf(stderr, "%s: cannot %s %s: %s\n", prog, bind ? "bind" : "connect to", endpoint,
+            zmq_strerror(errno));
+    zmq_close(s);
+    return -1;
+  }
+  *out = s;
+  return 0;
+}
+
+#endif
