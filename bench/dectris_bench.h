@@ -28,8 +28,8 @@
 #include <unistd.h>
 
 #include <jansson.h>
-#include <md5.h>
 
+#include "daemon/md5hex.h"
 #include "proto/proto.h"
 
 #define DXB_TICKS_V2 50000000u /* EIGER2 16M time base (notes 2.3) */
@@ -71,20 +71,6 @@ static inline void dxb_poisson(uint16_t *px, size_t n, double mean, uint64_t see
       k++;
     px[i] = (uint16_t)k;
   }
-}
-
-static inline void dxb_md5_hex(const void *p, size_t n, char out[33]) {
-  static const char hx[] = "0123456789abcdef";
-  MD5_CTX c;
-  uint8_t dg[MD5_DIGEST_LENGTH];
-  MD5Init(&c);
-  MD5Update(&c, p, n);
-  MD5Final(dg, &c);
-  for (int i = 0; i < MD5_DIGEST_LENGTH; i++) {
-    out[2 * i] = hx[dg[i] >> 4];
-    out[2 * i + 1] = hx[dg[i] & 15];
-  }
-  out[32] = '\0';
 }
 
 /* K frames of h x w uint16, bslz4-encoded once. */
@@ -146,7 +132,7 @@ static inline int dxb_bank_make(dxb_bank_t *b, uint32_t h, uint32_t w, double me
     memcpy(b->blob[i], enc, (size_t)n);
     free(enc);
     b->len[i] = (size_t)n;
-    dxb_md5_hex(b->blob[i], b->len[i], b->hash[i]);
+    beamd_md5_hex(b->blob[i], b->len[i], b->hash[i]);
   }
   free(px);
   free(scratch);

@@ -12,9 +12,8 @@
 #include <string.h>
 #include <time.h>
 
-#include <md5.h>
-
 #include "daemon/beamd.h"
+#include "daemon/md5hex.h"
 
 #define META_MAX (1u << 20)  /* series metadata JSON (the detector config) */
 #define INLINE_MAX 64        /* byte strings kept inline in it */
@@ -208,19 +207,13 @@ int beamd_dxs_start(beamd_dxs_t *s, const beam_dx_start_t *st, int version) {
 /* ---- images ------------------------------------------------------------------------ */
 
 static int hash_ok(const beam_dx_image_t *im, const beam_dx_array_t *a) {
-  static const char hex[] = "0123456789abcdef";
   if (!im->hash || im->hash_len != 32)
     return 0;
-  MD5_CTX c;
-  uint8_t dg[16];
-  MD5Init(&c);
-  MD5Update(&c, a->data, a->size);
-  MD5Final(dg, &c);
-  for (int i = 0; i < 16; i++) {
-    char hi = im->hash[2 * i] | 0x20, lo = im->hash[2 * i + 1] | 0x20; /* either case */
-    if (hi != hex[dg[i] >> 4] || lo != hex[dg[i] & 15])
+  char want[33];
+  beamd_md5_hex(a->data, a->size, want);
+  for (int i = 0; i < 32; i++)
+    if ((im->hash[i] | 0x20) != want[i]) /* either case */
       return 0;
-  }
   return 1;
 }
 

@@ -17,6 +17,7 @@
  * until then, which is also what a DCU does), and times in the messages are
  * nominal (frame k starts at k * frame_time), not clock readings.
  */
+#include "daemon/md5hex.h"
 #include "tools/beamd-sim/cbor_enc.h"
 #include "tools/beamd-sim/rng.h"
 #include "tools/beamd-sim/sim.h"
@@ -24,7 +25,6 @@
 #include <errno.h>
 #include <lz4.h>
 #include <math.h>
-#include <md5.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -310,20 +310,6 @@ static int dx_part(dx_t *dx, const void *p, size_t n, int more, int first) {
   }
 }
 
-static void md5_hex(const void *p, size_t n, char out[33]) {
-  static const char hx[] = "0123456789abcdef";
-  MD5_CTX c;
-  uint8_t dg[MD5_DIGEST_LENGTH];
-  MD5Init(&c);
-  MD5Update(&c, p, n);
-  MD5Final(dg, &c);
-  for (int i = 0; i < MD5_DIGEST_LENGTH; i++) {
-    out[2 * i] = hx[dg[i] >> 4];
-    out[2 * i + 1] = hx[dg[i] & 15];
-  }
-  out[32] = '\0';
-}
-
 static void be32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++)
     p[i] = (uint8_t)(v >> (24 - 8 * i));
@@ -400,7 +386,7 @@ static int dx_encode(dx_t *dx, int ch, beam_diag_t *d) {
   dx->blob_len[ch] = (size_t)n;
 hash:
   if (!dx->v2 && ch == 0)
-    md5_hex(dx->blob[0], dx->blob_len[0], dx->hash);
+    beamd_md5_hex(dx->blob[0], dx->blob_len[0], dx->hash);
   return 0;
 }
 
