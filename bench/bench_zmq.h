@@ -1,5 +1,5 @@
 /* What the ZeroMQ benchmark programs (zthroughput, dectris_send) share:
- * their clock and how they open a socket. Header-only: each bench program
+ * their clock, how they open a socket and read numeric options. Header-only: each bench program
  * is one file with its own main. */
 #ifndef BEAM_BENCH_ZMQ_H
 #define BEAM_BENCH_ZMQ_H
@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include <zmq.h>
@@ -39,6 +40,27 @@ static inline int bench_open_sock(void *ctx, int type, const char *endpoint, int
     return -1;
   }
   *out = s;
+  return 0;
+}
+
+/* Numeric options: 0, or -1 when s is not a whole unsigned number / a
+ * number >= 0. */
+static inline int parse_u64(const char *s, uint64_t *v) {
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(s, &end, 10);
+  if (errno || end == s || *end || s[0] == '-')
+    return -1;
+  *v = x;
+  return 0;
+}
+
+static inline int parse_pos_double(const char *s, double *v) {
+  char *end;
+  double x = strtod(s, &end);
+  if (end == s || *end || !(x >= 0))
+    return -1;
+  *v = x;
   return 0;
 }
 

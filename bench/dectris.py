@@ -40,6 +40,8 @@ import sys
 import tempfile
 import time
 
+import bench_daemon
+
 # case -> (shape name, stream version, C shape)
 CASES = {"4m-v1": ("4m", 1, (2167, 2070)), "16m-v2": ("16m", 2, (4362, 4148)),
          "4m-v2": ("4m", 2, (2167, 2070)), "16m-v1": ("16m", 1, (4362, 4148))}
@@ -60,17 +62,6 @@ def free_port():
 
 def load1():
     return os.getloadavg()[0]
-
-
-def _stop(p, timeout=10):
-    if p is None or p.poll() is not None:
-        return
-    p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
 
 
 class Dx:
@@ -126,12 +117,12 @@ class Dx:
                         raise RuntimeError("dectris_send send failed (%s): %s" %
                                            (p.returncode, p.stderr.read().strip()))
         except BaseException:
-            _stop(p)
+            bench_daemon.stop(p)
             raise
         return p, json.loads(line)
 
     def finish_sender(self, p):
-        _stop(p)
+        bench_daemon.stop(p)
         if p.returncode not in (0, -signal.SIGTERM):
             raise RuntimeError("dectris_send send exited %d: %s" %
                                (p.returncode, p.stderr.read().strip()))
@@ -143,29 +134,15 @@ class Dx:
                              timeout=timeout_s + 10)
 
     def start_daemon(self, cfg_text, ctl_ep, name):
-        path = os.path.join(self.tmp, name + ".yaml")
-        with open(path, "w") as f:
-            f.write(cfg_text)
-        self.daemon_log = open(os.path.join(self.tmp, name + ".log"), "w")
-        self.daemon = subprocess.Popen([self.beamd, "-c", path, "-l", "warning"],
-                                       stdout=self.daemon_log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            if self.daemon.poll() is not None:
-                break
-            try:
-                if self.ctl(ctl_ep, "ping", 0.5).get("ok"):
-                    return self.daemon.pid
-            except (RuntimeError, ValueError, subprocess.TimeoutExpired):
-                time.sleep(0.1)
-        self.stop_daemon()
-        with open(os.path.join(self.tmp, name + ".log")) as f:
-            raise RuntimeError("beamd did not start: " + f.read()[-2000:])
+        self.daemon, self.daemon_log = bench_daemon.launch(
+            self.beamd, self.tmp, cfg_text, name,
+            lambda: self.ctl(ctl_ep, "ping", 0.5).get("ok"), 20)
+        return self.daemon.pid
 
     def stop_daemon(self):
         if not self.daemon:
             return
-        _stop(self.daemon, 15)
+        bench_daemon.stop(self.daemon, 15)
         self.daemon = None
         self.daemon_log.close()
 
@@ -182,7 +159,7 @@ class Dx:
             snd, s = self.start_sender(ep, shape, stream, self.series, hwm, seconds)
             out, err = recv.communicate(timeout=60)
         finally:
-            _stop(recv)
+            bench_daemon.stop(recv)
             if snd:
                 self.finish_sender(snd)
         if recv.returncode != 0:
@@ -205,7 +182,7 @@ class Dx:
             snd, s = self.start_sender(in_ep, shape, stream, self.series, hwm, seconds)
             out, err = recv.communicate(timeout=90)
         finally:
-            _stop(recv)
+            bench_daemon.stop(recv)
             if snd:
                 self.finish_sender(snd)
         if recv.returncode != 0:

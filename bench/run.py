@@ -18,13 +18,14 @@ import json
 import os
 import platform
 import resource
-import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+import bench_daemon
 
 FRAME_SIZES = (512, 2048)
 TRANSPORTS = ("tcp", "ipc")
@@ -229,35 +230,15 @@ class Bench:
                          timeout=timeout_s + 10)
 
     def start_daemon(self, cfg_text, ctl_ep, name):
-        path = os.path.join(self.tmp, name + ".yaml")
-        with open(path, "w") as f:
-            f.write(cfg_text)
-        self.daemon_log = open(os.path.join(self.tmp, name + ".log"), "w")
-        self.daemon = subprocess.Popen([self.beamd, "-c", path, "-l", "warning"],
-                                       stdout=self.daemon_log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            if self.daemon.poll() is not None:
-                break
-            try:
-                if self.ctl(ctl_ep, "ping", 0.5).get("ok"):
-                    return self.daemon.pid
-            except (RuntimeError, ValueError, subprocess.TimeoutExpired):
-                time.sleep(0.1)
-        self.stop_daemon()
-        with open(os.path.join(self.tmp, name + ".log")) as f:
-            raise RuntimeError("beamd did not start: " + f.read()[-2000:])
+        self.daemon, self.daemon_log = bench_daemon.launch(
+            self.beamd, self.tmp, cfg_text, name,
+            lambda: self.ctl(ctl_ep, "ping", 0.5).get("ok"), 10)
+        return self.daemon.pid
 
     def stop_daemon(self):
         if not self.daemon:
             return
-        if self.daemon.poll() is None:
-            self.daemon.send_signal(signal.SIGTERM)
-            try:
-                self.daemon.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.daemon.kill()
-                self.daemon.wait()
+        bench_daemon.stop(self.daemon, 15)
         self.daemon = None
         self.daemon_log.close()
 

@@ -361,25 +361,6 @@ static int do_ctl(const opts_t *o, const char *cmd) {
 
 /* ---- main ------------------------------------------------------------------ */
 
-static int parse_u64(const char *s, uint64_t *v) {
-  char *end;
-  errno = 0;
-  unsigned long long x = strtoull(s, &end, 10);
-  if (errno || end == s || *end || s[0] == '-')
-    return -1;
-  *v = x;
-  return 0;
-}
-
-static int parse_pos_double(const char *s, double *v) {
-  char *end;
-  double x = strtod(s, &end);
-  if (end == s || *end || !(x >= 0))
-    return -1;
-  *v = x;
-  return 0;
-}
-
 int main(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
     usage(argc < 2 ? stderr : stdout);
