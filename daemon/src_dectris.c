@@ -128,7 +128,6 @@ static void release_held(dsrc_t *s, stream_t *k) {
     beamd_zmsg_owner_init(&zo[i], &k->hparts[i]);
     bp[i] = (beam_part_t){zmq_msg_data(&k->hparts[i]), zmq_msg_size(&k->hparts[i]), &zo[i].base};
   }
-  s->ser.images--; /* counted when it arrived */
   if (decode(s, bp, k->hn) && s->msg.kind == BEAM_DX_IMAGE)
     beamd_dxs_image(&s->ser, &s->msg.image, bp, k->hn, beam_now_ns());
   for (size_t i = 0; i < k->hn; i++)
@@ -258,7 +257,6 @@ static void handle(beamd_zread_t *zr, const beam_part_t *parts, size_t n, uint64
   case BEAM_DX_IMAGE:
     if (s->nst > 1 && s->ser.have_start && s->msg.image.series_id == s->ser.series_id &&
         s->msg.image.image_id > s->ser.next_frame && !s->drain_pending && !k->held) {
-      s->ser.images++;
       hold(s, k, zr, n);
     } else {
       beamd_dxs_image(&s->ser, &s->msg.image, parts, n, t_recv);
