@@ -14,6 +14,7 @@
 #include <uv.h>
 
 #include "daemon/config.h"
+#include "daemon/curve.h"
 #include "daemon/fifo.h"
 #include "daemon/filemap.h"
 #include "daemon/input.h"
@@ -130,6 +131,9 @@ typedef struct beamd_metrics_s {
   char *text; /* rendered at each heartbeat */
   size_t len;
   atomic_uint_fast64_t requests;
+  atomic_uint_fast64_t denied; /* requests without the bearer token */
+  char *token;                 /* metrics.token_file's token; NULL = none asked */
+  beam_ratelimit_t rl;
 } beamd_metrics_t;
 
 int beamd_control_open(beamd_t *d, char *err, size_t errlen);
@@ -169,6 +173,10 @@ struct beamd_s {
   beamd_desc_seen_t desc_seen[BEAMD_DESC_SLOTS];
   beamd_zsock_t ctl;
   beamd_metrics_t met;
+  /* CURVE: the daemon's key pair and the handler of bound CURVE sockets. */
+  beamd_cert_t cert;
+  int curve_ready;
+  beamd_zap_t *zap;
 
   beamd_rq_t rq;
   uv_async_t wake;

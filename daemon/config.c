@@ -90,6 +90,11 @@ static const beam_param_t control_params[] = {
 static const beam_param_t metrics_params[] = {
     {"listen", BEAM_P_STRING, "127.0.0.1:9464", 0, 0, 0, NULL, NULL,
      "host:port of the HTTP /metrics endpoint (Prometheus); \"\" = off", metrics_listen_valid},
+    {"token_file", BEAM_P_STRING, "", 0, 0, 0, NULL, NULL,
+     "file holding the bearer token a scraper must send (Authorization: Bearer ...); needed "
+     "on a non-loopback listen address unless insecure", NULL},
+    {"insecure", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
+     "serve /metrics on a non-loopback address without a token, on purpose", NULL},
     BEAM_PARAM_END};
 
 static const beam_param_t log_params[] = {
@@ -106,6 +111,8 @@ const beam_param_t beam_config_params[] = {
     {"control", BEAM_P_MAP, NULL, 0, 0, 0, NULL, control_params, "the control socket", NULL},
     {"metrics", BEAM_P_MAP, NULL, 0, 0, 0, NULL, metrics_params, "Prometheus metrics", NULL},
     {"log", BEAM_P_MAP, NULL, 0, 0, 0, NULL, log_params, "logging", NULL},
+    {"curve", BEAM_P_MAP, NULL, 0, 0, 0, NULL, beam_config_curve_params,
+     "this daemon's CURVE keys, for endpoints with curve: true", NULL},
     {"heartbeat", BEAM_P_DURATION, "1s", 0, 0.05, 60, NULL, NULL,
      "period of stats publishing, systemd STATUS= and metrics refresh", NULL},
     {"stages", BEAM_P_ANY, NULL, 0, 0, 0, NULL, NULL,
@@ -335,6 +342,13 @@ static void copy_str(char *dst, size_t cap, const char *s) {
   snprintf(dst, cap, "%s", s ? s : "");
 }
 
+/* The address of an endpoint key, whichever form it was written in. */
+static void copy_ep(char *dst, size_t cap, const beam_cnode_t *map, const char *key) {
+  beam_cfg_endpoint_t ep;
+  beam_cfg_endpoint(beam_cfg_get(map, key), &ep);
+  copy_str(dst, cap, ep.address);
+}
+
 static int fill(beam_config_t *c, beam_cfg_errs_t *errs) {
   const beam_cnode_t *r = c->root;
   const beam_cnode_t *in = beam_cfg_get(r, "input"), *out = beam_cfg_get(r, "output");
@@ -343,12 +357,12 @@ static int fill(beam_config_t *c, beam_cfg_errs_t *errs) {
   /* ENUM values carry their index in ival; the tables list them in the
    * order of the C enums (input mode, syslog level). */
   c->input.mode = (beam_input_mode_t)beam_cfg_int(in, "mode", BEAM_IN_LIVE);
-  copy_str(c->input.endpoint, sizeof c->input.endpoint, beam_cfg_str(in, "endpoint"));
+  copy_ep(c->input.endpoint, sizeof c->input.endpoint, in, "endpoint");
   c->input.bind = beam_cfg_bool(in, "bind", 0);
   c->input.hwm = (int)beam_cfg_int(in, "hwm", 1000);
   c->input.node = in;
-  copy_str(c->output.publish, sizeof c->output.publish, beam_cfg_str(out, "publish"));
-  copy_str(c->output.push, sizeof c->output.push, beam_cfg_str(out, "push"));
+  copy_ep(c->output.publish, sizeof c->output.publish, out, "publish");
+  copy_ep(c->output.push, sizeof c->output.push, out, "push");
   c->output.hwm = (int)beam_cfg_int(out, "hwm", 1000);
   c->output.push_hwm = (int)beam_cfg_int(out, "push_hwm", 1000);
   c->output.publish_frames_meta = beam_cfg_bool(out, "publish_frames_meta", 1);
@@ -357,7 +371,7 @@ static int fill(beam_config_t *c, beam_cfg_errs_t *errs) {
   c->output.push_copy_buffer = (uint64_t)beam_cfg_int(out, "push_copy_buffer", 32 << 20);
   c->pool.frames = (unsigned)beam_cfg_int(pool, "frames", 128);
   c->pool.frame_bytes = (uint64_t)beam_cfg_int(pool, "frame_bytes", 16 << 20);
-  copy_str(c->control.endpoint, sizeof c->control.endpoint, beam_cfg_str(ctl, "endpoint"));
+  copy_ep(c->control.endpoint, sizeof c->control.endpoint, ctl, "endpoint");
   copy_str(c->metrics.listen, sizeof c->metrics.listen, beam_cfg_str(met, "listen"));
   c->log.level = (int)beam_cfg_int(log, "level", 6);
   c->log.rate_limit = beam_cfg_float(log, "rate_limit", 10);
@@ -428,7 +442,7 @@ int beam_config_load_string(const char *text, size_t len, const char *name,
   nerr += validate_stages(c->root, errs);
   if (nerr)
     goto fail;
-  if (fill(c, errs) < 0)
+  if (fill(c, errs) < 0 || beam_config_security(c, errs) > 0)
     goto fail;
   *out = c;
   return 0;

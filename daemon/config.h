@@ -23,6 +23,15 @@ typedef enum beam_input_mode_e {
 } beam_input_mode_t;
 
 #define BEAM_ENDPOINT_MAX 256
+#define BEAM_PATH_MAX 1024
+
+/* How an endpoint is secured (its long form in the file, pipeline/cfg.h).
+ * Nothing set: plaintext, which only loopback addresses may use. */
+typedef struct beam_ep_sec_s {
+  int curve;                        /* CURVE server when bound, client when connected */
+  int insecure;                     /* plaintext on a reachable address, said explicitly */
+  char server_key[BEAM_PATH_MAX];   /* connected with curve: the server's public cert */
+} beam_ep_sec_t;
 
 typedef struct beam_config_s {
   beam_cnode_t *root; /* validated tree (defaults filled in), owned */
@@ -31,6 +40,7 @@ typedef struct beam_config_s {
   struct {
     beam_input_mode_t mode;
     char endpoint[BEAM_ENDPOINT_MAX];
+    beam_ep_sec_t endpoint_sec;
     int bind;       /* bind instead of connect */
     int hwm;        /* ZMQ_RCVHWM (messages) */
     /* The validated input map: each source reads its own sub-table
@@ -40,6 +50,7 @@ typedef struct beam_config_s {
   struct {
     char publish[BEAM_ENDPOINT_MAX]; /* "" = no PUB */
     char push[BEAM_ENDPOINT_MAX];    /* "" = no PUSH */
+    beam_ep_sec_t publish_sec, push_sec;
     int hwm;                         /* ZMQ_SNDHWM of the PUB */
     int push_hwm;
     int publish_frames_meta;         /* republish SERIES_START/END */
@@ -57,10 +68,19 @@ typedef struct beam_config_s {
   } pool;
   struct {
     char endpoint[BEAM_ENDPOINT_MAX]; /* "" = no control socket */
+    beam_ep_sec_t endpoint_sec;
   } control;
   struct {
     char listen[128]; /* "127.0.0.1:9464", "" = off */
+    char token_file[BEAM_PATH_MAX]; /* bearer token clients must send; "" = none */
+    int insecure;     /* no token on a reachable address, said explicitly */
   } metrics;
+  /* This daemon's CURVE identity (config_security.c). */
+  struct {
+    char secret_key[BEAM_PATH_MAX]; /* its secret certificate; "" = no CURVE endpoint */
+    char allow[BEAM_PATH_MAX];      /* directory of the client keys let in */
+    int any, any_server;            /* some endpoint uses CURVE; some bound one does */
+  } curve;
   struct {
     int level;           /* syslog level 0..7 */
     double rate_limit;   /* per-frame messages per second, per kind */
@@ -72,6 +92,15 @@ typedef struct beam_config_s {
 } beam_config_t;
 
 extern const beam_param_t beam_config_params[]; /* top-level schema */
+extern const beam_param_t beam_config_curve_params[]; /* the curve section */
+
+/* Fills the security settings of c (endpoint long forms, curve, metrics
+ * token) and refuses what would expose the daemon: a reachable address
+ * without CURVE or `insecure: true`, CURVE without its keys, unreadable key
+ * files. Returns the number of errors added (config_security.c). */
+int beam_config_security(beam_config_t *c, beam_cfg_errs_t *errs);
+/* The security settings of one endpoint value (either form). */
+int beam_ep_sec_from_node(const beam_cnode_t *v, beam_ep_sec_t *out);
 
 /* Load and validate. On error returns BEAM_ECONFIG, *out NULL, and errs
  * holds every message. */

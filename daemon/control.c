@@ -66,13 +66,21 @@ static char *dispatch(beamd_t *d, const char *cmd) {
 static void on_control_event(beamd_zsock_t *zs) {
   beamd_t *d = zs->d;
   while (zs->open && (beamd_zsock_events(zs) & ZMQ_POLLIN)) {
-    char cmd[64];
-    int n = zmq_recv(zs->sock, cmd, sizeof cmd - 1, ZMQ_DONTWAIT);
-    if (n < 0)
+    char cmd[64], who[BEAMD_KEY_NAME + 16];
+    zmq_msg_t req;
+    zmq_msg_init(&req);
+    int n = zmq_msg_recv(&req, zs->sock, ZMQ_DONTWAIT);
+    if (n < 0) {
+      zmq_msg_close(&req);
       return;
-    int more = 0;
-    size_t len = sizeof more;
-    zmq_getsockopt(zs->sock, ZMQ_RCVMORE, &more, &len);
+    }
+    /* The key's name from the allow-list; plaintext is loopback only. */
+    const char *peer = beamd_curve_peer(&req);
+    snprintf(who, sizeof who, "%s%s", peer[0] ? "key " : "", peer[0] ? peer : "a local client");
+    if (n > 0)
+      memcpy(cmd, zmq_msg_data(&req), (size_t)n < sizeof cmd - 1 ? (size_t)n : sizeof cmd - 1);
+    int more = zmq_msg_more(&req);
+    zmq_msg_close(&req);
     char *reply;
     if (more) {
       /* Discard the rest: a request is exactly one part. */
@@ -90,6 +98,9 @@ static void on_control_event(beamd_zsock_t *zs) {
       cmd[n] = 0;
       while (n > 0 && (cmd[n - 1] == '\n' || cmd[n - 1] == ' '))
         cmd[--n] = 0;
+      /* What changes the daemon is always logged with who asked. */
+      int acts = !strcmp(cmd, "reload") || !strcmp(cmd, "stop");
+      BEAM_LOG(acts ? LOG_NOTICE : LOG_DEBUG, "control: %.63s from %s", cmd, who);
       reply = dispatch(d, cmd);
     }
     if (!reply)
@@ -103,7 +114,8 @@ int beamd_control_open(beamd_t *d, char *err, size_t errlen) {
   if (!d->cfg->control.endpoint[0])
     return 0;
   char zerr[512];
-  if (beamd_zsock_open(d, &d->ctl, ZMQ_REP, d->cfg->control.endpoint, 1, NULL, on_control_event,
+  beamd_zopts_t o = {.sec = &d->cfg->control.endpoint_sec, .what = "control.endpoint"};
+  if (beamd_zsock_open(d, &d->ctl, ZMQ_REP, d->cfg->control.endpoint, 1, &o, on_control_event,
                        zerr, sizeof zerr) < 0) {
     snprintf(err, errlen, "control: %s", zerr);
     return BEAM_EIO;

@@ -176,18 +176,52 @@ static int same_tree(const beam_cnode_t *a, const beam_cnode_t *b) {
   return same;
 }
 
+static int same_key(const beam_config_t *a, const beam_config_t *b, const char *sec,
+                    const char *key) {
+  const beam_cnode_t *x = beam_cfg_get(a->root, sec), *y = beam_cfg_get(b->root, sec);
+  if (key) {
+    x = beam_cfg_get(x, key);
+    y = beam_cfg_get(y, key);
+  }
+  return (!x && !y) || (x && y && same_tree(x, y));
+}
+
 static const char *socket_change(const beam_config_t *a, const beam_config_t *b) {
   /* The whole input section: every source's keys shape its sockets. */
   if (!same_tree(a->input.node, b->input.node))
     return "input";
-  if (strcmp(a->output.publish, b->output.publish) || strcmp(a->output.push, b->output.push) ||
+  /* Endpoints in either form: their security settings are the socket's. */
+  if (!same_key(a, b, "output", "publish") || !same_key(a, b, "output", "push") ||
       a->output.hwm != b->output.hwm || a->output.push_hwm != b->output.push_hwm)
     return "output";
-  if (strcmp(a->control.endpoint, b->control.endpoint))
+  if (!same_key(a, b, "control", "endpoint"))
     return "control";
-  if (strcmp(a->metrics.listen, b->metrics.listen))
+  if (!same_key(a, b, "metrics", NULL))
     return "metrics";
+  /* The keys; the allow-list directory's contents are read again anyway. */
+  if (!same_key(a, b, "curve", NULL))
+    return "curve";
   return NULL;
+}
+
+/* The key pair, and the ZAP handler before any CURVE server socket binds. */
+static int security_open(beamd_t *d, char *err, size_t errlen) {
+  const beam_config_t *c = d->cfg;
+  char why[1200];
+  if (c->curve.secret_key[0]) {
+    if (beamd_cert_load(c->curve.secret_key, &d->cert, 1, why, sizeof why) != 0) {
+      snprintf(err, errlen, "curve.secret_key: %s", why);
+      return BEAM_ECONFIG;
+    }
+    d->curve_ready = 1;
+  }
+  if (c->curve.any_server) {
+    if (!(d->zap = beamd_zap_start(d->zctx, c->curve.allow, why, sizeof why))) {
+      snprintf(err, errlen, "curve.allow: %s", why);
+      return BEAM_ECONFIG;
+    }
+  }
+  return 0;
 }
 
 int beamd_reload(beamd_t *d, beam_cfg_errs_t *errs, char *err, size_t errlen) {
@@ -202,6 +236,11 @@ int beamd_reload(beamd_t *d, beam_cfg_errs_t *errs, char *err, size_t errlen) {
     return BEAM_ESTATE;
   }
   beam_notify_reloading();
+  if (d->zap) {
+    char why[1200];
+    if (beamd_zap_reload(d->zap, why, sizeof why) != 0)
+      BEAM_LOG(LOG_ERR, "reload: curve.allow kept as it was: %s", why);
+  }
   BEAM_LOG(LOG_NOTICE, "reload: reading %s", d->cfg_path);
   beam_config_t *ncfg = NULL;
   int rc = beam_config_load_file(d->cfg_path, &ncfg, errs);
@@ -443,6 +482,7 @@ int beamd_init(beamd_t *d, beam_config_t *cfg, const char *cfg_path, char *err, 
    * can take it. Any failure leaves nothing running. */
   int rc;
   if ((rc = build_graph(d, cfg, &d->graph, err, errlen)) < 0 ||
+      (rc = security_open(d, err, errlen)) < 0 ||
       (rc = beamd_publish_open(d, err, errlen)) < 0 || (rc = beamd_control_open(d, err, errlen)) < 0 ||
       (rc = beamd_metrics_open(d, err, errlen)) < 0 || (rc = beamd_ingest_open(d, err, errlen)) < 0)
     return rc;
@@ -524,6 +564,7 @@ void beamd_fini(beamd_t *d) {
   uv_run(&d->loop, UV_RUN_NOWAIT);
   uv_loop_close(&d->loop);
   free(d->src_garbage);
+  beamd_zap_stop(&d->zap);
   if (d->zctx)
     zmq_ctx_term(d->zctx);
   beam_fifo_free(&d->rq.q);

@@ -18,7 +18,8 @@ const beamd_source_ops_t *beamd_source_find(unsigned mode) {
 }
 
 static const char *input_endpoint_valid(const beam_cnode_t *v) {
-  return v->scalar && v->scalar[0] ? NULL : "the input needs an endpoint";
+  beam_cfg_endpoint_t ep;
+  return beam_cfg_endpoint(v, &ep) == 0 && ep.address[0] ? NULL : "the input needs an endpoint";
 }
 
 const beam_param_t beamd_input_params[] = {

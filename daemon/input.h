@@ -77,8 +77,9 @@ struct beamd_zread_s {
   beamd_zmsg_owner_t owners[BEAMD_ZREAD_MAX_PARTS];
 };
 /* type ZMQ_SUB or ZMQ_PULL; hwm 0 = ZeroMQ's default. */
-int beamd_zread_open(beamd_t *d, beamd_zread_t *zr, int type, const char *endpoint, int bind,
-                     int hwm, int lossless, char *err, size_t errlen);
+int beamd_zread_open(beamd_t *d, beamd_zread_t *zr, int type, const char *endpoint,
+                     const beam_ep_sec_t *sec, const char *what, int bind, int hwm, int lossless,
+                     char *err, size_t errlen);
 void beamd_zread_read(beamd_zread_t *zr);    /* a wake-up, or room came back */
 int beamd_zread_drain(beamd_zread_t *zr);    /* the drain op's answer (input.h) */
 void beamd_zread_stop(beamd_zread_t *zr);

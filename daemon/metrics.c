@@ -2,8 +2,13 @@
  * the heartbeat (so a scrape costs nothing on the data path) and served by a
  * deliberately small HTTP/1.0-style responder on the loop: one request per
  * connection, 8 KiB request limit, then close. Anything but GET /metrics is
- * 404 (or 405 for other methods). */
+ * 404 (or 405 for other methods). With metrics.token_file every request
+ * must carry "Authorization: Bearer <token>" (Prometheus' bearer_token_file),
+ * or it gets 401. */
+#include <errno.h>
+#include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "daemon/beamd.h"
 
@@ -55,11 +60,47 @@ static void respond(conn_t *c, int code, const char *reason, const char *ctype, 
     conn_close(c);
 }
 
+/* Compares all of both strings, so the time taken says nothing about how
+ * much of a guess was right. */
+static int same_secret(const char *a, size_t an, const char *b, size_t bn) {
+  unsigned diff = an != bn;
+  for (size_t i = 0; i < an; i++)
+    diff |= (unsigned char)a[i] ^ (unsigned char)(i < bn ? b[i] : 0);
+  return diff == 0;
+}
+
+static int authorized(const beamd_t *d, const char *req) {
+  if (!d->met.token)
+    return 1;
+  for (const char *p = strchr(req, '\n'); p; p = strchr(p, '\n')) {
+    p++;
+    if (strncasecmp(p, "Authorization:", 14))
+      continue;
+    p += 14;
+    while (*p == ' ' || *p == '\t')
+      p++;
+    if (strncasecmp(p, "Bearer ", 7))
+      return 0;
+    p += 7;
+    size_t n = strcspn(p, "\r\n");
+    while (n && (p[n - 1] == ' ' || p[n - 1] == '\t'))
+      n--;
+    return same_secret(p, n, d->met.token, strlen(d->met.token));
+  }
+  return 0;
+}
+
 static void handle_request(conn_t *c) {
   beamd_t *d = c->d;
   atomic_fetch_add(&d->met.requests, 1);
   char method[8] = "", path[256] = "";
-  if (sscanf(c->req, "%7s %255s", method, path) != 2) {
+  if (!authorized(d, c->req)) {
+    atomic_fetch_add(&d->met.denied, 1);
+    beam_log_rl(&d->met.rl, LOG_WARNING, "metrics: refused a request without the bearer token");
+    const char *b = "unauthorized: send Authorization: Bearer <token>\n";
+    respond(c, 401, "Unauthorized\r\nWWW-Authenticate: Bearer realm=\"beamd\"", "text/plain", b,
+            strlen(b));
+  } else if (sscanf(c->req, "%7s %255s", method, path) != 2) {
     const char *b = "bad request\n";
     respond(c, 400, "Bad Request", "text/plain", b, strlen(b));
   } else if (strcmp(method, "GET") != 0) {
@@ -119,6 +160,34 @@ static void on_connection(uv_stream_t *server, int status) {
     conn_close(c);
 }
 
+/* The first line of the file, without surrounding blanks. */
+static int load_token(beamd_t *d, char *err, size_t errlen) {
+  const char *path = d->cfg->metrics.token_file;
+  FILE *f = fopen(path, "r");
+  char buf[512] = "";
+  if (!f || !fgets(buf, sizeof buf, f)) {
+    snprintf(err, errlen, "metrics.token_file: %s: %s", path, f ? "empty" : strerror(errno));
+    if (f)
+      fclose(f);
+    return -1;
+  }
+  fclose(f);
+  char *p = buf;
+  while (*p == ' ' || *p == '\t')
+    p++;
+  size_t n = strcspn(p, "\r\n");
+  while (n && (p[n - 1] == ' ' || p[n - 1] == '\t'))
+    n--;
+  p[n] = 0;
+  if (n < 16) {
+    snprintf(err, errlen, "metrics.token_file: %s: the token is shorter than 16 characters",
+             path);
+    return -1;
+  }
+  d->met.token = strdup(p);
+  return d->met.token ? 0 : -1;
+}
+
 int beamd_metrics_open(beamd_t *d, char *err, size_t errlen) {
   const char *listen = d->cfg->metrics.listen;
   if (!listen[0])
@@ -139,6 +208,9 @@ int beamd_metrics_open(beamd_t *d, char *err, size_t errlen) {
     snprintf(err, errlen, "metrics.listen: bad address \"%s\": %s", listen, uv_strerror(rc));
     return BEAM_ECONFIG;
   }
+  if (d->cfg->metrics.token_file[0] && load_token(d, err, errlen) != 0)
+    return BEAM_ECONFIG;
+  beam_ratelimit_init(&d->met.rl, 1);
   uv_tcp_init(&d->loop, &d->met.server);
   d->met.server.data = d;
   d->met.open = 1;
@@ -156,4 +228,6 @@ void beamd_metrics_close(beamd_t *d) {
   d->met.open = 0;
   free(d->met.text);
   d->met.text = NULL;
+  free(d->met.token);
+  d->met.token = NULL;
 }

@@ -149,7 +149,8 @@ int beamd_publish_open(beamd_t *d, char *err, size_t errlen) {
   beam_fifo_init(&d->push.pending, sizeof(omsg_t));
   beamd_publish_budgets(d);
   if (c->output.publish[0]) {
-    beamd_zopts_t o = {.sndhwm = c->output.hwm};
+    beamd_zopts_t o = {.sndhwm = c->output.hwm, .sec = &c->output.publish_sec,
+                       .what = "output.publish"};
     if (beamd_zsock_open(d, &d->pub.zs, ZMQ_PUB, c->output.publish, 1, &o, on_pub_event, zerr,
                          sizeof zerr) < 0) {
       snprintf(err, errlen, "output.publish: %s", zerr);
@@ -157,7 +158,8 @@ int beamd_publish_open(beamd_t *d, char *err, size_t errlen) {
     }
   }
   if (c->output.push[0]) {
-    beamd_zopts_t o = {.sndhwm = c->output.push_hwm, .immediate = 1};
+    beamd_zopts_t o = {.sndhwm = c->output.push_hwm, .immediate = 1, .sec = &c->output.push_sec,
+                       .what = "output.push"};
     if (beamd_zsock_open(d, &d->push.zs, ZMQ_PUSH, c->output.push, 1, &o, on_push_event, zerr,
                          sizeof zerr) < 0) {
       snprintf(err, errlen, "output.push: %s", zerr);

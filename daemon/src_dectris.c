@@ -19,11 +19,16 @@
 
 #define MAX_STREAMS 16
 
+static int endpoint_given(const beam_cnode_t *v) {
+  beam_cfg_endpoint_t ep;
+  return beam_cfg_endpoint(v, &ep) == 0 && ep.address[0];
+}
+
 static const char *endpoints_valid(const beam_cnode_t *v) {
   if (v->n + 1 > MAX_STREAMS)
     return "at most 15 further endpoints";
   for (size_t i = 0; i < v->n; i++)
-    if (!v->items[i]->scalar || !v->items[i]->scalar[0])
+    if (!endpoint_given(v->items[i]))
       return "an endpoint cannot be \"\"";
   return NULL;
 }
@@ -63,6 +68,8 @@ typedef struct stream_s {
   uint64_t held_id, held_ns;
   int ended;                /* its end of the open series came */
   int drained;
+  beam_ep_sec_t sec;        /* the socket keeps pointers to these */
+  char what[40];
 } stream_t;
 
 typedef struct dsrc_s {
@@ -312,9 +319,17 @@ static int dsrc_open(beamd_t *d, void **state, const beam_cnode_t *conf, char *e
     k->zr.ctx = k;
     k->zr.handle = handle;
     k->zr.drained = stream_drained;
-    const char *ep = i ? beam_cfg_at(more, i - 1)->scalar : d->cfg->input.endpoint;
-    rc = beamd_zread_open(d, &k->zr, ZMQ_PULL, ep, d->cfg->input.bind, d->cfg->input.hwm, 1, err,
-                          errlen);
+    beam_cfg_endpoint_t ep = {.address = d->cfg->input.endpoint};
+    if (i) {
+      beam_cfg_endpoint(beam_cfg_at(more, i - 1), &ep);
+      beam_ep_sec_from_node(beam_cfg_at(more, i - 1), &k->sec);
+    } else {
+      k->sec = d->cfg->input.endpoint_sec;
+    }
+    snprintf(k->what, sizeof k->what, i ? "input.dectris.endpoints[%u]" : "input.endpoint",
+             i - 1);
+    rc = beamd_zread_open(d, &k->zr, ZMQ_PULL, ep.address, &k->sec, k->what, d->cfg->input.bind,
+                          d->cfg->input.hwm, 1, err, errlen);
   }
   return rc;
 }

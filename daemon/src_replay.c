@@ -922,7 +922,8 @@ static int replay_open(beamd_t *d, void **state, const beam_cnode_t *conf, char 
     r->map_ask = r->map;
   }
   char zerr[512];
-  beamd_zopts_t o = {.rcvhwm = d->cfg->input.hwm};
+  beamd_zopts_t o = {.rcvhwm = d->cfg->input.hwm, .sec = &d->cfg->input.endpoint_sec,
+                     .what = "input.endpoint"};
   int rc = beamd_zsock_open(d, &r->zs, ZMQ_DEALER, d->cfg->input.endpoint, d->cfg->input.bind,
                             &o, on_replay_event, zerr, sizeof zerr);
   if (rc < 0) {

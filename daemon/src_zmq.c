@@ -21,7 +21,8 @@ static int zsrc_open(beamd_t *d, void **state, int type, char *err, size_t errle
   }
   *state = zr;
   zr->handle = handle;
-  return beamd_zread_open(d, zr, type, d->cfg->input.endpoint, d->cfg->input.bind,
+  return beamd_zread_open(d, zr, type, d->cfg->input.endpoint, &d->cfg->input.endpoint_sec,
+                          "input.endpoint", d->cfg->input.bind,
                           d->cfg->input.hwm, type == ZMQ_PULL, err, errlen);
 }
 

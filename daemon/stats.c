@@ -137,6 +137,17 @@ char *beamd_stats_json(beamd_t *d, int pretty) {
   json_object_set_new(rl, "pending", json_boolean(d->next_graph != NULL));
   json_object_set_new(rl, "last_error", json_string(d->last_reload_error));
   json_object_set_new(root, "reload", rl);
+  if (d->zap) {
+    beamd_zap_counts_t z;
+    beamd_zap_counts(d->zap, &z);
+    json_object_set_new(root, "curve",
+                        json_pack("{s:I, s:I, s:I, s:I, s:I}", "keys", (json_int_t)z.keys,
+                                  "accepted", (json_int_t)z.accepted, "refused_key",
+                                  (json_int_t)z.denied_key, "refused_handshake",
+                                  (json_int_t)z.handshake_failed, "refused_other",
+                                  (json_int_t)z.denied_other));
+  }
+  json_object_set_new(root, "metrics_refused", U(d->met.denied));
   char *s = json_dumps(root, pretty ? JSON_INDENT(2) : JSON_COMPACT);
   json_decref(root);
   return s;

@@ -133,13 +133,14 @@ static void on_event(beamd_zsock_t *zs) {
   beamd_zread_read((beamd_zread_t *)((char *)zs - offsetof(beamd_zread_t, zs)));
 }
 
-int beamd_zread_open(beamd_t *d, beamd_zread_t *zr, int type, const char *endpoint, int bind,
-                     int hwm, int lossless, char *err, size_t errlen) {
+int beamd_zread_open(beamd_t *d, beamd_zread_t *zr, int type, const char *endpoint,
+                     const beam_ep_sec_t *sec, const char *what, int bind, int hwm, int lossless,
+                     char *err, size_t errlen) {
   zr->d = d;
   zr->lossless = lossless;
   uv_idle_init(&d->loop, &zr->more);
   zr->more.data = zr;
-  beamd_zopts_t o = {.rcvhwm = hwm};
+  beamd_zopts_t o = {.rcvhwm = hwm, .sec = sec, .what = what};
   char zerr[512];
   int rc = beamd_zsock_open(d, &zr->zs, type, endpoint, bind, &o, on_event, zerr, sizeof zerr);
   if (rc < 0)

@@ -38,10 +38,23 @@ int beamd_zsock_open(beamd_t *d, beamd_zsock_t *zs, int type, const char *endpoi
     zmq_setsockopt(zs->sock, ZMQ_IMMEDIATE, &o->immediate, sizeof o->immediate);
   if (type == ZMQ_SUB)
     zmq_setsockopt(zs->sock, ZMQ_SUBSCRIBE, "", 0);
+  const char *what = o && o->what ? o->what : endpoint;
+  if (o && o->sec && o->sec->curve && beamd_curve_apply(d, zs->sock, o->sec, bind, what, err,
+                                                        errlen) != 0) {
+    zmq_close(zs->sock);
+    zs->sock = NULL;
+    return BEAM_ECONFIG;
+  }
   int rc = bind ? zmq_bind(zs->sock, endpoint) : zmq_connect(zs->sock, endpoint);
   if (rc != 0) {
     snprintf(err, errlen, "cannot %s %s: %s", bind ? "bind" : "connect to", endpoint,
              zmq_strerror(errno));
+    zmq_close(zs->sock);
+    zs->sock = NULL;
+    return BEAM_EIO;
+  }
+  if (o && o->sec && o->sec->curve && bind &&
+      beamd_zap_watch(d->zap, zs->sock, what, err, errlen) != 0) {
     zmq_close(zs->sock);
     zs->sock = NULL;
     return BEAM_EIO;
@@ -55,6 +68,31 @@ int beamd_zsock_open(beamd_t *d, beamd_zsock_t *zs, int type, const char *endpoi
   zs->polling = 1;
   zs->open = 1;
   return 0;
+}
+
+int beamd_curve_apply(beamd_t *d, void *sock, const beam_ep_sec_t *sec, int bind,
+                      const char *what, char *err, size_t errlen) {
+  char why[1400];
+  if (!d->curve_ready) {
+    snprintf(err, errlen, "%s: curve: true but beamd has no CURVE key loaded", what);
+    return -1;
+  }
+  if (bind) {
+    /* Fail closed even if the handler were gone: the domain is enforced. */
+    if (!d->zap) {
+      snprintf(err, errlen, "%s: no ZAP handler running; refusing to bind a CURVE server", what);
+      return -1;
+    }
+    if (beamd_curve_server(sock, &d->cert, why, sizeof why) == 0)
+      return 0;
+  } else {
+    beamd_cert_t server;
+    if (beamd_cert_load(sec->server_key, &server, 0, why, sizeof why) == 0 &&
+        beamd_curve_client(sock, &d->cert, server.public_z85, why, sizeof why) == 0)
+      return 0;
+  }
+  snprintf(err, errlen, "%s: %s", what, why);
+  return -1;
 }
 
 int beamd_zsock_events(beamd_zsock_t *zs) {

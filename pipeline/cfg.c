@@ -735,6 +735,30 @@ static int convert_scalar(vctx_t *vc, beam_cnode_t *v, const beam_param_t *p,
 static int validate_map(vctx_t *vc, beam_cnode_t *node, const beam_param_t *params,
                         const char *ctx);
 
+/* The long form of an endpoint value, for the settings a plain string
+ * cannot carry. The checks that need the whole configuration (keys exist,
+ * exposure of non-loopback addresses) are the daemon's. */
+static const beam_param_t endpoint_params[] = {
+    {"address", BEAM_P_ENDPOINT, NULL, 1, 0, 0, NULL, NULL,
+     "the ZeroMQ endpoint (tcp://host:port, ipc://path, inproc://name)", NULL},
+    {"curve", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
+     "CURVE: encrypted, and only listed keys get in (beamd is the server when it binds, the "
+     "client when it connects)", NULL},
+    {"insecure", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
+     "plaintext on an address other hosts can reach, on purpose (a detector network whose "
+     "peer cannot do CURVE)", NULL},
+    {"server_key", BEAM_P_STRING, "", 0, 0, 0, NULL, NULL,
+     "connected with curve: the server's public certificate file", NULL},
+    BEAM_PARAM_END};
+
+/* An endpoint: a string, or the map above. */
+static int convert_endpoint(vctx_t *vc, beam_cnode_t *v, const beam_param_t *p,
+                            const char *path) {
+  if (v->kind != BEAM_CN_MAP || p == &endpoint_params[0])
+    return convert_scalar(vc, v, p, BEAM_P_ENDPOINT, path);
+  return validate_map(vc, v, endpoint_params, path) > 0 ? -1 : 0;
+}
+
 static int call_is_valid(vctx_t *vc, const beam_cnode_t *v, const beam_param_t *p,
                          const char *path) {
   if (!p->is_valid)
@@ -779,7 +803,8 @@ static int convert_value(vctx_t *vc, beam_cnode_t *v, const beam_param_t *p, con
       beam_ptype_t it = p->type == BEAM_P_INT_LIST     ? BEAM_P_INT
                         : p->type == BEAM_P_FLOAT_LIST ? BEAM_P_FLOAT
                                                        : BEAM_P_ENDPOINT;
-      if (convert_scalar(vc, v->items[i], p, it, sub) < 0)
+      if (it == BEAM_P_ENDPOINT ? convert_endpoint(vc, v->items[i], p, sub) < 0
+                                : convert_scalar(vc, v->items[i], p, it, sub) < 0)
         bad = 1;
     }
     break;
@@ -805,6 +830,10 @@ static int convert_value(vctx_t *vc, beam_cnode_t *v, const beam_param_t *p, con
       if (validate_map(vc, v->items[i], p->sub, sub) > 0)
         bad = 1;
     }
+    break;
+  case BEAM_P_ENDPOINT:
+    if (convert_endpoint(vc, v, p, path) < 0)
+      return -1;
     break;
   default:
     if (convert_scalar(vc, v, p, p->type, path) < 0)
@@ -1004,6 +1033,29 @@ const beam_cnode_t *beam_cfg_get(const beam_cnode_t *map, const char *key) {
     if (!strcmp(map->keys[i], key))
       return map->items[i];
   return NULL;
+}
+
+int beam_cfg_endpoint(const beam_cnode_t *v, beam_cfg_endpoint_t *out) {
+  memset(out, 0, sizeof *out);
+  out->server_key = "";
+  if (v && v->kind == BEAM_CN_SCALAR) {
+    out->address = v->scalar;
+    out->node = v;
+    return 0;
+  }
+  if (!v || v->kind != BEAM_CN_MAP)
+    return -1;
+  out->node = beam_cfg_get(v, "address");
+  out->address = beam_cfg_str(v, "address");
+  out->curve = beam_cfg_bool(v, "curve", 0);
+  out->insecure = beam_cfg_bool(v, "insecure", 0);
+  const char *sk = beam_cfg_str(v, "server_key");
+  out->server_key = sk ? sk : "";
+  if (!out->address) {
+    out->node = v;
+    return -1;
+  }
+  return 0;
 }
 
 const char *beam_cfg_str(const beam_cnode_t *map, const char *key) {

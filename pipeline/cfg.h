@@ -111,6 +111,17 @@ const char *beam_cfg_str(const beam_cnode_t *map, const char *key);
 int64_t beam_cfg_int(const beam_cnode_t *map, const char *key, int64_t fallback);
 double beam_cfg_float(const beam_cnode_t *map, const char *key, double fallback);
 int beam_cfg_bool(const beam_cnode_t *map, const char *key, int fallback);
+/* An endpoint value (BEAM_P_ENDPOINT, or an item of an ENDPOINT_LIST):
+ * either "tcp://..." or {address, curve, insecure, server_key}. Pointers
+ * into the tree; node is the address node, where messages point. Returns
+ * -1 (address NULL) when v is neither. */
+typedef struct beam_cfg_endpoint_s {
+  const char *address;
+  int curve, insecure;
+  const char *server_key; /* "" when not given */
+  const beam_cnode_t *node;
+} beam_cfg_endpoint_t;
+int beam_cfg_endpoint(const beam_cnode_t *v, beam_cfg_endpoint_t *out);
 /* Sequences: length (0 when not a sequence) and item i. */
 size_t beam_cfg_len(const beam_cnode_t *seq);
 const beam_cnode_t *beam_cfg_at(const beam_cnode_t *seq, size_t i);

@@ -659,7 +659,7 @@ static void test_daemon_sections(void **state) {
   beam_config_t *c = NULL;
   const char *y = "input: {mode: replay, endpoint: 'ipc:///tmp/r', bind: yes, hwm: 0, "
                   "replay: {credit: 8}}\n"
-                  "output: {publish: '', push: tcp://*:7000, hwm: 5, push_hwm: 6, "
+                  "output: {publish: '', push: {address: 'tcp://*:7000', insecure: true}, hwm: 5, push_hwm: 6, "
                   "publish_frames_meta: off}\n"
                   "pool: {frames: 4, frame_bytes: 1Mi, pinned: no}\ncontrol: {endpoint: ''}\n"
                   "metrics: {listen: ''}\nlog: {level: debug, rate_limit: 0.5}\nheartbeat: 250ms\n"
@@ -673,6 +673,8 @@ static void test_daemon_sections(void **state) {
   assert_int_equal(beam_cfg_int(beam_cfg_get(c->input.node, "replay"), "credit", 0), 8);
   assert_string_equal(c->output.publish, "");
   assert_string_equal(c->output.push, "tcp://*:7000");
+  assert_int_equal(c->output.push_sec.insecure, 1);
+  assert_int_equal(c->output.push_sec.curve, 0);
   assert_int_equal(c->output.hwm, 5);
   assert_int_equal(c->output.push_hwm, 6);
   assert_int_equal(c->output.publish_frames_meta, 0);

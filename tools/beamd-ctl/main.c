@@ -11,29 +11,40 @@
 #include <jansson.h>
 #include <zmq.h>
 
+#include "tools/common/cli.h"
+#include "tools/common/curve_opt.h"
+
 static void usage(FILE *f) {
   fprintf(f, "usage: beamd-ctl [-e ENDPOINT] [-t SECONDS] [--pretty] status|stats|reload|stop|ping\n"
              "  -e, --endpoint  control endpoint (default tcp://127.0.0.1:5601, or $BEAMD_CONTROL)\n"
              "  -t, --timeout   seconds to wait for the reply (default 5)\n"
-             "  -p, --pretty    indent the JSON reply\n");
+             "  -p, --pretty    indent the JSON reply\n" TOOL_CURVE_USAGE);
 }
 
 int main(int argc, char **argv) {
   static const struct option opts[] = {{"endpoint", required_argument, 0, 'e'},
                                        {"timeout", required_argument, 0, 't'},
                                        {"pretty", no_argument, 0, 'p'},
+                                       TOOL_CURVE_LONGOPTS,
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   const char *ep = getenv("BEAMD_CONTROL") ? getenv("BEAMD_CONTROL") : "tcp://127.0.0.1:5601";
   double timeout = 5;
   int pretty = 0, c;
+  tool_cli_init("beamd-ctl");
+  tool_curve_t curve;
+  tool_curve_init(&curve);
   while ((c = getopt_long(argc, argv, "e:t:ph", opts, NULL)) != -1) {
     switch (c) {
     case 'e': ep = optarg; break;
     case 't': timeout = atof(optarg); break;
     case 'p': pretty = 1; break;
     case 'h': usage(stdout); return 0;
-    default: usage(stderr); return 2;
+    default:
+      if (tool_curve_opt(&curve, c, optarg))
+        break;
+      usage(stderr);
+      return 2;
     }
   }
   if (optind != argc - 1) {
@@ -47,6 +58,8 @@ int main(int argc, char **argv) {
   zmq_setsockopt(s, ZMQ_RCVTIMEO, &ms, sizeof ms);
   zmq_setsockopt(s, ZMQ_SNDTIMEO, &ms, sizeof ms);
   zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+  if (tool_curve_socket(&curve, ctx, s, ep, 0) != 0)
+    return 2;
   if (zmq_connect(s, ep) != 0) {
     fprintf(stderr, "beamd-ctl: cannot connect to %s: %s\n", ep, zmq_strerror(errno));
     return 2;

@@ -26,6 +26,7 @@
 #include <zmq.h>
 
 #include "daemon/h5util.h"
+#include "tools/common/curve_opt.h"
 
 #define DEFAULT_ENDPOINT "tcp://127.0.0.1:5600"
 #define MAX_PARTS (2 + BEAM_MAX_PAYLOAD_PARTS + 1)
@@ -69,6 +70,7 @@ static void usage(FILE *f) {
 "                       pyXpcsViewer and XPCS-Toolkit (/xpcs, /entry/instrument; default aps)\n"
 "  --xpcs-qmap FILE[:/DATASET]  HDF5 label image of the XPCS stage (dataset default\n"
 "                       /labels): gives /xpcs/qmap/dynamic_roi_map and mask\n"
+TOOL_CURVE_USAGE
 "  --help               this text\n");
 }
 
@@ -82,6 +84,8 @@ enum {
   O_XPCS_LAYOUT, O_XPCS_QMAP,
 };
 
+static tool_curve_t curve;
+
 static int parse_args(int argc, char **argv, rec_opts_t *o) {
   static const struct option lo[] = {
       {"connect", required_argument, 0, O_CONNECT}, {"pull", no_argument, 0, O_PULL},
@@ -93,6 +97,7 @@ static int parse_args(int argc, char **argv, rec_opts_t *o) {
       {"stats", no_argument, 0, O_STATS},           {"count", required_argument, 0, O_COUNT},
       {"series", required_argument, 0, O_SERIES},   {"timeout", required_argument, 0, O_TIMEOUT},
       {"hwm", required_argument, 0, O_HWM},         {"stats-json", no_argument, 0, O_STATS_JSON},
+      TOOL_CURVE_LONGOPTS,
       {"help", no_argument, 0, O_HELP},
       {"xpcs-layout", required_argument, 0, O_XPCS_LAYOUT},
       {"xpcs-qmap", required_argument, 0, O_XPCS_QMAP},       {0, 0, 0, 0}};
@@ -157,7 +162,10 @@ static int parse_args(int argc, char **argv, rec_opts_t *o) {
       if (!*optarg || strlen(optarg) > 4000) return tool_bad("xpcs-qmap", optarg, "FILE or FILE:/DATASET");
       o->xpcs_qmap = optarg;
       break;
-    default: return tool_bad_option(argv, 0);
+    default:
+      if (tool_curve_opt(&curve, c, optarg))
+        break;
+      return tool_bad_option(argv, 0);
     }
   }
   if (tool_no_operands(argc, argv))
@@ -430,6 +438,7 @@ static void print_stats(const state_t *st, double secs, int timed_out) {
 int main(int argc, char **argv) {
   rec_opts_t o = {.dir = ".", .prefix = "", .swmr_after = 100, .swmr_delay = 2.0, .hwm = -1};
   tool_cli_init("beamd-record");
+  tool_curve_init(&curve);
   int ex = tool_args_exit(parse_args(argc, argv, &o), usage);
   if (ex >= 0)
     return ex;
@@ -482,6 +491,8 @@ int main(int argc, char **argv) {
       zmq_setsockopt(s, ZMQ_RCVHWM, &o.hwm, sizeof o.hwm);
     if (!o.pull)
       zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0);
+    if (tool_curve_socket(&curve, zctx, s, o.connect[i], 0) < 0)
+      goto out;
     if (zmq_connect(s, o.connect[i]) < 0) {
       tool_log("error: cannot connect %s: %s", o.connect[i], zmq_strerror(errno));
       goto out;
@@ -540,6 +551,7 @@ out:
   for (int i = 0; i < o.nconnect; i++)
     if (st.socks[i])
       zmq_close(st.socks[i]);
+  tool_curve_fini(&curve);
   if (zctx)
     while (zmq_ctx_term(zctx) < 0 && errno == EINTR)
       ;

@@ -18,6 +18,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "tools/common/curve_opt.h"
+
 #define DEFAULT_ENDPOINT "tcp://127.0.0.1:5500"
 #define PROGRESS_MS 250
 #define LINGER_MS 1000
@@ -43,6 +45,7 @@ static void usage(FILE *f) {
 "                       every payload is read here (section 13.8)\n"
 "  --quiet              no start-up lines and no progress line\n"
 "  --stats-json         print one JSON line of totals on stdout at exit\n"
+TOOL_CURVE_USAGE
 "  --help               this text\n");
 }
 
@@ -65,11 +68,14 @@ static const struct option long_opts[] = {
   {"no-map", no_argument, 0, OPT_NO_MAP},
   {"quiet", no_argument, 0, OPT_QUIET},
   {"stats-json", no_argument, 0, OPT_STATS},
+  TOOL_CURVE_LONGOPTS,
   {"help", no_argument, 0, OPT_HELP},
   {0, 0, 0, 0},
 };
 
 /* Returns 0, 1 for --help, or -1 after printing why. */
+static tool_curve_t curve;
+
 static int parse_args(int argc, char **argv, rp_opts_t *o) {
   int c;
   opterr = 0;
@@ -104,7 +110,10 @@ static int parse_args(int argc, char **argv, rp_opts_t *o) {
     case OPT_QUIET: o->quiet = 1; break;
     case OPT_STATS: o->stats_json = 1; break;
     case OPT_HELP: return 1;
-    default: return tool_bad_option(argv, 1);
+    default:
+      if (tool_curve_opt(&curve, c, optarg))
+        break;
+      return tool_bad_option(argv, 1);
     }
   }
   if (optind >= argc) {
@@ -203,6 +212,7 @@ int main(int argc, char **argv) {
       .max_bytes = RP_DEFAULT_MAX_BYTES,
   };
   tool_cli_init("beamd-replay");
+  tool_curve_init(&curve);
   int ex = tool_args_exit(parse_args(argc, argv, &o), usage);
   if (ex >= 0)
     return ex;
@@ -231,6 +241,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "beamd-replay: %s\n", d.msg);
     goto out;
   }
+  if (tool_curve_socket(&curve, ctx, sock, o.endpoint, 1) < 0)
+    goto out;
   if (zmq_bind(sock, o.endpoint) < 0) {
     fprintf(stderr, "beamd-replay: cannot bind %s: %s\n", o.endpoint, zmq_strerror(errno));
     goto out;
@@ -276,6 +288,7 @@ out:
   }
   /* Waits for the linger: the arena, sent zero-copy, is released by
    * ZeroMQ's callbacks, which all run before this returns. */
+  tool_curve_fini(&curve);
   if (ctx)
     while (zmq_ctx_term(ctx) < 0 && errno == EINTR)
       ;

@@ -22,6 +22,8 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "tools/common/curve_opt.h"
+
 #define DEFAULT_ENDPOINT "tcp://127.0.0.1:5500"
 #define PUB_LINGER_MS 2000  /* PUB: give queued frames time to leave */
 #define PUSH_LINGER_MS 10000 /* PUSH: lossless, but never hang forever on a dead peer */
@@ -100,6 +102,7 @@ static void usage(FILE *f) {
 "                         arrays/objects are parsed, anything else is a string)\n"
 "  --quiet                no progress messages on stderr\n"
 "  --stats-json           print one JSON line of totals on stdout at exit\n"
+TOOL_CURVE_USAGE
 "  --help                 this text\n");
 }
 
@@ -176,6 +179,7 @@ static const struct option long_opts[] = {
   {"meta", required_argument, 0, OPT_META},
   {"quiet", no_argument, 0, OPT_QUIET},
   {"stats-json", no_argument, 0, OPT_STATS},
+  TOOL_CURVE_LONGOPTS,
   {"help", no_argument, 0, OPT_HELP},
   {"xpcs-rings", required_argument, 0, OPT_XRINGS},
   {"xpcs-rate-min", required_argument, 0, OPT_XRMIN},
@@ -246,6 +250,8 @@ static int sim_ptycho_file(const sim_opts_t *o) {
 }
 
 /* Returns 0, 1 for --help, or -1 after printing why. */
+static tool_curve_t curve;
+
 static int parse_args(int argc, char **argv, sim_opts_t *o) {
   int have_bind = 0, have_connect = 0, have_socket = 0, have_codec = 0, c;
   const char *xpcs_opt = NULL; /* an xpcs-only option seen, for the error */
@@ -367,6 +373,8 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
           return -1;
         break;
       }
+      if (tool_curve_opt(&curve, c, optarg))
+        break;
       return tool_bad_option(argv, 1);
     }
   }
@@ -521,6 +529,7 @@ int main(int argc, char **argv) {
       .pca_drift_at = SIM_PCA_NO_DRIFT, .pca_drift_angle = 90.0,
   };
   tool_cli_init("beamd-sim");
+  tool_curve_init(&curve);
   sim_ptycho_defaults(&o);
   sim_dectris_defaults(&o);
   int ex = tool_args_exit(parse_args(argc, argv, &o), usage);
@@ -552,6 +561,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "beamd-sim: ZMQ_SNDHWM %d: %s\n", o.hwm, zmq_strerror(errno));
     goto out;
   }
+  if (tool_curve_socket(&curve, ctx, sock, o.endpoint, o.bind) < 0)
+    goto out;
   if ((o.bind ? zmq_bind(sock, o.endpoint) : zmq_connect(sock, o.endpoint)) < 0) {
     fprintf(stderr, "beamd-sim: cannot %s %s: %s\n", o.bind ? "bind" : "connect",
             o.endpoint, zmq_strerror(errno));
@@ -610,6 +621,7 @@ out:;
   zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
   zmq_close(sock);
   /* Waits for the linger: the bank, sent zero-copy, must outlive it. */
+  tool_curve_fini(&curve);
   while (zmq_ctx_term(ctx) < 0 && errno == EINTR)
     ;
   sim_tx_destroy(&tx);

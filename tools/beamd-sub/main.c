@@ -9,6 +9,7 @@
  * ended a run without them), 1 runtime error, 2 bad command line, 3 the
  * timeout or a signal came before --count/--ends was reached.
  */
+#include "tools/common/curve_opt.h"
 #include "tools/beamd-sub/sub.h"
 #include "daemon/npy_write.h"
 #include "tools/common/cli.h"
@@ -71,6 +72,7 @@ static void usage(FILE *f) {
 "                      DIR/<topic or type>/<series>_<frame>.npy\n"
 "  --save-h5 FILE      append arrays to FILE, one dataset per topic\n"
 "  --stats             print a JSON summary line at exit\n"
+TOOL_CURVE_USAGE
 "  --help              this text\n");
 }
 
@@ -93,9 +95,12 @@ static const struct option long_opts[] = {
   {"save", required_argument, 0, OPT_SAVE},
   {"save-h5", required_argument, 0, OPT_SAVE_H5},
   {"stats", no_argument, 0, OPT_STATS},
+  TOOL_CURVE_LONGOPTS,
   {"help", no_argument, 0, OPT_HELP},
   {0, 0, 0, 0},
 };
+
+static tool_curve_t curve;
 
 static int parse_args(int argc, char **argv, sub_opts_t *o) {
   int c;
@@ -144,7 +149,10 @@ static int parse_args(int argc, char **argv, sub_opts_t *o) {
     case OPT_SAVE_H5: o->save_h5 = optarg; break;
     case OPT_STATS: o->stats = 1; break;
     case OPT_HELP: return 1;
-    default: return tool_bad_option(argv, 0);
+    default:
+      if (tool_curve_opt(&curve, c, optarg))
+        break;
+      return tool_bad_option(argv, 0);
     }
   }
   if (tool_no_operands(argc, argv))
@@ -410,6 +418,8 @@ static int open_sockets(sub_state_t *st, void *ctx) {
           zmq_setsockopt(c->sock, ZMQ_SUBSCRIBE, o->topics[t], strlen(o->topics[t]));
       }
     }
+    if (tool_curve_socket(&curve, ctx, c->sock, c->endpoint, 0) < 0)
+      return -1;
     if (zmq_connect(c->sock, c->endpoint) < 0) {
       fprintf(stderr, "beamd-sub: cannot connect %s: %s\n", c->endpoint, zmq_strerror(errno));
       return -1;
@@ -421,6 +431,7 @@ static int open_sockets(sub_state_t *st, void *ctx) {
 int main(int argc, char **argv) {
   sub_opts_t o = {.sock_type = ZMQ_SUB, .hwm = -1};
   tool_cli_init("beamd-sub");
+  tool_curve_init(&curve);
   int ex = tool_args_exit(parse_args(argc, argv, &o), usage);
   if (ex >= 0)
     return ex;
@@ -491,6 +502,7 @@ out:
   for (int i = 0; i < o.nconnect; i++)
     if (st.conn[i].sock)
       zmq_close(st.conn[i].sock);
+  tool_curve_fini(&curve);
   if (ctx)
     while (zmq_ctx_term(ctx) < 0 && errno == EINTR)
       ;

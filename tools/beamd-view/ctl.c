@@ -12,6 +12,7 @@
 
 #include "tools/beamd-view/view.h"
 #include "tools/common/clock.h"
+#include "tools/common/curve_opt.h"
 
 #define CTL_TIMEOUT_NS 2000000000ull
 
@@ -93,7 +94,8 @@ static int sock_open(view_ctl_t *c) {
   int zero = 0, fd;
   size_t len = sizeof fd;
   zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof zero);
-  if (zmq_connect(c->sock, v->o->control) < 0 || zmq_getsockopt(c->sock, ZMQ_FD, &fd, &len) < 0) {
+  if (tool_curve_socket(v->curve, v->zctx, c->sock, v->o->control, 0) < 0 ||
+      zmq_connect(c->sock, v->o->control) < 0 || zmq_getsockopt(c->sock, ZMQ_FD, &fd, &len) < 0) {
     zmq_close(c->sock);
     c->sock = NULL;
     return -1;

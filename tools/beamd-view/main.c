@@ -18,6 +18,7 @@
 #include "tools/beamd-view/view.h"
 #include "tools/common/cli.h"
 #include "tools/common/clock.h"
+#include "tools/common/curve_opt.h"
 
 #define DEFAULT_SUB "tcp://127.0.0.1:5600"
 #define DEFAULT_CONTROL "tcp://127.0.0.1:5601"
@@ -45,6 +46,7 @@ static void usage(FILE *f) {
 "  --assets DIR        the page's files (default: installed share/beamd-view/www,\n"
 "                      else the source tree's tools/beamd-view/www)\n"
 "  --verbose           log connections and rejected requests\n"
+TOOL_CURVE_USAGE
 "  --help              this text\n", DEFAULT_PORT);
 }
 
@@ -66,6 +68,7 @@ static const struct option long_opts[] = {
   {"hwm", required_argument, 0, OPT_HWM},
   {"assets", required_argument, 0, OPT_ASSETS},
   {"verbose", no_argument, 0, OPT_VERBOSE},
+  TOOL_CURVE_LONGOPTS,
   {"help", no_argument, 0, OPT_HELP},
   {0, 0, 0, 0},
 };
@@ -80,6 +83,8 @@ static int token_valid(const char *t) {
 static int is_loopback(const char *a) {
   return !strncmp(a, "127.", 4) || !strcmp(a, "::1") || !strcmp(a, "localhost");
 }
+
+static tool_curve_t curve;
 
 static int parse_args(int argc, char **argv, view_opts_t *o) {
   int c;
@@ -129,7 +134,10 @@ static int parse_args(int argc, char **argv, view_opts_t *o) {
     case OPT_ASSETS: o->assets = optarg; break;
     case OPT_VERBOSE: o->verbose = 1; break;
     case OPT_HELP: return 1;
-    default: return tool_bad_option(argv, 1);
+    default:
+      if (tool_curve_opt(&curve, c, optarg))
+        break;
+      return tool_bad_option(argv, 1);
     }
   }
   if (tool_no_operands(argc, argv))
@@ -213,6 +221,7 @@ int main(int argc, char **argv) {
   view_opts_t o = {.bind = "127.0.0.1", .port = DEFAULT_PORT, .control = DEFAULT_CONTROL,
                    .max_rate = 20, .max_side = 1024, .ctl_period = 1.0, .hwm = 100};
   tool_cli_init("beamd-view");
+  tool_curve_init(&curve);
   int ex = tool_args_exit(parse_args(argc, argv, &o), usage);
   if (ex >= 0)
     return ex;
@@ -229,6 +238,7 @@ int main(int argc, char **argv) {
   view_t v;
   memset(&v, 0, sizeof v);
   v.o = &o;
+  v.curve = &curve;
   v.started_ns = tool_now_mono_ns();
   uv_loop_t loop;
   uv_loop_init(&loop);
@@ -270,6 +280,7 @@ int main(int argc, char **argv) {
     tool_log("note: the event loop still had open handles at exit");
   view_store_free(&v);
   view_ctl_free(&v);
+  tool_curve_fini(&curve);
   while (zmq_ctx_term(v.zctx) < 0 && errno == EINTR)
     ;
   return rc;

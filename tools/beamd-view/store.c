@@ -13,6 +13,7 @@
 
 #include "tools/beamd-view/view.h"
 #include "tools/common/clock.h"
+#include "tools/common/curve_opt.h"
 
 static void drain_all(view_t *v);
 
@@ -357,6 +358,10 @@ int view_store_open(view_t *v, char *err, size_t errlen) {
     zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s->sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s->sock, ZMQ_SUBSCRIBE, "", 0);
+    if (tool_curve_socket(v->curve, v->zctx, s->sock, s->endpoint, 0) < 0) {
+      snprintf(err, errlen, "--sub %s: CURVE settings refused (above)", s->endpoint);
+      return -1;
+    }
     if (zmq_connect(s->sock, s->endpoint) < 0) {
       snprintf(err, errlen, "--sub %s: %s", s->endpoint, zmq_strerror(errno));
       return -1;

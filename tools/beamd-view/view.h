@@ -100,6 +100,7 @@ typedef struct view_s {
   const view_opts_t *o;
   uv_loop_t *loop;
   void *zctx;
+  struct tool_curve_s *curve; /* CURVE to the daemon (tools/common/curve_opt.h) */
   view_sub_t subs[VIEW_MAX_SUB];
   view_topic_t *topics[VIEW_MAX_TOPICS];
   int ntopics;

@@ -12,6 +12,7 @@
   simulations.
 - ReplayServer: serve numpy frames to a daemon whose input mode is
   `replay`, speaking the credit protocol of PROTOCOL.md section 13.
+- Curve: CURVE keys for any of these (beamd endpoints with curve: true).
 - live: LivePlot, a matplotlib figure that follows a topic (notebooks).
 
 numpy and pyzmq come from Debian (python3-numpy, python3-zmq); the wire
@@ -19,9 +20,10 @@ format is the `beamd` package next to this one.
 """
 
 from .control import Control, ControlError  # noqa: F401
+from .curve import Curve  # noqa: F401
 from .publish import Publisher  # noqa: F401
 from .replay import ReplayServer  # noqa: F401
 from .subscribe import Result, SeriesEvent, Subscriber  # noqa: F401
 
-__all__ = ["Control", "ControlError", "Publisher", "ReplayServer", "Result",
+__all__ = ["Control", "ControlError", "Curve", "Publisher", "ReplayServer", "Result",
            "SeriesEvent", "Subscriber"]

@@ -14,8 +14,11 @@ class Control:
     A fresh REQ socket per command, so a lost reply never wedges the next
     one (REQ's strict send/recv alternation)."""
 
-    def __init__(self, endpoint="tcp://127.0.0.1:5601", timeout=5.0, context=None):
+    def __init__(self, endpoint="tcp://127.0.0.1:5601", timeout=5.0, context=None, curve=None):
+        """curve: a Curve with this client's secret key and beamd's public key
+        (control.endpoint written with curve: true)."""
         self.endpoint = endpoint
+        self.curve = curve
         self.timeout = timeout
         self._own_ctx = context is None
         self.ctx = context or zmq.Context()
@@ -37,6 +40,8 @@ class Control:
         s.setsockopt(zmq.RCVTIMEO, t)
         s.setsockopt(zmq.SNDTIMEO, t)
         try:
+            if self.curve:
+                self.curve.client(s)
             s.connect(self.endpoint)
             s.send(name.encode())
             try:

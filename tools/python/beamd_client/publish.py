@@ -18,7 +18,7 @@ class Publisher:
     XPUB and is what kind="pub" creates."""
 
     def __init__(self, endpoint, kind="push", bind=True, context=None, hwm=1000,
-                 send_timeout=10.0):
+                 send_timeout=10.0, curve=None):
         if kind not in ("push", "pub"):
             raise ValueError("kind must be 'push' or 'pub'")
         self._own_ctx = context is None
@@ -27,12 +27,17 @@ class Publisher:
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.setsockopt(zmq.SNDHWM, hwm)
         self.sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
+        self.curve = curve
+        if curve:
+            curve.apply(self.sock, self.ctx, bind)
         (self.sock.bind if bind else self.sock.connect)(endpoint)
         self.kind = kind
         self.seq = 0
 
     def close(self):
         self.sock.close()
+        if self.curve:
+            self.curve.close()
         if self._own_ctx:
             self.ctx.term()
 

@@ -20,7 +20,7 @@ class ReplayServer:
     Counts requests in self.requests and frames sent in self.served."""
 
     def __init__(self, endpoint, frames, series_id=1, meta=None, codec="raw",
-                 positions=None, context=None):
+                 positions=None, context=None, curve=None):
         self.frames = np.asarray(frames)
         if self.frames.ndim != 3:
             raise ValueError("frames must be (T, y, x)")
@@ -37,6 +37,9 @@ class ReplayServer:
         self.ctx = context or zmq.Context()
         self.sock = self.ctx.socket(zmq.REP)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.curve = curve
+        if curve:
+            curve.server(self.sock, self.ctx)
         self.sock.bind(endpoint)
         self.seq = 0
         self.requests = 0
@@ -49,6 +52,8 @@ class ReplayServer:
         self._stop.set()
         self._thread.join(timeout=5)
         self.sock.close()
+        if self.curve:
+            self.curve.close()
         if self._own_ctx:
             self.ctx.term()
 

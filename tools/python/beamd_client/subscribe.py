@@ -126,7 +126,7 @@ class Subscriber:
     reason in `self.last_error`) and skipped, never raised."""
 
     def __init__(self, endpoints, topics=("",), pull=False, series=False,
-                 context=None, hwm=1000, limits=None):
+                 context=None, hwm=1000, limits=None, curve=None):
         if isinstance(endpoints, str):
             endpoints = [endpoints]
         self._own_ctx = context is None
@@ -140,6 +140,8 @@ class Subscriber:
                 topics.append("beamd.series")
             for t in topics:
                 self.sock.setsockopt(zmq.SUBSCRIBE, t.encode())
+        if curve:
+            curve.client(self.sock)
         for ep in endpoints:
             self.sock.connect(ep)
         self.series = series

@@ -1,0 +1,363 @@
+/* Unit tests of CURVE in beamd (daemon/curve.c, daemon/zap.c): key files in
+ * CZMQ's and pyzmq's layouts (with '#' inside keys), the loopback rule, and
+ * real handshakes over tcp on loopback: a listed key gets through; an
+ * unlisted key, a plaintext client and a wrong server key get nothing and
+ * are counted; without a ZAP handler the server fails closed; a reloaded
+ * allow-list lets a new key in. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "daemon/curve.h"
+
+static char tmpdir[256];
+
+static int setup(void **state) {
+  (void)state;
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/beamd-test-curve-XXXXXX");
+  return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* A key pair whose public and secret keys both contain '#': the case a
+ * parser that strips "comments" anywhere on a line gets wrong. */
+static void keypair_with_hash(char pub[41], char sec[41]) {
+  for (int i = 0; i < 100000; i++) {
+    assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+    if (strchr(pub, '#') && strchr(sec, '#'))
+      return;
+  }
+  fail_msg("no key pair with '#' found");
+}
+
+static void test_cert_zcert_with_hash(void **state) {
+  (void)state;
+  char pub[41], sec[41], text[1024], path[300], err[512];
+  keypair_with_hash(pub, sec);
+  snprintf(text, sizeof text,
+           "#   ****  Generated on 2026-12-02 by CZMQ  ****\n"
+           "#   ZeroMQ CURVE **Secret** Certificate\n"
+           "\n"
+           "metadata\n"
+           "    name = \"detector # 1\"\n"
+           "    # an indented comment\n"
+           "curve\n"
+           "    public-key = \"%s\"\n"
+           "    secret-key = \"%s\"\n",
+           pub, sec);
+  snprintf(path, sizeof path, "%s/det_secret", tmpdir);
+  write_file(path, text);
+  beamd_cert_t c;
+  assert_int_equal(beamd_cert_load(path, &c, 1, err, sizeof err), 0);
+  assert_string_equal(c.public_z85, pub);
+  assert_string_equal(c.secret_z85, sec);
+  assert_string_equal(c.name, "det");
+}
+
+static void test_cert_pyzmq_layout(void **state) {
+  (void)state;
+  char pub[41], sec[41], text[1024], path[300], err[512];
+  keypair_with_hash(pub, sec);
+  /* pyzmq: .key names, unquoted metadata; a value may come unquoted too. */
+  snprintf(text, sizeof text, "metadata\n    user = alice\ncurve\n    public-key = %s\n", pub);
+  snprintf(path, sizeof path, "%s/alice.key", tmpdir);
+  write_file(path, text);
+  beamd_cert_t c;
+  assert_int_equal(beamd_cert_load(path, &c, 0, err, sizeof err), 0);
+  assert_string_equal(c.public_z85, pub);
+  assert_string_equal(c.secret_z85, "");
+  assert_string_equal(c.name, "alice");
+  /* A public file where the secret is needed says what to give instead. */
+  assert_int_equal(beamd_cert_load(path, &c, 1, err, sizeof err), -1);
+  assert_non_null(strstr(err, "_secret"));
+}
+
+static void test_cert_errors(void **state) {
+  (void)state;
+  char pub[41], sec[41], pub2[41], sec2[41], text[1024], path[300], err[512];
+  beamd_cert_t c;
+  snprintf(path, sizeof path, "%s/missing", tmpdir);
+  assert_int_equal(beamd_cert_load(path, &c, 0, err, sizeof err), -1);
+  assert_non_null(strstr(err, "No such file"));
+
+  snprintf(path, sizeof path, "%s/short", tmpdir);
+  write_file(path, "curve\n    public-key = \"abc\"\n");
+  assert_int_equal(beamd_cert_load(path, &c, 0, err, sizeof err), -1);
+  assert_non_null(strstr(err, ":2: public-key is not a 40-character Z85 key"));
+
+  snprintf(path, sizeof path, "%s/nokey", tmpdir);
+  write_file(path, "metadata\n    name = \"x\"\n");
+  assert_int_equal(beamd_cert_load(path, &c, 0, err, sizeof err), -1);
+  assert_non_null(strstr(err, "no curve public-key"));
+
+  /* A public key from another pair: a copy-paste slip that would make
+   * every handshake fail with no hint why. */
+  zmq_curve_keypair(pub, sec);
+  zmq_curve_keypair(pub2, sec2);
+  snprintf(text, sizeof text, "curve\n    public-key = \"%s\"\n    secret-key = \"%s\"\n", pub2,
+           sec);
+  snprintf(path, sizeof path, "%s/mixed_secret", tmpdir);
+  write_file(path, text);
+  assert_int_equal(beamd_cert_load(path, &c, 1, err, sizeof err), -1);
+  assert_non_null(strstr(err, "does not belong"));
+}
+
+static void test_generate(void **state) {
+  (void)state;
+  char err[512], path[300];
+  beamd_cert_t out, c;
+  assert_int_equal(beamd_cert_generate(tmpdir, "gen", 0, 0, &out, err, sizeof err), 0);
+  struct stat st;
+  snprintf(path, sizeof path, "%s/gen_secret", tmpdir);
+  assert_int_equal(stat(path, &st), 0);
+  assert_int_equal(st.st_mode & 0777, 0600);
+  assert_int_equal(beamd_cert_load(path, &c, 1, err, sizeof err), 0);
+  assert_string_equal(c.public_z85, out.public_z85);
+  snprintf(path, sizeof path, "%s/gen", tmpdir);
+  assert_int_equal(beamd_cert_load(path, &c, 0, err, sizeof err), 0);
+  assert_string_equal(c.secret_z85, "");
+  /* Never overwrites a key by accident. */
+  assert_int_equal(beamd_cert_generate(tmpdir, "gen", 0, 0, &out, err, sizeof err), -1);
+  assert_non_null(strstr(err, "will not overwrite"));
+  assert_int_equal(beamd_cert_generate(tmpdir, "gen", 0, 1, &out, err, sizeof err), 0);
+  assert_int_equal(beamd_cert_generate(tmpdir, "a/b", 0, 0, &out, err, sizeof err), -1);
+}
+
+static void test_loopback(void **state) {
+  (void)state;
+  const char *yes[] = {"tcp://127.0.0.1:5600", "tcp://127.1.2.3:1", "tcp://localhost:5600",
+                       "tcp://[::1]:5600", "ipc:///tmp/x", "inproc://x",
+                       "tcp://10.0.0.1:7;127.0.0.1:5600"};
+  const char *no[] = {"tcp://*:5600",        "tcp://0.0.0.0:5600",   "tcp://eth0:5600",
+                      "tcp://10.1.2.3:5600", "tcp://[::]:5600",      "tcp://127.example:1",
+                      "tcp://127.0.0.1.nip.io:1", "tcp://localhost.evil:1", "udp://127.0.0.1:1"};
+  for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++)
+    assert_true(beamd_endpoint_is_loopback(yes[i]));
+  for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+    if (beamd_endpoint_is_loopback(no[i]))
+      fail_msg("%s taken for loopback", no[i]);
+  }
+}
+
+/* ---- handshakes ------------------------------------------------------------ */
+
+static int free_port(void) {
+  /* Ask ZeroMQ for an ephemeral port and give it back. */
+  void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_REP);
+  char ep[64];
+  size_t len = sizeof ep;
+  assert_int_equal(zmq_bind(s, "tcp://127.0.0.1:*"), 0);
+  zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, ep, &len);
+  zmq_close(s);
+  zmq_ctx_term(ctx);
+  return atoi(strrchr(ep, ':') + 1);
+}
+
+/* One REQ round trip to the server within ms; returns 1 on a reply. */
+static int round_trip(void *ctx, const char *ep, const beamd_cert_t *own,
+                      const char *server_pub, int ms) {
+  void *c = zmq_socket(ctx, ZMQ_REQ);
+  int zero = 0;
+  zmq_setsockopt(c, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(c, ZMQ_RCVTIMEO, &ms, sizeof ms);
+  char err[256];
+  if (own)
+    assert_int_equal(beamd_curve_client(c, own, server_pub, err, sizeof err), 0);
+  assert_int_equal(zmq_connect(c, ep), 0);
+  zmq_send(c, "ping", 4, ZMQ_DONTWAIT);
+  char buf[64];
+  int n = zmq_recv(c, buf, sizeof buf, 0);
+  zmq_close(c);
+  return n > 0;
+}
+
+typedef struct server_s {
+  void *ctx, *sock;
+  pthread_t th;
+  volatile int stop;
+  char who[BEAMD_KEY_NAME];
+} server_t;
+
+/* Echoes the peer's key name back. */
+static void *serve(void *arg) {
+  server_t *s = arg;
+  int ms = 50;
+  zmq_setsockopt(s->sock, ZMQ_RCVTIMEO, &ms, sizeof ms);
+  while (!s->stop) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, s->sock, 0) < 0) {
+      zmq_msg_close(&m);
+      continue;
+    }
+    const char *who = beamd_curve_peer(&m);
+    snprintf(s->who, sizeof s->who, "%s", who);
+    zmq_send(s->sock, who[0] ? who : "-", who[0] ? strlen(who) : 1, 0);
+    zmq_msg_close(&m);
+  }
+  return NULL;
+}
+
+static void server_start(server_t *s, void *ctx, const beamd_cert_t *key, const char *ep,
+                         beamd_zap_t *zap) {
+  char err[256];
+  memset(s, 0, sizeof *s);
+  s->ctx = ctx;
+  s->sock = zmq_socket(ctx, ZMQ_REP);
+  int zero = 0;
+  zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
+  assert_int_equal(beamd_curve_server(s->sock, key, err, sizeof err), 0);
+  assert_int_equal(zmq_bind(s->sock, ep), 0);
+  if (zap)
+    assert_int_equal(beamd_zap_watch(zap, s->sock, "test", err, sizeof err), 0);
+  assert_int_equal(pthread_create(&s->th, NULL, serve, s), 0);
+}
+
+static void server_stop(server_t *s) {
+  s->stop = 1;
+  pthread_join(s->th, NULL);
+  zmq_close(s->sock);
+}
+
+static void make_pair(const char *name, beamd_cert_t *c) {
+  char err[512];
+  assert_int_equal(beamd_cert_generate(tmpdir, name, 0, 1, c, err, sizeof err), 0);
+}
+
+static void move_public(const char *name, const char *dir) {
+  char from[400], to[400];
+  snprintf(from, sizeof from, "%s/%s", tmpdir, name);
+  snprintf(to, sizeof to, "%s/%s", dir, name);
+  assert_int_equal(rename(from, to), 0);
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void test_zap_handshakes(void **state) {
+  (void)state;
+  char err[512], allow[300], ep[64];
+  snprintf(allow, sizeof allow, "%s/allow", tmpdir);
+  assert_int_equal(mkdir(allow, 0700), 0);
+  beamd_cert_t srv, alice, mallory, bob, impostor;
+  make_pair("srv", &srv);
+  make_pair("alice", &alice);
+  make_pair("mallory", &mallory);
+  make_pair("bob", &bob);
+  make_pair("impostor", &impostor);
+  move_public("alice", allow);
+  /* A stray non-certificate and a secret file: skipped, not fatal. */
+  char stray[400];
+  snprintf(stray, sizeof stray, "%s/README", allow);
+  write_file(stray, "client keys go here\n");
+  snprintf(stray, sizeof stray, "%s/x_secret", allow);
+  write_file(stray, "not read\n");
+
+  void *ctx = zmq_ctx_new();
+  beamd_zap_t *zap = beamd_zap_start(ctx, allow, err, sizeof err);
+  assert_non_null(zap);
+  beamd_zap_counts_t n;
+  beamd_zap_counts(zap, &n);
+  assert_int_equal(n.keys, 1);
+  snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", free_port());
+  server_t s;
+  server_start(&s, ctx, &srv, ep, zap);
+
+  void *cctx = zmq_ctx_new(); /* clients in another context: no handler there */
+  assert_true(round_trip(cctx, ep, &alice, srv.public_z85, 3000));
+  assert_string_equal(s.who, "alice");
+  assert_false(round_trip(cctx, ep, &mallory, srv.public_z85, 300));  /* unlisted */
+  assert_false(round_trip(cctx, ep, NULL, NULL, 300));                /* plaintext */
+  assert_false(round_trip(cctx, ep, &alice, impostor.public_z85, 300)); /* wrong server key */
+  sleep_ms(200); /* the monitors report on the ZAP thread */
+  beamd_zap_counts(zap, &n);
+  assert_int_equal(n.accepted, 1);
+  assert_true(n.denied_key >= 1);
+  /* Plaintext and the wrong server key fail before ZAP is asked. */
+  assert_true(n.handshake_failed >= 2);
+
+  /* A reload lets bob in; a failed reload keeps the list. */
+  move_public("bob", allow);
+  assert_false(round_trip(cctx, ep, &bob, srv.public_z85, 300));
+  assert_int_equal(beamd_zap_reload(zap, err, sizeof err), 0);
+  assert_true(round_trip(cctx, ep, &bob, srv.public_z85, 3000));
+  assert_string_equal(s.who, "bob");
+  beamd_zap_counts(zap, &n);
+  assert_int_equal(n.keys, 2);
+
+  server_stop(&s);
+  zmq_ctx_term(cctx);
+  beamd_zap_stop(&zap);
+  assert_null(zap);
+  zmq_ctx_term(ctx);
+}
+
+/* libzmq's default would let any client in without a handler; the ZAP
+ * domain with ZMQ_ZAP_ENFORCE_DOMAIN must make the handshake fail. */
+static void test_no_handler_fails_closed(void **state) {
+  (void)state;
+  char ep[64];
+  beamd_cert_t srv, alice;
+  make_pair("srv2", &srv);
+  make_pair("alice2", &alice);
+  void *ctx = zmq_ctx_new();
+  snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", free_port());
+  server_t s;
+  server_start(&s, ctx, &srv, ep, NULL);
+  void *cctx = zmq_ctx_new();
+  assert_false(round_trip(cctx, ep, &alice, srv.public_z85, 500));
+  server_stop(&s);
+  zmq_ctx_term(cctx);
+  zmq_ctx_term(ctx);
+}
+
+static void test_zap_missing_dir(void **state) {
+  (void)state;
+  char err[512], dir[300];
+  snprintf(dir, sizeof dir, "%s/nope", tmpdir);
+  void *ctx = zmq_ctx_new();
+  assert_null(beamd_zap_start(ctx, dir, err, sizeof err));
+  assert_non_null(strstr(err, "No such file"));
+  zmq_ctx_term(ctx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cert_zcert_with_hash),
+      cmocka_unit_test(test_cert_pyzmq_layout),
+      cmocka_unit_test(test_cert_errors),
+      cmocka_unit_test(test_generate),
+      cmocka_unit_test(test_loopback),
+      cmocka_unit_test(test_zap_handshakes),
+      cmocka_unit_test(test_no_handler_fails_closed),
+      cmocka_unit_test(test_zap_missing_dir),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
