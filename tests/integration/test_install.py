@@ -36,7 +36,7 @@ def build_vars():
 
 
 def make(target, dest, *extra):
-    r = subprocess.run(["make", "-s", "-j2", target, "DESTDIR=" + str(dest), "PREFIX=/usr"]
+    r = subprocess.run(["make", "-j2", target, "DESTDIR=" + str(dest), "PREFIX=/usr"]
                        + build_vars() + list(extra), cwd=REPO, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, "make %s failed:\n%s\n%s" % (target, r.stdout, r.stderr)
@@ -54,7 +54,8 @@ def test_install_and_uninstall(tmp_path):
     binary("beamd")  # fails clearly when nothing is built
     dest = tmp_path / "root"
     out = make("install", dest)
-    assert not re.search(r"^cc .* -c ", out, re.M), "install recompiled:\n" + out
+    assert not re.search(r"^cc .* -c ", out, re.M), \
+        "install compiled something (was %s out of date? run make first):\n%s" % (BUILD, out)
 
     for prog in ["beamd"] + TOOLS:
         p = dest / "usr/bin" / prog
