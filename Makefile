@@ -8,7 +8,8 @@
 #   make bench           benchmarks (figures, not pass/fail)
 #   make fuzz            run every decoder fuzzer (tests/fuzz/fuzz_*.c) for FUZZ_SECONDS each
 #   make deps            install the Debian packages everything here needs
-#   make install         binary, tools, unit and config under $(DESTDIR)$(PREFIX)
+#   make install         binaries, unit, sysusers file, minimal /etc/beamd/beamd.yaml
+#                        (DESTDIR, PREFIX honoured); make uninstall removes them
 
 # `make deps <targets>` installs packages before anything below asks
 # pkg-config for flags, so one command works on a fresh machine.
@@ -246,14 +247,58 @@ deps:
 demo: all
 	BEAMD_BUILD=$(BUILD) tools/demo.sh
 
-install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/etc/beamd $(DESTDIR)/lib/systemd/system
-	install -m 755 $(BUILD)/beamd $(TOOL_BIN) $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 systemd/beamd.service $(DESTDIR)/lib/systemd/system/beamd.service
-	[ -f $(DESTDIR)/etc/beamd/beamd.yaml ] || install -m 644 etc/beamd.yaml $(DESTDIR)/etc/beamd/beamd.yaml
-	# beamd-view's page; the binary finds it at ../share/beamd-view/www
-	install -d $(DESTDIR)$(PREFIX)/share/beamd-view/www
-	install -m 644 tools/beamd-view/www/* $(DESTDIR)$(PREFIX)/share/beamd-view/www/
+# ---- install ----------------------------------------------------------------
+# Binaries and the viewer's page under PREFIX; the unit, the sysusers file
+# and /etc/beamd where systemd looks, whatever PREFIX is. The config put in
+# /etc is the minimal safe one (loopback, a preview, no disk writes); the
+# full reference goes beside the documentation. Only the programs are
+# built first (not the tests), so an install after a build compiles nothing.
+UNITDIR     ?= /lib/systemd/system
+SYSUSERSDIR ?= /usr/lib/sysusers.d
+BINDIR      := $(PREFIX)/bin
+DOCDIR      := $(PREFIX)/share/doc/beamd
+VIEWDIR     := $(PREFIX)/share/beamd-view/www
+VIEW_FILES  := $(notdir $(wildcard tools/beamd-view/www/*))
+DOC_FILES   := $(notdir $(wildcard docs/*.md))
+
+.PHONY: uninstall
+install: $(BUILD)/beamd $(TOOL_BIN)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)/etc/beamd $(DESTDIR)$(UNITDIR) \
+	  $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR)/docs $(DESTDIR)$(VIEWDIR)
+	install -m 755 $(BUILD)/beamd $(TOOL_BIN) $(DESTDIR)$(BINDIR)/
+	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' systemd/beamd.service.in \
+	  > $(DESTDIR)$(UNITDIR)/beamd.service.tmp
+	chmod 644 $(DESTDIR)$(UNITDIR)/beamd.service.tmp
+	mv $(DESTDIR)$(UNITDIR)/beamd.service.tmp $(DESTDIR)$(UNITDIR)/beamd.service
+	install -m 644 systemd/beamd.sysusers $(DESTDIR)$(SYSUSERSDIR)/beamd.conf
+	install -m 644 etc/beamd.yaml $(DESTDIR)$(DOCDIR)/beamd.yaml.example
+	install -m 644 README.md $(DESTDIR)$(DOCDIR)/README.md
+	install -m 644 $(DOC_FILES:%=docs/%) $(DESTDIR)$(DOCDIR)/docs/
+	install -m 644 $(VIEW_FILES:%=tools/beamd-view/www/%) $(DESTDIR)$(VIEWDIR)/
+	@# An existing config is the operator's: never overwritten.
+	@c=$(DESTDIR)/etc/beamd/beamd.yaml; \
+	if [ ! -e $$c ]; then install -m 644 etc/beamd-minimal.yaml $$c; echo "installed $$c (minimal: loopback, preview, no disk writes)"; \
+	elif cmp -s etc/beamd-minimal.yaml $$c; then echo "$$c: unchanged"; \
+	else install -m 644 etc/beamd-minimal.yaml $$c.new; \
+	  echo "$$c exists and was kept; the new minimal config is $$c.new"; fi
+	@# Only on the real system: a DESTDIR is a staging tree (a package).
+	@if [ -z "$(DESTDIR)" ] && command -v systemd-sysusers >/dev/null; then \
+	  systemd-sysusers $(SYSUSERSDIR)/beamd.conf; fi
+	@echo "beamd installed under $(DESTDIR)$(PREFIX); then: systemctl daemon-reload && systemctl enable --now beamd"
+
+# Removes what install put, except /etc/beamd/beamd.yaml (the operator's,
+# perhaps edited) and data; a beamd.yaml.new still equal to the minimal
+# config goes. The service user stays (files may still belong to it).
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/beamd $(TOOLS:%=$(DESTDIR)$(BINDIR)/%)
+	rm -f $(DESTDIR)$(UNITDIR)/beamd.service $(DESTDIR)$(SYSUSERSDIR)/beamd.conf
+	rm -f $(DESTDIR)$(DOCDIR)/beamd.yaml.example $(DESTDIR)$(DOCDIR)/README.md \
+	  $(DOC_FILES:%=$(DESTDIR)$(DOCDIR)/docs/%) $(VIEW_FILES:%=$(DESTDIR)$(VIEWDIR)/%)
+	-rmdir $(DESTDIR)$(DOCDIR)/docs $(DESTDIR)$(DOCDIR) $(DESTDIR)$(VIEWDIR) \
+	  $(DESTDIR)$(PREFIX)/share/beamd-view 2>/dev/null
+	@c=$(DESTDIR)/etc/beamd/beamd.yaml; \
+	if [ -e $$c.new ] && cmp -s etc/beamd-minimal.yaml $$c.new; then rm -f $$c.new; fi; \
+	if [ -e $$c ]; then echo "kept $$c (your configuration)"; fi
 
 print-config:
 	@echo "CC=$(CC)"; echo "CUDA=$(CUDA) NVCC=$(or $(NVCC),none) CUDA_ARCH=$(CUDA_ARCH)"

@@ -247,9 +247,16 @@ int beamd_reload(beamd_t *d, beam_cfg_errs_t *errs, char *err, size_t errlen) {
   const char *what = NULL;
   beam_graph_t *ng = NULL;
   if (rc < 0) {
+    /* One line per error, every one of them: the journal is where an
+     * operator who typed `systemctl reload` looks, and a list cut short
+     * means another edit-reload round per hidden error. */
     for (size_t i = 0; i < errs->n; i++)
       BEAM_LOG(LOG_ERR, "%s", errs->msgs[i]);
-    snprintf(err, errlen, "%s", errs->n ? errs->msgs[0] : "configuration error");
+    if (errs->n > 1)
+      snprintf(err, errlen, "%zu errors (each logged above), the first: %s", errs->n,
+               errs->msgs[0]);
+    else
+      snprintf(err, errlen, "%s", errs->n ? errs->msgs[0] : "configuration error");
   } else if ((what = socket_change(d->cfg, ncfg))) {
     snprintf(err, errlen, "%s: changing the %s section needs a restart; reload refused", d->cfg_path,
              what);

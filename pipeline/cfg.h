@@ -51,7 +51,11 @@ typedef enum beam_ptype_e {
   BEAM_P_SIZE,      /* bytes, with optional suffix k/M/G/Ki/Mi/Gi (ival) */
   BEAM_P_DURATION,  /* seconds, with optional suffix ms/s/min/h (fval, seconds) */
   BEAM_P_ENDPOINT,  /* ZeroMQ endpoint tcp://host:port | ipc://path | inproc://x */
-  BEAM_P_PATH,      /* file path (existence is checked by the stage at init) */
+  BEAM_P_PATH,      /* file path, not checked here (e.g. an output directory) */
+  BEAM_P_INFILE,    /* a file the daemon reads (mask, flat field, probe...): must exist
+                     * and be readable when the config is loaded (start, reload and
+                     * --check-config alike); `choices` lists words that name no file
+                     * ("series"), which pass unchecked */
   BEAM_P_INT_LIST,  /* sequence of ints (each within min/max) */
   BEAM_P_FLOAT_LIST,
   BEAM_P_ENDPOINT_LIST, /* sequence of endpoints, each as BEAM_P_ENDPOINT */
@@ -95,6 +99,13 @@ void beam_cfg_errs_free(beam_cfg_errs_t *e);
  * number of errors added. */
 int beam_cfg_validate(beam_cnode_t *node, const beam_param_t *params,
                       const char *ctx, beam_cfg_errs_t *errs);
+
+/* beam_cfg_validate with flags. BEAM_CFG_NO_FILE_CHECK leaves BEAM_P_INFILE
+ * values unchecked on disk: for tests that build a stage on a file they
+ * mean to be missing, to exercise the stage's own error path. */
+#define BEAM_CFG_NO_FILE_CHECK 1u
+int beam_cfg_validate_flags(beam_cnode_t *node, const beam_param_t *params,
+                            const char *ctx, beam_cfg_errs_t *errs, unsigned flags);
 
 /* Tree construction and release (used by the loader and by tests). */
 beam_cnode_t *beam_cnode_new(beam_cn_kind_t kind, const char *file, int line, int col);

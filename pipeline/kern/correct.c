@@ -46,14 +46,14 @@ static const char *gap_valid(const beam_cnode_t *v) {
 
 const beam_param_t beam_correct_params[] = {
     BEAM_STAGE_COMMON_PARAMS,
-    {"dark", BEAM_P_PATH, NULL, 0, 0, 0, NULL, NULL,
+    {"dark", BEAM_P_INFILE, NULL, 0, 0, 0, NULL, NULL,
      "dark (pedestal) image to subtract, .h5 or .npy, same shape as the frames", NULL},
     {"dark_dataset", BEAM_P_STRING, "/data", 0, 0, 0, NULL, NULL, "dataset path inside an HDF5 dark file", NULL},
-    {"flat", BEAM_P_PATH, NULL, 0, 0, 0, NULL, NULL,
+    {"flat", BEAM_P_INFILE, NULL, 0, 0, 0, FROM_SERIES, NULL,
      "flat-field image; corrected = (raw - dark) / flat, flat <= 0 marks the pixel bad; "
      "\"series\": the series' flatfield array (multiplied: raw x flatfield)", NULL},
     {"flat_dataset", BEAM_P_STRING, "/data", 0, 0, 0, NULL, NULL, "dataset path inside an HDF5 flat file", NULL},
-    {"mask", BEAM_P_PATH, NULL, 0, 0, 0, NULL, NULL,
+    {"mask", BEAM_P_INFILE, NULL, 0, 0, 0, FROM_SERIES, NULL,
      "bad-pixel mask: nonzero = bad pixel; \"series\": the series' pixel_mask array", NULL},
     {"mask_dataset", BEAM_P_STRING, "/data", 0, 0, 0, NULL, NULL, "dataset path inside an HDF5 mask file", NULL},
     {"threshold", BEAM_P_FLOAT, "-inf", 0, -1e300, 1e300, NULL, NULL,

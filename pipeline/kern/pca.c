@@ -24,7 +24,7 @@ static const beam_param_t pca_bin_params[] = {
     BEAM_PARAM_END};
 
 static const beam_param_t pca_mask_params[] = {
-    {"file", BEAM_P_PATH, NULL, 1, 0, 0, NULL, NULL,
+    {"file", BEAM_P_INFILE, NULL, 1, 0, 0, NULL, NULL,
      ".h5 or .npy file, the frames' shape: nonzero = pixel left out", NULL},
     {"dataset", BEAM_P_STRING, "/mask", 0, 0, 0, NULL, NULL, "HDF5 dataset of the mask", NULL},
     BEAM_PARAM_END};

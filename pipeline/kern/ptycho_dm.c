@@ -36,7 +36,7 @@ static const char *four_valid(const beam_cnode_t *v) {
 static const beam_param_t probe_params[] = {
     {"init", BEAM_P_ENUM, "mean", 0, 0, 0, "mean|file|zone_plate", NULL,
      "initial probe: mean (inverse FFT of the first frames' mean amplitude), file, or zone_plate", NULL},
-    {"file", BEAM_P_PATH, NULL, 0, 0, 0, NULL, NULL,
+    {"file", BEAM_P_INFILE, NULL, 0, 0, 0, NULL, NULL,
      "init file: complex .npy or .h5 probe [n, n] or [modes, n, n]", NULL},
     {"dataset", BEAM_P_STRING, "/probe", 0, 0, 0, NULL, NULL, "HDF5 dataset of the probe file", NULL},
     {"zp_diameter", BEAM_P_FLOAT, "0", 0, 0, 1, NULL, NULL, "zone plate diameter, m", NULL},
@@ -47,13 +47,13 @@ static const beam_param_t probe_params[] = {
 
 static const beam_param_t object_params[] = {
     {"init", BEAM_P_ENUM, "flat", 0, 0, 0, "flat|file", NULL, "initial object: flat (1) or file", NULL},
-    {"file", BEAM_P_PATH, NULL, 0, 0, 0, NULL, NULL,
+    {"file", BEAM_P_INFILE, NULL, 0, 0, 0, NULL, NULL,
      "init file: complex .npy or .h5 object of the series' object shape", NULL},
     {"dataset", BEAM_P_STRING, "/object", 0, 0, 0, NULL, NULL, "HDF5 dataset of the object file", NULL},
     BEAM_PARAM_END};
 
 static const beam_param_t mask_params[] = {
-    {"file", BEAM_P_PATH, NULL, 1, 0, 0, NULL, NULL, ".h5 or .npy file, the frames' shape: nonzero = masked", NULL},
+    {"file", BEAM_P_INFILE, NULL, 1, 0, 0, NULL, NULL, ".h5 or .npy file, the frames' shape: nonzero = masked", NULL},
     {"dataset", BEAM_P_STRING, "/mask", 0, 0, 0, NULL, NULL, "HDF5 dataset of the mask", NULL},
     BEAM_PARAM_END};
 

@@ -21,7 +21,7 @@ static const beam_param_t roi_geom_params[] = {
     BEAM_PARAM_END};
 
 static const beam_param_t roi_file_params[] = {
-    {"file", BEAM_P_PATH, NULL, 1, 0, 0, NULL, NULL, ".h5 or .npy file with the masks", NULL},
+    {"file", BEAM_P_INFILE, NULL, 1, 0, 0, NULL, NULL, ".h5 or .npy file with the masks", NULL},
     {"dataset", BEAM_P_STRING, "/masks", 0, 0, 0, NULL, NULL,
      "HDF5 dataset: 2-D label image (label k > 0 -> ROI, ordered by label) or 3-D stack of weight masks", NULL},
     BEAM_PARAM_END};

@@ -11,7 +11,7 @@
 #include "pipeline/kern/kern_int.h"
 
 const beam_param_t beam_xpcs_rois_params[] = {
-    {"file", BEAM_P_PATH, NULL, 0, 0, 0, NULL, NULL,
+    {"file", BEAM_P_INFILE, NULL, 0, 0, 0, NULL, NULL,
      ".h5 or .npy integer label image (0 = unused); give file or center", NULL},
     {"dataset", BEAM_P_STRING, "/labels", 0, 0, 0, NULL, NULL, "HDF5 dataset of the label image", NULL},
     {"center", BEAM_P_FLOAT_LIST, NULL, 0, -1e9, 1e9, NULL, NULL,
@@ -24,7 +24,7 @@ const beam_param_t beam_xpcs_rois_params[] = {
     {"distance", BEAM_P_FLOAT, NULL, 0, 1e-6, 1e3, NULL, NULL,
      "sample-detector distance in m; default: series metadata", NULL},
     {"pixel_size", BEAM_P_FLOAT, NULL, 0, 1e-9, 1, NULL, NULL, "pixel size in m; default: series metadata", NULL},
-    {"mask", BEAM_P_PATH, NULL, 0, 0, 0, NULL, NULL, "bad-pixel mask (.h5/.npy, nonzero = bad)", NULL},
+    {"mask", BEAM_P_INFILE, NULL, 0, 0, 0, NULL, NULL, "bad-pixel mask (.h5/.npy, nonzero = bad)", NULL},
     {"mask_dataset", BEAM_P_STRING, "/mask", 0, 0, 0, NULL, NULL, "HDF5 dataset of the mask", NULL},
     BEAM_PARAM_END};
 

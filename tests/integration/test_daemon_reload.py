@@ -140,3 +140,54 @@ def test_reload_changing_sockets_is_refused(ports, zctx, start_beamd, run_tool):
     assert b.stats()["reload"]["failures"] == 1
     time.sleep(0.1)
     assert b.ctl("ping") == {"ok": True}
+
+
+def test_reload_logs_every_error(ports, start_beamd):
+    """A file with 12 errors: all 12 are logged (one line each, at their
+    file:line:col) and all 12 come back in the control reply."""
+    b = start_beamd(make_config(ports, stages(), mode="pull"))
+    path = b.config_path
+    keys = ["bad_key_%02d" % i for i in range(12)]
+    text = write(path, make_config(ports, stages(extra={k: 1 for k in keys}), mode="pull"))
+    b.signal(signal.SIGHUP)
+    b.wait_log(r"reload refused")
+    log = b.stderr()
+    for k in keys:
+        ln, col = position(text, k + ":")
+        assert re.search(r"^.*%s:%d:%d: error: .*unknown key \"%s\"" % (re.escape(path), ln, col, k),
+                         log, re.M), "no logged error for %s at %d:%d:\n%s" % (k, ln, col, log)
+    assert re.search(r"reload refused.*12 errors", log), log
+    reply = b.ctl("reload")
+    assert reply["ok"] is False
+    assert len(reply["errors"]) == 12, reply
+    assert sorted(re.search(r'"(bad_key_\d+)"', e).group(1) for e in reply["errors"]) == keys
+    st = b.stats()
+    assert st["reload"]["failures"] == 2 and st["reload"]["count"] == 0
+    assert [s["name"] for s in st["stages"]] == ["corr", "vd"]
+
+
+def test_reload_with_missing_mask_is_refused(tmp_path, ports, zctx, start_beamd, receivers):
+    """An input file that does not exist refuses the reload at load time,
+    with the key's file:line:col, and the running graph keeps going."""
+    b = start_beamd(make_config(ports, stages(), mode="pull"))
+    path = b.config_path
+    rx = Receiver(zctx, ports.ep_publish, topics=(b"vd",))
+    receivers.append(rx)
+    rx.wait_live()
+    missing = str(tmp_path / "no-such-mask.h5")
+    bad = stages()
+    bad[0]["mask"] = missing
+    text = write(path, make_config(ports, bad, mode="pull"))
+    b.signal(signal.SIGHUP)
+    b.wait_log(r"reload refused")
+    ln, col = position(text, missing)
+    assert re.search(r'%s:%d:%d: error: stage "corr"\.mask: %s: No such file or directory'
+                     % (re.escape(path), ln, col, re.escape(missing)), b.stderr()), b.stderr()
+    st = b.stats()
+    assert st["reload"]["failures"] == 1 and st["reload"]["count"] == 0
+    tx = Sender(zctx, ports.ep_input, zmq.PUSH)
+    tx.start(1, (H, W), np.uint16)
+    for fid in range(3):
+        tx.frame(1, fid, np.ones((H, W), np.uint16))
+    wait_sums(rx, 1, range(3))
+    tx.close()

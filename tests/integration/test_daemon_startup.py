@@ -109,3 +109,27 @@ def test_check_config_rejects(tmp_path):
                        text=True, timeout=10)
     assert r.returncode == 1
     assert re.search(r"^%s:2:9: error: .*sideways" % re.escape(str(p)), r.stderr, re.M), r.stderr
+
+
+def test_check_config_missing_input_file(tmp_path):
+    """--check-config (the unit's ExecStartPre) checks that every file a
+    stage reads exists: exit 1, each at its value's file:line:col."""
+    missing = str(tmp_path / "no-such-mask.h5")
+    p = tmp_path / "cfg.yaml"
+    p.write_text("stages:\n  - name: corr\n    kind: correct\n    mask: %s\n"
+                 "    flat: series\n  - name: vd\n    kind: roi_sum\n    input: corr\n"
+                 "    masks: {file: %s/labels.h5}\n" % (missing, tmp_path))
+    r = subprocess.run([binary("beamd"), "--check-config", str(p)], capture_output=True,
+                       text=True, timeout=10)
+    assert r.returncode == 1, r.stderr
+    assert re.search(r'^%s:4:11: error: stage "corr"\.mask: %s: No such file or directory$'
+                     % (re.escape(str(p)), re.escape(missing)), r.stderr, re.M), r.stderr
+    assert re.search(r'^%s:9:19: error: stage "vd"\.masks\.file: %s/labels\.h5: No such file'
+                     % (re.escape(str(p)), re.escape(str(tmp_path))), r.stderr, re.M), r.stderr
+    assert "2 errors" in r.stderr
+    # Once the files exist (contents are the stage's business), it passes.
+    open(missing, "wb").close()
+    open(str(tmp_path / "labels.h5"), "wb").close()
+    r = subprocess.run([binary("beamd"), "--check-config", str(p)], capture_output=True,
+                       text=True, timeout=10)
+    assert r.returncode == 0, r.stderr

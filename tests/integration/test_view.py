@@ -393,6 +393,62 @@ def test_token_gets_403_and_nothing_else(run_tool, pub):
     c.close()
 
 
+# ---- loopback: Host and Origin ----------------------------------------------------------
+
+def test_loopback_refuses_foreign_origin_and_host(run_tool, pub):
+    """Without a token, a foreign page (Origin) or a rebound name (Host)
+    gets 403 and no data; the viewer's own page origin, and a client that
+    sends no Origin, get the feed. Each refusal is counted."""
+    v = View(run_tool, [pub.ep])
+    own = ["http://127.0.0.1:%d" % v.port, "http://localhost:%d" % v.port,
+           "http://[::1]:%d" % v.port, "HTTP://LOCALHOST:%d" % v.port]
+    foreign = ["http://evil.example", "http://evil.example:%d" % v.port, "null",
+               "http://127.0.0.1:%d" % (v.port + 1), "https://127.0.0.1:%d" % v.port,
+               "http://127.0.0.1:%d.evil.example" % v.port]
+    for origin in foreign:
+        w = WebSocket("127.0.0.1", v.port, "/ws", headers=["Origin: " + origin])
+        assert w.status == 403, origin
+        assert b"hello" not in w.body and b"topics" not in w.body
+    hosts = ["evil.example:%d" % v.port, "127.0.0.1:%d" % (v.port + 1), "127.0.0.1",
+             "localhost.evil.example:%d" % v.port]
+    for host in hosts:
+        w = WebSocket("127.0.0.1", v.port, "/ws", host_header=host,
+                      headers=["Origin: http://%s" % host])
+        assert w.status == 403, host
+        w = WebSocket("127.0.0.1", v.port, "/ws", host_header=host)
+        assert w.status == 403, host
+    # Plain HTTP under a rebound name: the page itself is refused.
+    for path in ("/", "/app.js", "/style.css"):
+        st, body, _ = http_get(v.port, path, headers={"Host": "evil.example:%d" % v.port})
+        assert st == 403 and b"<script" not in body, path
+    st, body, _ = http_get(v.port, "/", headers={"Host": "localhost:%d" % v.port})
+    assert st == 200 and b"app.js" in body
+    for origin in own:
+        w = WebSocket("127.0.0.1", v.port, "/ws", headers=["Origin: " + origin])
+        assert w.status == 101, origin
+        w.close()
+    w = WebSocket("127.0.0.1", v.port, "/ws", host_header="[::1]:%d" % v.port)
+    assert w.status == 101
+    w.close()
+    c = v.client()                      # no Origin: a non-browser client
+    h, _ = c.next()
+    assert h["type"] == "hello"
+    # The counts ride on the topic list (sent once a second).
+    want = {"token": 0, "origin": len(foreign), "host": 2 * len(hosts) + 3}
+    c.until(lambda h, a: h["type"] == "topics" and h["refused"] == want, timeout=5,
+            what="topics with refused = %s" % want)
+    c.close()
+    assert "is not this viewer's" in v.proc.stderr()
+
+
+def test_token_mode_does_not_check_origin(run_tool, pub):
+    v = View(run_tool, [pub.ep], args=["--token", TOKEN])
+    w = WebSocket("127.0.0.1", v.port, "/ws?token=" + TOKEN, host_header="beamline-host:8600",
+                  headers=["Origin: http://beamline-host:8600"])
+    assert w.status == 101
+    w.close()
+
+
 def test_bind_beyond_loopback_needs_a_token(run_tool):
     p = run_tool("beamd-view", ["--bind", "0.0.0.0", "--port", str(free_ports(1)[0])], wait=10)
     assert p.p.returncode == 2

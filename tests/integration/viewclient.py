@@ -27,11 +27,13 @@ class WebSocket:
     (101 when it worked); on any other status the body is kept in .body and
     the socket closed."""
 
-    def __init__(self, host, port, path="/", headers=(), protocol="beamd-view", timeout=5.0):
+    def __init__(self, host, port, path="/", headers=(), protocol="beamd-view", timeout=5.0,
+                 host_header=None):
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.settimeout(timeout)
         key = base64.b64encode(os.urandom(16)).decode()
-        lines = ["GET %s HTTP/1.1" % path, "Host: %s:%d" % (host, port), "Upgrade: websocket",
+        host_header = host_header or "%s:%d" % (host, port)
+        lines = ["GET %s HTTP/1.1" % path, "Host: " + host_header, "Upgrade: websocket",
                  "Connection: Upgrade", "Sec-WebSocket-Key: " + key, "Sec-WebSocket-Version: 13"]
         if protocol:
             lines.append("Sec-WebSocket-Protocol: " + protocol)

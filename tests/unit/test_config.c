@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "daemon/config.h"
 #include "proto/err.h"
@@ -785,7 +787,7 @@ static void test_dump(void **state) {
   roundtrip(beam_config_default_yaml(), "<built-in>");
   /* Awkward strings, empty lists and maps, booleans spelled oddly. */
   roundtrip("input: {bind: on}\noutput: {push: \"\"}\nmetrics: {listen: ''}\n"
-            "stages:\n  - name: x\n    kind: correct\n    dark: \"/data/a: b #c\"\n"
+            "stages:\n  - name: x\n    kind: correct\n    flat_dataset: \"/data/a: b #c\"\n"
             "    dark_dataset: '\"q\"\\ and\ttab'\n    threshold: -inf\n"
             "  - name: r\n    kind: roi_sum\n    input: x\n    rois: []\n"
             "    scan_shape: [3, 4]\n  - name: b\n    kind: bin\n    input: x\n    crop: [0, 0, "
@@ -812,6 +814,81 @@ static void test_dump(void **state) {
   assert_true(strstr(d, "input:") < strstr(d, "heartbeat:"));
   free(d);
   beam_config_free(&c);
+}
+
+/* Input files (BEAM_P_INFILE) are checked when the config is loaded: a
+ * missing, unreadable or directory path is an error at the value, words
+ * listed in choices are no files, and the check can be turned off. */
+static const beam_param_t inf_p[] = {
+    {"in", BEAM_P_INFILE, NULL, 0, 0, 0, NULL, NULL, "input file", NULL},
+    {"ins", BEAM_P_INFILE, NULL, 0, 0, 0, "series", NULL, "input file or series", NULL},
+    {"out", BEAM_P_PATH, NULL, 0, 0, 0, NULL, NULL, "output path: never checked", NULL},
+    BEAM_PARAM_END};
+
+static int inf_validate(const char *yaml, unsigned flags, beam_cfg_errs_t *e) {
+  beam_cnode_t *root = beam_yaml_parse(yaml, strlen(yaml), "f.yaml", e);
+  assert_non_null(root);
+  int n = beam_cfg_validate_flags(root, inf_p, "t", e, flags);
+  beam_cnode_free(root);
+  return n;
+}
+
+static void inf_expect(const char *yaml, const char *msg) {
+  beam_cfg_errs_t e = {0};
+  int n = inf_validate(yaml, 0, &e);
+  for (size_t i = 0; i < e.n; i++)
+    if (!msg || strcmp(e.msgs[i], msg))
+      print_error("got: %s\n", e.msgs[i]);
+  assert_int_equal(n, msg ? 1 : 0);
+  assert_int_equal(e.n, msg ? 1 : 0);
+  if (msg)
+    assert_string_equal(e.msgs[0], msg);
+  beam_cfg_errs_free(&e);
+}
+
+static void test_input_files(void **state) {
+  char dir[] = "/tmp/beamd-test-infile-XXXXXX", file[64], yaml[256], msg[256];
+  assert_non_null(mkdtemp(dir));
+  snprintf(file, sizeof file, "%s/mask.npy", dir);
+  FILE *f = fopen(file, "w");
+  assert_non_null(f);
+  fputs("x", f);
+  fclose(f);
+
+  snprintf(yaml, sizeof yaml, "in: %s\nins: %s\nout: /nonexistent/out\n", file, file);
+  inf_expect(yaml, NULL);
+  inf_expect("ins: series\n", NULL);
+  inf_expect("in: /nonexistent/beamd/mask.h5\n",
+             "f.yaml:1:5: error: t.in: /nonexistent/beamd/mask.h5: No such file or directory");
+  /* "series" is a word only where the schema says so. */
+  inf_expect("in: series\n", "f.yaml:1:5: error: t.in: series: No such file or directory");
+  snprintf(yaml, sizeof yaml, "ins: %s\n", dir);
+  snprintf(msg, sizeof msg, "f.yaml:1:6: error: t.ins: %s: is a directory, expected a file", dir);
+  inf_expect(yaml, msg);
+  inf_expect("in: \"\"\n", "f.yaml:1:5: error: t.in: a path cannot be empty");
+  if (geteuid() != 0) { /* root reads anything */
+    assert_int_equal(chmod(file, 0), 0);
+    snprintf(yaml, sizeof yaml, "in: %s\n", file);
+    snprintf(msg, sizeof msg, "f.yaml:1:5: error: t.in: %s: Permission denied", file);
+    inf_expect(yaml, msg);
+  }
+  beam_cfg_errs_t e = {0};
+  assert_int_equal(inf_validate("in: /nonexistent/x.h5\n", BEAM_CFG_NO_FILE_CHECK, &e), 0);
+  beam_cfg_errs_free(&e);
+
+  /* Through a stage's schema, as beamd loads a file: every missing input
+   * is reported at its value, the "series" mask passes. */
+  static const char *m[] = {
+      "c.yaml:4:11: error: stage \"c\".dark: /nonexistent/dark.npy: No such file or directory",
+      "c.yaml:8:19: error: stage \"v\".masks.file: /nonexistent/masks.h5: No such file or "
+      "directory",
+  };
+  load_expect("stages:\n  - name: c\n    kind: correct\n    dark: /nonexistent/dark.npy\n"
+              "    mask: series\n  - name: v\n    kind: roi_sum\n    masks: {file: "
+              "/nonexistent/masks.h5}\n    input: c\n",
+              m, 2);
+  unlink(file);
+  rmdir(dir);
 }
 
 static void test_missing_file(void **state) {
@@ -854,6 +931,7 @@ int main(void) {
       cmocka_unit_test(test_builtin_default),
       cmocka_unit_test(test_dump),
       cmocka_unit_test(test_missing_file),
+      cmocka_unit_test(test_input_files),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -389,6 +389,44 @@ static void test_reference_loads(void **state) {
   beam_config_free(&c);
 }
 
+/* etc/beamd-minimal.yaml, what `make install` puts in /etc: it must load,
+ * and stay safe to start as it is: every socket on loopback, no stage
+ * writing to disk. */
+static void test_minimal_loads_and_is_safe(void **state) {
+  const char *src = getenv("BEAM_SRCDIR");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/etc/beamd-minimal.yaml", src && src[0] ? src : ".");
+  beam_cfg_errs_t e = {0};
+  beam_config_t *c = NULL;
+  int rc = beam_config_load_file(path, &c, &e);
+  for (size_t i = 0; i < e.n; i++)
+    print_error("%s\n", e.msgs[i]);
+  assert_int_equal(rc, 0);
+  assert_int_equal(e.n, 0);
+  assert_true(c->nstages >= 1);
+  int previews = 0;
+  for (size_t i = 0; i < c->nstages; i++) {
+    if (!strcmp(c->stages[i].kind, "record"))
+      print_error("stage \"%s\" records to disk\n", c->stages[i].name);
+    assert_string_not_equal(c->stages[i].kind, "record");
+    previews += !strcmp(c->stages[i].kind, "preview");
+  }
+  assert_true(previews >= 1);
+  const char *eps[] = {c->input.endpoint, beam_cfg_str(beam_cfg_get(c->root, "output"), "publish"),
+                       beam_cfg_str(beam_cfg_get(c->root, "control"), "endpoint"),
+                       beam_cfg_str(beam_cfg_get(c->root, "metrics"), "listen")};
+  for (size_t i = 0; i < sizeof eps / sizeof *eps; i++) {
+    assert_non_null(eps[i]);
+    if (!strstr(eps[i], "127.0.0.1"))
+      print_error("not on loopback: %s\n", eps[i]);
+    assert_non_null(strstr(eps[i], "127.0.0.1"));
+  }
+  const char *push = beam_cfg_str(beam_cfg_get(c->root, "output"), "push");
+  assert_true(!push || !push[0]);
+  assert_int_equal(c->pool.pinned, 0);
+  beam_config_free(&c);
+}
+
 static void test_reference_documents_schema(void **state) {
   char *text = reference_text();
   doc_t d;
@@ -450,6 +488,7 @@ int main(void) {
   beam_record_stage_register();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reference_loads),
+      cmocka_unit_test(test_minimal_loads_and_is_safe),
       cmocka_unit_test(test_reference_documents_schema),
       cmocka_unit_test(test_checker_catches_drift),
   };

@@ -45,7 +45,7 @@ static void usage(FILE *f) {
 "  --hwm N             ZMQ_RCVHWM of the subscriptions (default 100)\n"
 "  --assets DIR        the page's files (default: installed share/beamd-view/www,\n"
 "                      else the source tree's tools/beamd-view/www)\n"
-"  --verbose           log connections and rejected requests\n"
+"  --verbose           log connections and every refused request\n"
 TOOL_CURVE_USAGE
 "  --help              this text\n", DEFAULT_PORT);
 }

@@ -328,6 +328,10 @@ void view_store_publish_topics(view_t *v) {
   json_object_set_new(o, "untopical", json_integer((json_int_t)v->untopical));
   json_object_set_new(o, "topics_overflow", json_integer((json_int_t)v->topics_overflow));
   json_object_set_new(o, "clients", json_integer(view_ws_clients(v)));
+  uint64_t rt, rh, ro;
+  view_ws_refused(v, &rt, &rh, &ro);
+  json_object_set_new(o, "refused", json_pack("{s:I, s:I, s:I}", "token", (json_int_t)rt, "host",
+                                              (json_int_t)rh, "origin", (json_int_t)ro));
   json_object_set_new(o, "max_rate", json_real(v->o->max_rate));
   view_msg_t *m = view_msg_new(o, NULL, 0);
   json_decref(o);

@@ -156,5 +156,8 @@ void view_ws_kick(view_t *v);
 void view_ws_close(view_t *v);
 void view_ws_free(view_t *v); /* after the loop ran out */
 int view_ws_clients(const view_t *v);
+/* Requests refused so far: wrong or missing token; (loopback mode) a Host,
+ * or an upgrade's Origin, that does not name this viewer. */
+void view_ws_refused(const view_t *v, uint64_t *token, uint64_t *host, uint64_t *origin);
 
 #endif

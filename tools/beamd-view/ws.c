@@ -7,6 +7,15 @@
  * loaded with the token in its URL gets it back as a cookie so that its
  * scripts and styles load too.
  *
+ * Without a token (loopback only) the listener being unreachable from other
+ * hosts is not enough: any page the scientist's browser opens could
+ * connect to ws://127.0.0.1:PORT and read results, and a name rebound to
+ * 127.0.0.1 (DNS rebinding) could load the page itself under a foreign
+ * origin. So every request's Host must be a loopback name with our port,
+ * and an upgrade's Origin, when a browser sends one, must be our own page's
+ * origin; anything else gets 403 and is counted. Non-browser clients send
+ * no Origin and pass.
+ *
  * Coalescing: a session remembers, per topic, the version it sent last and
  * when. On writable it sends, in this order, the hello, the newest status,
  * the newest topic list, then the next topic (round robin) whose version
@@ -19,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <libwebsockets.h>
 
@@ -67,7 +77,12 @@ struct view_ws_s {
   pss_t *clients;
   int nclients;
   char cookie_name[64];
-  uint64_t rejected;
+  uint64_t rejected;        /* token missing or wrong */
+  uint64_t refused_host;    /* loopback mode: a Host that is not ours */
+  uint64_t refused_origin;  /* loopback mode: an upgrade from a foreign page */
+  /* Loopback mode: the Host values (and, with "http://" before them, the
+   * Origin values) that name this viewer; "" ends the list. */
+  char names[5][80];
 };
 
 static view_ws_t *ws_of(struct lws *wsi) {
@@ -132,6 +147,75 @@ static int forbid(view_ws_t *w, struct lws *wsi) {
   }
   lws_return_http_status(wsi, HTTP_STATUS_FORBIDDEN, NULL);
   return -1;
+}
+
+/* ---- loopback: Host and Origin ------------------------------------------------------ */
+
+#define REFUSALS_LOGGED 10 /* then counted only: a hostile page may retry in a loop */
+
+static void add_name(view_ws_t *w, int *k, const char *host, int port) {
+  if (*k >= (int)(sizeof w->names / sizeof w->names[0]))
+    return;
+  int ipv6 = strchr(host, ':') != NULL;
+  snprintf(w->names[(*k)++], sizeof w->names[0], "%s%s%s:%d", ipv6 ? "[" : "", host,
+           ipv6 ? "]" : "", port);
+}
+
+static void names_init(view_ws_t *w) {
+  int k = 0, port = w->v->o->port;
+  add_name(w, &k, "127.0.0.1", port);
+  add_name(w, &k, "localhost", port);
+  add_name(w, &k, "::1", port);
+  const char *b = w->v->o->bind; /* e.g. 127.0.0.2: the page is loaded by that name */
+  if (strcmp(b, "127.0.0.1") && strcmp(b, "localhost") && strcmp(b, "::1"))
+    add_name(w, &k, b, port);
+}
+
+/* Host header values name a host case-insensitively; a browser leaves out
+ * the port only when it is 80. */
+static int is_our_name(view_ws_t *w, const char *v) {
+  for (size_t i = 0; i < sizeof w->names / sizeof w->names[0] && w->names[i][0]; i++) {
+    const char *n = w->names[i];
+    if (!strcasecmp(v, n))
+      return 1;
+    size_t hl = strlen(n) - strlen(strrchr(n, ':'));
+    if (w->v->o->port == 80 && strlen(v) == hl && !strncasecmp(v, n, hl))
+      return 1;
+  }
+  return 0;
+}
+
+static int refuse(view_ws_t *w, struct lws *wsi, uint64_t *counter, const char *what,
+                  const char *value) {
+  ++*counter;
+  uint64_t n = w->refused_host + w->refused_origin;
+  if (w->v->o->verbose || n <= REFUSALS_LOGGED) {
+    char peer[64] = "";
+    lws_get_peer_simple(wsi, peer, sizeof peer);
+    fprintf(stderr, "beamd-view: 403 for %s: %s \"%.100s\" is not this viewer's%s\n", peer,
+            what, value,
+            n == REFUSALS_LOGGED && !w->v->o->verbose ? " (further refusals are counted only)"
+                                                      : "");
+  }
+  lws_return_http_status(wsi, HTTP_STATUS_FORBIDDEN, NULL);
+  return -1;
+}
+
+/* 0 to go on; -1 when refused (the 403 is sent). Token mode: the token
+ * is the check, any Host or Origin may carry it. */
+static int origin_ok(view_ws_t *w, struct lws *wsi, int upgrade) {
+  if (w->v->o->token)
+    return 0;
+  char buf[256];
+  int n = lws_hdr_copy(wsi, buf, sizeof buf, WSI_TOKEN_HOST);
+  if (n <= 0 || !is_our_name(w, buf))
+    return refuse(w, wsi, &w->refused_host, "Host", n > 0 ? buf : "");
+  if (upgrade && lws_hdr_total_length(wsi, WSI_TOKEN_ORIGIN) > 0) {
+    n = lws_hdr_copy(wsi, buf, sizeof buf, WSI_TOKEN_ORIGIN);
+    if (n <= 7 || strncasecmp(buf, "http://", 7) || !is_our_name(w, buf + 7))
+      return refuse(w, wsi, &w->refused_origin, "Origin", n > 0 ? buf : "(too long)");
+  }
+  return 0;
 }
 
 /* ---- static files ------------------------------------------------------------------ */
@@ -381,10 +465,14 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
   case LWS_CALLBACK_FILTER_HTTP_CONNECTION:
     if (!token_ok(w, wsi))
       return forbid(w, wsi);
+    if (origin_ok(w, wsi, 0) < 0)
+      return -1;
     break;
   case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
     if (!token_ok(w, wsi))
       return forbid(w, wsi);
+    if (origin_ok(w, wsi, 1) < 0)
+      return -1;
     break;
   case LWS_CALLBACK_HTTP:
     return serve_file(w, wsi, in);
@@ -445,6 +533,13 @@ void view_ws_kick(view_t *v) {
 
 int view_ws_clients(const view_t *v) { return v->ws ? v->ws->nclients : 0; }
 
+void view_ws_refused(const view_t *v, uint64_t *token, uint64_t *host, uint64_t *origin) {
+  const view_ws_t *w = v->ws;
+  *token = w ? w->rejected : 0;
+  *host = w ? w->refused_host : 0;
+  *origin = w ? w->refused_origin : 0;
+}
+
 static void lws_log(int level, const char *line) {
   (void)level;
   fprintf(stderr, "beamd-view: lws: %s", line);
@@ -459,6 +554,7 @@ int view_ws_open(view_t *v, char *err, size_t errlen) {
   w->v = v;
   v->ws = w;
   snprintf(w->cookie_name, sizeof w->cookie_name, "beamd_view_token_%d", v->o->port);
+  names_init(w);
   lws_set_log_level(v->o->verbose ? LLL_ERR | LLL_WARN | LLL_NOTICE : LLL_ERR, lws_log);
 
   w->protocols[0] = (struct lws_protocols){
