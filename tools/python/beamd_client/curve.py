@@ -90,7 +90,8 @@ class Curve:
         if key not in self._auth:
             auth = ThreadAuthenticator(context)
             auth.start()
-            auth.configure_curve_callback(domain="*", credentials_provider=_Keys(self.allow))
+            auth.configure_curve_callback(domain=ZAP_DOMAIN.decode(),
+                                          credentials_provider=_Keys(self.allow))
             self._auth[key] = auth
         sock.curve_secretkey = self.secret
         sock.curve_publickey = self.public
