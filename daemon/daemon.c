@@ -181,7 +181,8 @@ static const char *socket_change(const beam_config_t *a, const beam_config_t *b)
   if (!same_tree(a->input.node, b->input.node))
     return "input";
   if (strcmp(a->output.publish, b->output.publish) || strcmp(a->output.push, b->output.push) ||
-      a->output.hwm != b->output.hwm || a->output.push_hwm != b->output.push_hwm)
+      a->output.hwm != b->output.hwm || a->output.push_hwm != b->output.push_hwm ||
+      !beamd_karabo_same(a, b))
     return "output";
   if (strcmp(a->control.endpoint, b->control.endpoint))
     return "control";
@@ -526,6 +527,7 @@ void beamd_fini(beamd_t *d) {
   free(d->src_garbage);
   if (d->zctx)
     zmq_ctx_term(d->zctx);
+  free(d->kout_garbage);
   beam_fifo_free(&d->rq.q);
   pthread_mutex_destroy(&d->rq.mu);
   if (d->cfg != NULL)
