@@ -43,7 +43,8 @@ static msgpack_packer *part(msg_t *m, msgpack_packer *pk) {
 
 static void raw_part(msg_t *m, const void *p, size_t n) {
   msgpack_sbuffer_init(&m->sb[m->n]);
-  msgpack_sbuffer_write(&m->sb[m->n], p, n);
+  if (n) /* an empty part: msgpack-c would memcpy to its NULL buffer */
+    msgpack_sbuffer_write(&m->sb[m->n], p, n);
   m->n++;
 }
 
@@ -80,7 +81,8 @@ static void seed(msg_t *m, const char *name) {
     uint32_t n = (uint32_t)m->sb[i].size;
     uint8_t le[4] = {(uint8_t)n, (uint8_t)(n >> 8), (uint8_t)(n >> 16), (uint8_t)(n >> 24)};
     fwrite(le, 1, 4, f);
-    fwrite(m->sb[i].data, 1, n, f);
+    if (n)
+      fwrite(m->sb[i].data, 1, n, f);
   }
   fclose(f);
 }
