@@ -170,6 +170,7 @@ static int send_source(struct beamd_kout_s *k, slot_t *s, int first, int last) {
                                   s->ndim, s->shape);
   copy_t *c = s->copy;
   s->copy = NULL;
+  size_t n = c->n; /* c may be freed by ZeroMQ's I/O thread once sent */
   zmq_msg_t zm;
   zmq_msg_init_data(&zm, c + 1, c->n, copy_free, c);
   if (rc) {
@@ -177,15 +178,16 @@ static int send_source(struct beamd_kout_s *k, slot_t *s, int first, int last) {
     return -1;
   }
   if (send_buf(sock, k->sb.data, hlen, 1) < 0) {
+    int again = errno == EAGAIN;
     zmq_msg_close(&zm);
-    return first && errno == EAGAIN ? 1 : -1;
+    return first && again ? 1 : -1;
   }
   /* After the first part the rest of a multipart message cannot block. */
   send_buf(sock, k->sb.data + hlen, mlen - hlen, 1);
   send_buf(sock, k->sb.data + mlen, k->sb.size - mlen, 1);
   if (zmq_msg_send(&zm, sock, last ? 0 : ZMQ_SNDMORE) < 0)
     zmq_msg_close(&zm);
-  atomic_fetch_add(&k->bytes, k->sb.size + c->n);
+  atomic_fetch_add(&k->bytes, k->sb.size + n);
   return 0;
 }
 
