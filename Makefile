@@ -52,7 +52,7 @@ $(error CUDA=1 but no nvcc found (set NVCC= or CUDA_HOME=))
 endif
 endif
 
-PKGS      := libzmq libuv yaml-0.1 hdf5 fftw3 fftw3f jansson liblz4 libzstd libmd libsystemd openblas
+PKGS      := libzmq libuv yaml-0.1 hdf5 fftw3 fftw3f jansson liblz4 libzstd libmd libsystemd openblas msgpack
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lfftw3f_threads -lfftw3_threads -llapacke
 
@@ -236,7 +236,7 @@ FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 fuzz:
 	@mkdir -p build/fuzz
 	@set -e; for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
-	  clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined $$f proto/*.c -o build/fuzz/$$n -llz4 -lzstd; \
+	  clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined $$f proto/*.c -o build/fuzz/$$n -llz4 -lzstd $(shell pkg-config --libs msgpack); \
 	  mkdir -p build/fuzz/corpus-$$n; \
 	  build/fuzz/$$n -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 build/fuzz/corpus-$$n tests/fuzz/seeds; \
 	done

@@ -111,6 +111,16 @@ void beamd_publish_discard(beamd_t *d);
 void beamd_publish_unwatch(beamd_t *d);
 void beamd_publish_close(beamd_t *d, int linger_ms);
 
+/* The Karabo bridge 2.2 output (karabo_out.c, output.karabo); opened,
+ * fed and closed by publish.c. */
+int beamd_karabo_open(beamd_t *d, char *err, size_t errlen);
+void beamd_karabo_result(beamd_t *d, const beam_frame_t *f); /* borrows f (copies it) */
+void beamd_karabo_unwatch(beamd_t *d);
+void beamd_karabo_close(beamd_t *d, int linger_ms);
+void beamd_karabo_stats(beamd_t *d, json_t *outputs);
+void beamd_karabo_counters(beamd_t *d, uint64_t *served, uint64_t *dropped);
+int beamd_karabo_same(const beam_config_t *a, const beam_config_t *b); /* reload: same sockets */
+
 /* ---- result queue (workers -> loop) --------------------------------------- */
 typedef struct beamd_rq_item_s {
   int kind; /* RQ_RESULT, RQ_SERIES_DONE */
@@ -170,6 +180,8 @@ struct beamd_s {
 
   beamd_ingest_t in;
   beamd_out_t pub, push;
+  struct beamd_kout_s *kout; /* output.karabo, NULL when off */
+  void *kout_garbage;        /* closed, freed after zmq_ctx_term */
   beamd_desc_seen_t desc_seen[BEAMD_DESC_SLOTS];
   beamd_zsock_t ctl;
   beamd_metrics_t met;

@@ -67,6 +67,8 @@ static const beam_param_t output_params[] = {
      "on shutdown, how long results wait for a PUSH consumer before they are dropped", NULL},
     {"publish_frames_meta", BEAM_P_BOOL, "true", 0, 0, 0, NULL, NULL,
      "republish each series' SERIES_START and SERIES_END on the outputs", NULL},
+    {"karabo", BEAM_P_MAP, NULL, 0, 0, 0, NULL, beamd_karabo_out_params,
+     "results served as a Karabo bridge 2.2 server (daemon/karabo_out.c, docs/karabo.md)", NULL},
     BEAM_PARAM_END};
 
 static const beam_param_t pool_params[] = {

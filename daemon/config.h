@@ -20,6 +20,7 @@ typedef enum beam_input_mode_e {
   BEAM_IN_PULL = 1,    /* PULL from a PUSH: lossless, backpressure */
   BEAM_IN_REPLAY = 2,  /* REQ to a replay server (beamd-replay): lossless, credit based */
   BEAM_IN_DECTRIS = 3, /* PULL from a DECTRIS detector (SIMPLON v1/v2, Jungfraujoch) */
+  BEAM_IN_KARABO = 4,  /* a European XFEL Karabo bridge server (src_karabo.c) */
 } beam_input_mode_t;
 
 #define BEAM_ENDPOINT_MAX 256
@@ -101,6 +102,7 @@ extern const beam_param_t beam_config_curve_params[]; /* the curve section */
 int beam_config_security(beam_config_t *c, beam_cfg_errs_t *errs);
 /* The security settings of one endpoint value (either form). */
 int beam_ep_sec_from_node(const beam_cnode_t *v, beam_ep_sec_t *out);
+extern const beam_param_t beamd_karabo_out_params[]; /* output.karabo (daemon/karabo_out.c) */
 
 /* Load and validate. On error returns BEAM_ECONFIG, *out NULL, and errs
  * holds every message. */

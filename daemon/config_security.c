@@ -147,6 +147,9 @@ int beam_config_security(beam_config_t *c, beam_cfg_errs_t *errs) {
   };
   for (size_t i = 0; i < sizeof refs / sizeof refs[0]; i++)
     nerr += check_endpoint(c, &refs[i], errs);
+  ep_ref_t kout = {"output.karabo.endpoint",
+                   beam_cfg_get(beam_cfg_get(out, "karabo"), "endpoint"), 1, NULL};
+  nerr += check_endpoint(c, &kout, errs);
   /* The DECTRIS source's further streams share input.bind. */
   const beam_cnode_t *more = beam_cfg_get(beam_cfg_get(in, "dectris"), "endpoints");
   for (size_t i = 0; i < beam_cfg_len(more); i++) {

@@ -192,7 +192,8 @@ static const char *socket_change(const beam_config_t *a, const beam_config_t *b)
     return "input";
   /* Endpoints in either form: their security settings are the socket's. */
   if (!same_key(a, b, "output", "publish") || !same_key(a, b, "output", "push") ||
-      a->output.hwm != b->output.hwm || a->output.push_hwm != b->output.push_hwm)
+      a->output.hwm != b->output.hwm || a->output.push_hwm != b->output.push_hwm ||
+      !beamd_karabo_same(a, b))
     return "output";
   if (!same_key(a, b, "control", "endpoint"))
     return "control";
@@ -574,6 +575,7 @@ void beamd_fini(beamd_t *d) {
   beamd_zap_stop(&d->zap);
   if (d->zctx)
     zmq_ctx_term(d->zctx);
+  free(d->kout_garbage);
   beam_fifo_free(&d->rq.q);
   pthread_mutex_destroy(&d->rq.mu);
   if (d->cfg != NULL)

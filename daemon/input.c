@@ -11,7 +11,8 @@
 
 /* In the order of input.mode's choices (and of beam_input_mode_t). */
 static const beamd_source_ops_t *const sources[] = {&beamd_src_live, &beamd_src_pull,
-                                                    &beamd_src_replay, &beamd_src_dectris};
+                                                    &beamd_src_replay, &beamd_src_dectris,
+                                                    &beamd_src_karabo};
 
 const beamd_source_ops_t *beamd_source_find(unsigned mode) {
   return mode < sizeof sources / sizeof sources[0] ? sources[mode] : NULL;
@@ -23,10 +24,11 @@ static const char *input_endpoint_valid(const beam_cnode_t *v) {
 }
 
 const beam_param_t beamd_input_params[] = {
-    {"mode", BEAM_P_ENUM, "live", 0, 0, 0, "live|pull|replay|dectris", NULL,
+    {"mode", BEAM_P_ENUM, "live", 0, 0, 0, "live|pull|replay|dectris|karabo", NULL,
      "live: SUB to a PUB (lossy, gaps counted); pull: PULL from a PUSH (lossless); "
      "replay: REQ to a replay server (lossless, credit based); dectris: PULL from a DECTRIS "
-     "detector's stream (SIMPLON v1 or v2, Jungfraujoch; lossless)", NULL},
+     "detector's stream (SIMPLON v1 or v2, Jungfraujoch; lossless); karabo: a European XFEL "
+     "Karabo bridge server (REQ next, SUB or PULL; input.karabo)", NULL},
     {"endpoint", BEAM_P_ENDPOINT, "tcp://127.0.0.1:5500", 0, 0, 0, NULL, NULL,
      "where frames come from", input_endpoint_valid},
     {"bind", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
@@ -37,6 +39,9 @@ const beam_param_t beamd_input_params[] = {
      "mode replay: how beamd asks a replay server for frames", NULL},
     {"dectris", BEAM_P_MAP, NULL, 0, 0, 0, NULL, beamd_dectris_params,
      "mode dectris: the detector stream's format and checks", NULL},
+    {"karabo", BEAM_P_MAP, NULL, 0, 0, 0, NULL, beamd_karabo_params,
+     "mode karabo: the bridge socket pattern and which array of which source becomes frames",
+     NULL},
     BEAM_PARAM_END};
 
 /* ---- the ZeroMQ message owner ------------------------------------------------- */

@@ -115,8 +115,8 @@ typedef struct beamd_source_ops_s {
 } beamd_source_ops_t;
 
 extern const beamd_source_ops_t beamd_src_live, beamd_src_pull, beamd_src_replay,
-    beamd_src_dectris;
-extern const beam_param_t beamd_replay_params[], beamd_dectris_params[];
+    beamd_src_dectris, beamd_src_karabo;
+extern const beam_param_t beamd_replay_params[], beamd_dectris_params[], beamd_karabo_params[];
 
 /* The input section's schema (common keys, then one sub-table per source
  * that has one) and the source of each input.mode, in the enum's order. */

@@ -91,6 +91,13 @@ void beamd_metrics_render(beamd_t *d) {
   metric(&b, "beamd_results_total", "counter", "results published", A(d->pub.results));
   metric(&b, "beamd_publish_messages_total", "counter", "messages sent on the PUB", A(d->pub.messages));
   metric(&b, "beamd_push_messages_total", "counter", "messages sent on the PUSH", A(d->push.messages));
+  uint64_t kb_served, kb_dropped;
+  beamd_karabo_counters(d, &kb_served, &kb_dropped);
+  metric(&b, "beamd_karabo_served_total", "counter", "results served on output.karabo",
+         (double)kb_served);
+  metric(&b, "beamd_karabo_dropped_total", "counter",
+         "results output.karabo dropped (replaced before a request, over its buffer, no peer)",
+         (double)kb_dropped);
   metric(&b, "beamd_push_backlog", "gauge", "messages waiting for a PUSH consumer", beamd_publish_backlog(d));
   metric(&b, "beamd_reloads_total", "counter", "successful reloads", (double)d->reloads);
   metric(&b, "beamd_reload_failures_total", "counter", "refused reloads", (double)d->reload_failures);

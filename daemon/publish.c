@@ -166,7 +166,7 @@ int beamd_publish_open(beamd_t *d, char *err, size_t errlen) {
       return BEAM_EIO;
     }
   }
-  return 0;
+  return beamd_karabo_open(d, err, errlen);
 }
 
 static void out_send(beamd_t *d, beamd_out_t *o, omsg_t *m) {
@@ -310,6 +310,7 @@ void beamd_publish_result(beamd_t *d, beam_frame_t *f) {
   /* m.meta borrows the pool's descriptor: out_send copies what it keeps. */
   m.frame = f;
   send_all(d, &m);
+  beamd_karabo_result(d, f);
   atomic_fetch_add(&d->pub.results, 1);
   if (f->t_recv_ns)
     beam_hist_add(&d->e2e, now - f->t_recv_ns);
@@ -381,6 +382,7 @@ void beamd_publish_stats(beamd_t *d, const char *json) {
 void beamd_publish_unwatch(beamd_t *d) {
   beamd_zsock_unwatch(&d->pub.zs);
   beamd_zsock_unwatch(&d->push.zs);
+  beamd_karabo_unwatch(d);
 }
 
 void beamd_publish_close(beamd_t *d, int linger_ms) {
@@ -390,4 +392,5 @@ void beamd_publish_close(beamd_t *d, int linger_ms) {
   beam_fifo_free(&d->push.pending);
   beamd_zsock_close(&d->pub.zs, linger_ms);
   beamd_zsock_close(&d->push.zs, linger_ms);
+  beamd_karabo_close(d, linger_ms);
 }

@@ -127,6 +127,7 @@ char *beamd_stats_json(beamd_t *d, int pretty) {
     json_object_set_new(outs, "publish", out_json(d, &d->pub, d->cfg->output.publish));
   if (d->push.zs.open)
     json_object_set_new(outs, "push", out_json(d, &d->push, d->cfg->output.push));
+  beamd_karabo_stats(d, outs);
   json_object_set_new(root, "outputs", outs);
   json_object_set_new(root, "results", U(d->pub.results));
   json_object_set_new(root, "results_per_s", json_real(d->rate_rps));

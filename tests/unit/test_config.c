@@ -807,7 +807,10 @@ static void test_dump(void **state) {
                             "    commit_delay: 2s\n    timeout: 10s\n    exit_on_eof: false\n"
                             "    shm: auto\n    map: true\n    depth: 2\n  dectris:\n"
                             "    format: auto\n    channel: \"\"\n    verify_hash: false\n"
-                            "    endpoints: []\n    merge_wait: 200ms\n"
+                            "    endpoints: []\n    merge_wait: 200ms\n  karabo:\n"
+                            "    pattern: req\n    source: \"\"\n    path: image.data\n"
+                            "    pulse_axis: last\n    flatten: true\n    timeout: 1s\n"
+                            "    series_idle: 10s\n"
                             "output:\n"));
   assert_non_null(strstr(d, "push: \"\"\n"));
   assert_non_null(strstr(d, "heartbeat: 2s\nstages: []\n"));

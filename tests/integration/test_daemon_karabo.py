@@ -1,0 +1,312 @@
+"""End to end: the Karabo bridge protocol 2.2 on both sides of beamd.
+
+Output: frames in (beamd protocol), results out on output.karabo, read by
+the independent client in karabo_ref.py (REQ `next`, SUB, PULL), checked
+against what beamd computed (correct = float32 of the raw frame, roi_sum =
+the frame's sum) and against the C++ client's stricter rules.
+
+Input: an independent bridge server (REP, PUB, PUSH) serves AGIPD-like
+pulse-resolved trains to input.mode karabo; the record stage writes the
+frames beamd made of them, which must be the pulses bit-exact with frame id
+= train id x pulses + pulse. Bad messages are counted and the daemon goes on.
+"""
+
+import time
+
+import h5py
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from conftest import Sender, free_ports, make_config
+from karabo_ref import (Client, Server, agipd_train, cpp_check, deserialize, serialize_10,
+                        serialize_22, timestamp_meta)
+
+H, W = 24, 20
+SERIES = 11
+
+
+def kb_endpoint():
+    return "tcp://127.0.0.1:%d" % free_ports(1)[0]
+
+
+# ---- output ----------------------------------------------------------------------------
+
+def out_config(ports, ep, pattern="rep", **kw):
+    stages = [{"name": "corr", "kind": "correct", "backend": "cpu"},
+              {"name": "vd", "kind": "roi_sum", "input": "frames", "backend": "cpu",
+               "rois": [{"name": "all", "shape": "rect", "rect": [0, 0, W, H]}]}]
+    cfg = make_config(ports, stages, mode="pull", pool_frames=16, frame_bytes="1Mi")
+    cfg["output"]["karabo"] = dict({"endpoint": ep, "pattern": pattern}, **kw)
+    return cfg
+
+
+def frames(n, seed=3):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 4000, size=(H, W)).astype(np.uint16) for _ in range(n)]
+
+
+def check_message(parts, data):
+    """Checks one served message; returns {source: (frame_id, payload)}."""
+    headers = cpp_check(parts)
+    got, meta = deserialize(parts)
+    names = [h["source"] for h in headers if h["content"] == "msgpack"]
+    assert names == sorted(names), "sources not sorted by name"
+    out = {}
+    for h in headers:
+        src = h["source"]
+        if h["content"] == "msgpack":
+            md = h["metadata"]
+            assert md["source"] == src
+            assert isinstance(md["timestamp"], float)
+            assert md["timestamp.sec"].isdigit() and len(md["timestamp.frac"]) == 18
+            assert md["timestamp.frac"].isdigit()
+            t = float("%s.%s" % (md["timestamp.sec"], md["timestamp.frac"]))  # OM's reading
+            assert abs(t - md["timestamp"]) < 1e-5 and abs(t - time.time()) < 60
+            assert got[src]["beamd.frame_id"] == md["timestamp.tid"]
+            assert got[src]["beamd.series_id"] == SERIES
+        else:
+            assert h["content"] == "array"
+    for src, d in got.items():
+        fid = d["beamd.frame_id"]
+        if src == "beamd/corr.frame":
+            a = d["image.data"]
+            assert a.dtype == np.float32 and a.shape == (H, W)
+            assert np.array_equal(a, data[fid].astype(np.float32))
+        elif src == "beamd/vd.sums":
+            a = d["data"]
+            assert a.dtype == np.float64 and a.shape == (1,)
+            assert a[0] == float(data[fid].astype(np.float64).sum())
+        else:
+            pytest.fail("unexpected source %s" % src)
+        assert d["beamd.topic"] == src[len("beamd/"):]
+        out[src] = (fid, d)
+    return out
+
+
+def test_output_rep_next(ports, zctx, start_beamd):
+    ep = kb_endpoint()
+    b = start_beamd(out_config(ports, ep))
+    data = frames(6)
+    snd = Sender(zctx, ports.ep_input)
+    cli = Client(zctx, ep, "REQ", timeout=10)
+    # A request with nothing waiting stays pending until results come.
+    cli.s.send(b"next")
+    time.sleep(0.3)
+    assert b.stats()["outputs"]["karabo"]["pending"] is True
+    snd.start(SERIES, (H, W), "uint16")
+    snd.frame(SERIES, 0, data[0])
+    parts = cli.s.recv_multipart()
+    got = check_message(parts, data)
+    assert got and all(fid == 0 for fid, _ in got.values())
+    # Results while nobody asks: only the latest of each source is kept.
+    for i in range(1, 6):
+        snd.frame(SERIES, i, data[i])
+    b.wait_stats(lambda s: s["input"]["frames"] >= 6 and
+                 s["outputs"]["karabo"]["waiting"] == 2 and
+                 all(st["results"] >= 6 for st in s["stages"]), what="results in")
+    time.sleep(0.2)
+    got = check_message(cli.raw(), data)
+    assert set(got) == {"beamd/corr.frame", "beamd/vd.sums"}
+    assert all(fid == 5 for fid, _ in got.values())
+    # Anything but `next` is answered with an error, and the socket goes on.
+    assert cli.raw(b"hello") == [b"Error: bad request hello"]
+    snd.end(SERIES)
+    st = b.stats()["outputs"]["karabo"]
+    assert st["requests"] == 2 and st["bad_requests"] == 1 and st["messages"] == 2
+    assert st["served"] >= 3 and st["dropped"] >= 8  # 4 replaced per source at least
+    assert b.alive()
+    cli.close()
+    snd.close()
+
+
+@pytest.mark.parametrize("pattern,sock", [("pub", "SUB"), ("push", "PULL")])
+def test_output_pub_push(ports, zctx, start_beamd, pattern, sock):
+    ep = kb_endpoint()
+    b = start_beamd(out_config(ports, ep, pattern, topics="corr.", hwm=100))
+    cli = Client(zctx, ep, sock, timeout=10)
+    time.sleep(0.5)  # the SUB's subscription reaches the PUB
+    data = frames(5)
+    snd = Sender(zctx, ports.ep_input)
+    snd.start(SERIES, (H, W), "uint16")
+    for i in range(5):
+        snd.frame(SERIES, i, data[i])
+    seen = []
+    for _ in range(5):
+        got = check_message(cli.raw(), data)
+        assert list(got) == ["beamd/corr.frame"]  # topics filter: no vd.sums
+        seen.append(got["beamd/corr.frame"][0])
+    assert seen == list(range(5))
+    snd.end(SERIES)
+    st = b.stats()["outputs"]["karabo"]
+    assert st["pattern"] == pattern and st["served"] == 5 and st["dropped"] == 0
+    cli.close()
+    snd.close()
+
+
+def test_output_off_by_default(ports, zctx, start_beamd):
+    cfg = out_config(ports, "")
+    del cfg["output"]["karabo"]
+    b = start_beamd(cfg)
+    assert "karabo" not in b.stats()["outputs"]
+
+
+# ---- input -----------------------------------------------------------------------------
+
+SRC = "SPB_DET_AGIPD1M-1/CAL/APPEND_CORRECTED"
+MOD, SS, FS, PULSES = 4, 16, 8, 6
+
+
+def in_config(ports, tmp_path, **kb):
+    rec = {"name": "rec", "kind": "record", "input": "frames", "dir": str(tmp_path / "rec"),
+           "compress": "none", "queue": 64}
+    # 64 slots: a live (sub) input drops the pulses of a burst that has no room
+    cfg = make_config(ports, [rec], mode="karabo", pool_frames=64, frame_bytes="1Mi")
+    cfg["input"]["bind"] = False
+    kb.setdefault("series_idle", "0.5s")
+    cfg["input"]["karabo"] = kb
+    return cfg
+
+
+def train_msg(tid, layout="online", proto=22, extra_src=True, **kw):
+    pulses, d = agipd_train(tid, MOD, SS, FS, PULSES, layout, **kw)
+    data = {SRC: d}
+    meta = {SRC: timestamp_meta(SRC, tid)}
+    if extra_src:  # another source the input must ignore
+        data["SA1_XTD2_XGM/XGM/DOOCS:output"] = {"data.intensityTD": np.ones(PULSES, np.float32)}
+        meta["SA1_XTD2_XGM/XGM/DOOCS:output"] = timestamp_meta("SA1_XTD2_XGM/XGM/DOOCS:output",
+                                                               tid)
+    ser = serialize_22 if proto == 22 else serialize_10
+    return pulses, ser(data, meta)
+
+
+def recorded(tmp_path, series):
+    path = tmp_path / "rec" / ("series_%d.h5" % series)
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with h5py.File(str(path), "r") as f:
+        return f["/entry/data/data"][...], f["/entry/data/frame_id"][...].tolist()
+
+
+def wait_series_done(b, frames_in):
+    return b.wait_stats(lambda s: s["input"]["frames"] >= frames_in and
+                        not s["input"]["karabo"]["series_open"] and
+                        all(st["frames_in"] >= frames_in for st in s["stages"]),
+                        timeout=20, what="the series recorded and ended")
+
+
+@pytest.mark.parametrize("pattern,sock,layout", [("req", "REP", "online"),
+                                                 ("req", "REP", "file"),
+                                                 ("pull", "PUSH", "online"),
+                                                 ("sub", "PUB", "online")])
+def test_input_agipd_pulses(tmp_path, ports, zctx, start_beamd, pattern, sock, layout):
+    srv = Server(zctx, ports.ep_input, sock)
+    b = start_beamd(in_config(ports, tmp_path, pattern=pattern, source=SRC,
+                              pulse_axis="last" if layout == "online" else "first"))
+    if sock == "PUB":
+        time.sleep(0.5)
+    tids = [10000, 10001, 10003]  # a skipped train is a gap, not an error
+    want = {}
+    for t in tids:
+        pulses, parts = train_msg(t, layout)
+        for p in range(PULSES):
+            want[t * PULSES + p] = pulses[p].reshape(MOD * SS, FS)
+        srv.put(parts)
+    st = wait_series_done(b, len(want))
+    got, ids = recorded(tmp_path, tids[0])
+    assert ids == sorted(want)
+    assert got.dtype == np.uint16 and got.shape == (len(want), MOD * SS, FS)
+    for i, fid in enumerate(ids):
+        assert np.array_equal(got[i], want[fid]), "frame %d differs" % fid
+    kb = st["input"]["karabo"]
+    assert kb["trains"] == 3 and kb["pulses_in"] == len(want) and kb["v2_messages"] == 3
+    assert kb["train_gaps"] == 1 and kb["trains_skipped"] == 1 and kb["series"] == 1
+    if pattern == "req":
+        assert kb["requests"] >= 3
+    srv.close()
+
+
+def test_input_protocol_10_and_one_frame_per_train(tmp_path, ports, zctx, start_beamd):
+    srv = Server(zctx, ports.ep_input, "REP")
+    b = start_beamd(in_config(ports, tmp_path, pulse_axis="none"))
+    want = {}
+    for t in (500, 501):
+        pulses, parts = train_msg(t, "file", proto=10, extra_src=False)
+        want[t] = pulses.reshape(PULSES * MOD * SS, FS)  # flatten: leading axes merged
+        srv.put(parts)
+    st = wait_series_done(b, 2)
+    got, ids = recorded(tmp_path, 500)
+    assert ids == [500, 501] and got.shape == (2, PULSES * MOD * SS, FS)
+    for i, t in enumerate(ids):
+        assert np.array_equal(got[i], want[t])
+    assert st["input"]["karabo"]["v1_messages"] == 2
+    srv.close()
+
+
+def bad_messages(tid):
+    _, good = train_msg(tid)
+    odd = good[:-1]
+    h = msgpack.unpackb(good[0], raw=False)
+    del h["metadata"]
+    no_meta = [msgpack.packb(h, use_bin_type=True)] + good[1:]
+    bad_dtype = list(good)
+    for i in range(0, len(good), 2):
+        a = msgpack.unpackb(good[i], raw=False)
+        if a.get("path") == "image.data":
+            a["dtype"] = "float16x"
+            bad_dtype[i] = msgpack.packb(a, use_bin_type=True)
+    short = list(good)
+    for i in range(0, len(good), 2):
+        if msgpack.unpackb(good[i], raw=False).get("path") == "image.data":
+            short[i + 1] = good[i + 1][:-2]
+    no_content = list(good)
+    h = msgpack.unpackb(good[0], raw=False)
+    del h["content"]
+    no_content[0] = msgpack.packb(h, use_bin_type=True)
+    return {"odd": odd, "no_meta": no_meta, "dtype": bad_dtype, "short": short,
+            "no_content": no_content, "garbage": [b"\xc1\xc1", b"x"],
+            "huge_count": [b"\xdd\xff\xff\xff\xff", b""]}
+
+
+def test_input_bad_messages_counted(tmp_path, ports, zctx, start_beamd):
+    srv = Server(zctx, ports.ep_input, "REP")
+    b = start_beamd(in_config(ports, tmp_path, source=SRC))
+    pulses, parts = train_msg(700)
+    srv.put(parts)
+    for name, bad in bad_messages(701).items():
+        srv.put(bad)
+    pulses2, parts2 = train_msg(702)
+    srv.put(parts2)
+    st = wait_series_done(b, 2 * PULSES)
+    kb = st["input"]["karabo"]
+    assert st["input"]["malformed"] == 5  # odd, no_meta, no_content, garbage, huge_count
+    assert kb["unsupported"] == 1 and kb["size_mismatch"] == 1
+    assert kb["trains"] == 2 and kb["pulses_in"] == 2 * PULSES
+    got, ids = recorded(tmp_path, 700)
+    assert ids == [700 * PULSES + p for p in range(PULSES)] + \
+        [702 * PULSES + p for p in range(PULSES)]
+    assert np.array_equal(got[-1], pulses2[-1].reshape(MOD * SS, FS))
+    assert b.alive()
+    srv.close()
+
+
+def test_input_req_retries_when_no_reply(tmp_path, ports, zctx, start_beamd):
+    # A REP that never answers the first request: beamd asks again after
+    # timeout (REQ_RELAXED) and takes the train from a later answer.
+    srv = zctx.socket(zmq.ROUTER)
+    srv.bind(ports.ep_input)
+    b = start_beamd(in_config(ports, tmp_path, timeout="0.2s", source=SRC))
+    poller = zmq.Poller()
+    poller.register(srv, zmq.POLLIN)
+    assert poller.poll(5000)
+    srv.recv_multipart()  # ignored
+    assert poller.poll(5000)
+    req = srv.recv_multipart()
+    assert req[-1] == b"next"
+    pulses, parts = train_msg(900)
+    srv.send_multipart(req[:-1] + parts)
+    b.wait_stats(lambda s: s["input"]["karabo"]["pulses_in"] == PULSES and
+                 s["input"]["karabo"]["retries"] >= 1, what="train after a retry")
+    srv.close(linger=0)
