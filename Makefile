@@ -236,7 +236,7 @@ FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 fuzz:
 	@mkdir -p build/fuzz
 	@set -e; for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
-	  clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined $$f proto/*.c -o build/fuzz/$$n -llz4 -lzstd $(shell pkg-config --libs msgpack); \
+	  clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined $$f proto/*.c daemon/curve.c -o build/fuzz/$$n -llz4 -lzstd -lzmq $(shell pkg-config --libs msgpack); \
 	  mkdir -p build/fuzz/corpus-$$n; \
 	  build/fuzz/$$n -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 build/fuzz/corpus-$$n tests/fuzz/seeds; \
 	done

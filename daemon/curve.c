@@ -63,26 +63,27 @@ static void cert_name(const char *path, char *out, size_t cap) {
 /* ZPL (CZMQ's zconfig format): a line's indentation gives its depth, and
  * '#' starts a comment only as the first non-blank character, because Z85
  * keys contain '#'. Only curve/public-key and curve/secret-key matter. */
-int beamd_cert_load(const char *path, beamd_cert_t *c, int need_secret, char *err,
-                    size_t errlen) {
+int beamd_cert_parse(const char *text, size_t len, const char *path, beamd_cert_t *c,
+                     int need_secret, char *err, size_t errlen) {
   memset(c, 0, sizeof *c);
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    snprintf(err, errlen, "%s: %s", path, strerror(errno));
-    return -1;
-  }
   char line[1024], section[64] = "";
-  int lineno = 0, rc = 0;
-  size_t total = 0;
-  while (fgets(line, sizeof line, f)) {
+  int lineno = 0;
+  for (size_t pos = 0; pos < len;) {
+    const char *nl = memchr(text + pos, '\n', len - pos);
+    size_t n = nl ? (size_t)(nl - (text + pos)) : len - pos;
     lineno++;
-    total += strlen(line);
-    if (total > CERT_MAX_BYTES) {
-      snprintf(err, errlen, "%s: larger than %d bytes: not a certificate", path, CERT_MAX_BYTES);
-      rc = -1;
-      break;
+    if (n >= sizeof line) {
+      snprintf(err, errlen, "%s:%d: a line longer than %zu bytes: not a certificate", path,
+               lineno, sizeof line - 1);
+      return -1;
     }
-    line[strcspn(line, "\n")] = 0;
+    memcpy(line, text + pos, n);
+    line[n] = 0;
+    pos += n + (nl != NULL);
+    if (memchr(line, 0, n)) {
+      snprintf(err, errlen, "%s:%d: a NUL byte: not a certificate", path, lineno);
+      return -1;
+    }
     char *p = line;
     int indent = 0;
     while (*p == ' ' || *p == '\t') {
@@ -99,8 +100,7 @@ int beamd_cert_load(const char *path, beamd_cert_t *c, int need_secret, char *er
     if (kn >= sizeof key) {
       snprintf(err, errlen, "%s:%d: a name longer than %zu characters", path, lineno,
                sizeof key - 1);
-      rc = -1;
-      break;
+      return -1;
     }
     memcpy(key, p, kn);
     key[kn] = 0;
@@ -119,14 +119,10 @@ int beamd_cert_load(const char *path, beamd_cert_t *c, int need_secret, char *er
     cert_value(eq + 1, val, sizeof val);
     if (!z85_ok(val)) {
       snprintf(err, errlen, "%s:%d: %s is not a 40-character Z85 key", path, lineno, key);
-      rc = -1;
-      break;
+      return -1;
     }
     memcpy(dst, val, BEAMD_Z85_KEY);
   }
-  fclose(f);
-  if (rc)
-    return rc;
   if (!c->public_z85[0]) {
     snprintf(err, errlen, "%s: no curve public-key: not a CURVE certificate", path);
     return -1;
@@ -144,6 +140,31 @@ int beamd_cert_load(const char *path, beamd_cert_t *c, int need_secret, char *er
   }
   cert_name(path, c->name, sizeof c->name);
   return 0;
+}
+
+int beamd_cert_load(const char *path, beamd_cert_t *c, int need_secret, char *err,
+                    size_t errlen) {
+  memset(c, 0, sizeof *c);
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    return -1;
+  }
+  char *buf = malloc(CERT_MAX_BYTES + 1);
+  size_t n = buf ? fread(buf, 1, CERT_MAX_BYTES + 1, f) : 0;
+  int bad = ferror(f);
+  fclose(f);
+  int rc = -1;
+  if (!buf)
+    snprintf(err, errlen, "%s: out of memory", path);
+  else if (bad)
+    snprintf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+  else if (n > CERT_MAX_BYTES)
+    snprintf(err, errlen, "%s: larger than %d bytes: not a certificate", path, CERT_MAX_BYTES);
+  else
+    rc = beamd_cert_parse(buf, n, path, c, need_secret, err, errlen);
+  free(buf);
+  return rc;
 }
 
 static int write_cert(const char *path, const beamd_cert_t *c, int secret, int force, char *err,

@@ -30,6 +30,10 @@ typedef struct beamd_cert_s {
 /* Reads a zcert or pyzmq certificate. need_secret: the file must hold a
  * secret key. Returns 0, or -1 with a reason naming the file and line. */
 int beamd_cert_load(const char *path, beamd_cert_t *c, int need_secret, char *err, size_t errlen);
+/* The same from text already read; path names it in messages and gives the
+ * key's name. */
+int beamd_cert_parse(const char *text, size_t len, const char *path, beamd_cert_t *c,
+                     int need_secret, char *err, size_t errlen);
 
 /* A fresh key pair written as dir/NAME and dir/NAME_secret (zcert names)
  * or dir/NAME.key and dir/NAME.key_secret (pyzmq names). The secret file is

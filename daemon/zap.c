@@ -15,7 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <zmq.h>
 
@@ -38,9 +42,21 @@ typedef struct allow_s {
   size_t n, cap;
 } allow_t;
 
+/* The monitor says which connection failed only by order: ACCEPTED(fd),
+ * then HANDSHAKE_FAILED, then DISCONNECTED(fd). The peer is read when the
+ * connection is accepted, and the failure is logged when it closes. */
+#define PEERS 64
+typedef struct peer_s {
+  int fd;
+  char addr[64];
+} peer_t;
+
 typedef struct watch_s {
   void *pair;
   char what[32];
+  peer_t peers[PEERS];
+  unsigned npeers;
+  const char *failed; /* a failure waiting for its connection's DISCONNECTED */
 } watch_t;
 
 struct beamd_zap_s {
@@ -231,6 +247,38 @@ static const char *failure_name(uint16_t ev, uint32_t val) {
   return "a client that broke off the handshake (plaintext, or not ZeroMQ)";
 }
 
+static void peer_name(int fd, char *out, size_t cap) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  char host[INET6_ADDRSTRLEN] = "";
+  snprintf(out, cap, "an unknown peer");
+  if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0)
+    return;
+  if (ss.ss_family == AF_INET) {
+    const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+    snprintf(out, cap, "%s:%u", host, ntohs(a->sin_port));
+  } else if (ss.ss_family == AF_INET6) {
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    snprintf(out, cap, "[%s]:%u", host, ntohs(a->sin6_port));
+  }
+}
+
+static peer_t *peer_find(watch_t *w, int fd) {
+  for (unsigned i = 0; i < w->npeers; i++)
+    if (w->peers[i].fd == fd)
+      return &w->peers[i];
+  return NULL;
+}
+
+static void peer_forget(watch_t *w, peer_t *p) { *p = w->peers[--w->npeers]; }
+
+static void log_failure(beamd_zap_t *z, watch_t *w, const char *peer) {
+  beam_log_rl(&z->rl, LOG_WARNING, "curve: %s: refused %s from %s", w->what, w->failed, peer);
+  w->failed = NULL;
+}
+
 /* Returns 1 when the monitor has ended (its socket closed). */
 static int handle_monitor(beamd_zap_t *z, watch_t *w) {
   zmq_msg_t ev, ad;
@@ -250,12 +298,27 @@ static int handle_monitor(beamd_zap_t *z, watch_t *w) {
     memcpy(&val, (char *)zmq_msg_data(&ev) + 2, 4);
     if (id == ZMQ_EVENT_MONITOR_STOPPED) {
       ended = 1;
+    } else if (id == ZMQ_EVENT_ACCEPTED) {
+      peer_t *p = peer_find(w, (int)val);
+      if (!p && w->npeers < PEERS)
+        p = &w->peers[w->npeers++];
+      if (p) {
+        p->fd = (int)val;
+        peer_name(p->fd, p->addr, sizeof p->addr);
+      }
+    } else if (id == ZMQ_EVENT_DISCONNECTED) {
+      peer_t *p = peer_find(w, (int)val);
+      if (w->failed)
+        log_failure(z, w, p ? p->addr : "an unknown peer");
+      if (p)
+        peer_forget(w, p);
     } else {
       const char *what = failure_name(id, val);
       if (what) {
         atomic_fetch_add(&z->handshake_failed, 1);
-        beam_log_rl(&z->rl, LOG_WARNING, "curve: %s: refused %s on %.*s", w->what, what,
-                    (int)zmq_msg_size(&ad), (const char *)zmq_msg_data(&ad));
+        if (w->failed) /* two failures before a close: say both */
+          log_failure(z, w, "an unknown peer");
+        w->failed = what;
       }
     }
   }
@@ -369,7 +432,8 @@ int beamd_zap_watch(beamd_zap_t *z, void *sock, const char *what, char *err, siz
   }
   snprintf(ep, sizeof ep, "inproc://beamd-zap-monitor-%p-%d", (void *)z, serial);
   int events = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_MONITOR_STOPPED;
+               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_MONITOR_STOPPED | ZMQ_EVENT_ACCEPTED |
+               ZMQ_EVENT_DISCONNECTED;
   if (zmq_socket_monitor(sock, ep, events) != 0) {
     snprintf(err, errlen, "zmq_socket_monitor: %s", zmq_strerror(errno));
     return -1;
@@ -387,6 +451,7 @@ int beamd_zap_watch(beamd_zap_t *z, void *sock, const char *what, char *err, siz
    * for when a socket changes threads. */
   pthread_mutex_lock(&z->mu);
   watch_t *w = &z->watches[z->nwatch++];
+  memset(w, 0, sizeof *w);
   w->pair = pair;
   snprintf(w->what, sizeof w->what, "%s", what);
   pthread_mutex_unlock(&z->mu);

@@ -162,6 +162,11 @@ def test_listed_keys_get_results_and_the_rest_are_refused(ports, keys, start_bea
         assert cur["refused_handshake"] >= 2  # plaintext and the wrong server key
         m_pub = zmq.auth.load_certificate(keys.pub("mallory"))[0].decode()
         b.wait_log(r"refused client key %s from 127\.0\.0\.1" % re.escape(m_pub))
+        # Handshakes that fail before ZAP is asked: the peer read at accept.
+        b.wait_log(r"output.publish: refused a client with the wrong server key.* from "
+                   r"127\.0\.0\.1:\d+")
+        b.wait_log(r"output.publish: refused a client (that broke off|with another mechanism)"
+                   r".* from 127\.0\.0\.1:\d+")
         # Plaintext control gets no answer; beamd-ctl with keys does.
         p = run_tool("beamd-ctl", ["-e", ports.ep_control, "-t", "0.5", "ping"], wait=10)
         assert p.p.returncode == 3
@@ -309,3 +314,30 @@ def test_replay_tool_and_daemon_over_curve(ports, keys, start_beamd, run_tool, t
                                  "--curve-server", keys.pub("beamd")], wait=40)
     assert sub.p.returncode == 0, sub.stderr()
     assert srv.alive() or srv.p.returncode == 0, srv.stderr()
+
+
+def test_python_curve_server_lets_in_listed_keys_only(keys):
+    """beamd_client.Curve as a server (what Publisher and ReplayServer use):
+    the same allow-list rules as beamd, and fail closed."""
+    ctx = zmq.Context()
+    try:
+        srv = Curve(secret_key=keys.sec("beamd"), allow=str(keys.allow))
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        srv.server(push, ctx)
+        port, = free_ports(1)
+        ep = "tcp://127.0.0.1:%d" % port
+        push.bind(ep)
+        cctx = zmq.Context()
+        ok = curve_socket(cctx, zmq.PULL, ep, keys.sec("alice"), keys.pub("beamd"))
+        bad = curve_socket(cctx, zmq.PULL, ep, keys.sec("mallory"), keys.pub("beamd"))
+        push.send(b"one", flags=zmq.NOBLOCK) if push.poll(2000, zmq.POLLOUT) else None
+        assert ok.poll(2000) and ok.recv() == b"one"
+        push.send(b"two")
+        assert not bad.poll(300)
+        for s in (ok, bad, push):
+            s.close()
+        srv.close()
+        cctx.destroy(linger=0)
+    finally:
+        ctx.destroy(linger=0)
