@@ -341,3 +341,33 @@ def test_python_curve_server_lets_in_listed_keys_only(keys):
         cctx.destroy(linger=0)
     finally:
         ctx.destroy(linger=0)
+
+
+def test_tools_refuse_reachable_plaintext_binds(keys, run_tool, ports):
+    """The tools follow the daemon's rule: a bind other hosts can reach needs
+    --curve-allow or --insecure (checked before binding anything)."""
+    port, = free_ports(1)
+    p = run_tool("beamd-sim", ["--bind", "tcp://0.0.0.0:%d" % port, "--frames", "1"], wait=10)
+    assert p.p.returncode != 0
+    assert "can be reached from other hosts without authentication" in p.stderr()
+    # CURVE server with a missing allow-list: refused, with the reason.
+    p = run_tool("beamd-sim", ["--bind", ports.ep_input, "--frames", "1", "--curve-secret",
+                               keys.sec("other"), "--curve-allow", "/nonexistent"], wait=10)
+    assert p.p.returncode != 0 and "/nonexistent" in p.stderr()
+    # A client key file that is only public.
+    p = run_tool("beamd-sub", ["--connect", ports.ep_publish, "--timeout", "1",
+                               "--curve-secret", keys.pub("alice"),
+                               "--curve-server", keys.pub("beamd")], wait=10)
+    assert p.p.returncode != 0 and "has no secret-key" in p.stderr()
+
+
+def test_keygen_never_overwrites_a_key(keys, run_tool):
+    p = run_tool("beamd-keygen", ["--dir", str(keys.dir), "alice"], wait=10)
+    assert p.p.returncode == 1 and "will not overwrite" in p.stderr()
+    before = open(keys.sec("alice")).read()
+    p = run_tool("beamd-keygen", ["--dir", str(keys.dir), "--pyzmq", "--print", "carol"], wait=10)
+    assert p.p.returncode == 0
+    pub, sec = zmq.auth.load_certificate(str(keys.dir / "carol.key_secret"))
+    assert p.stdout().strip() == pub.decode() and sec
+    assert os.stat(str(keys.dir / "carol.key_secret")).st_mode & 0o777 == 0o600
+    assert open(keys.sec("alice")).read() == before
