@@ -372,10 +372,11 @@ static char *reference_text(void) {
   return t;
 }
 
-static void test_reference_loads(void **state) {
+/* etc/NAME loaded; fails the test on any error. */
+static beam_config_t *load_etc(const char *name) {
   const char *src = getenv("BEAM_SRCDIR");
   char path[4096];
-  snprintf(path, sizeof path, "%s/etc/beamd.yaml", src && src[0] ? src : ".");
+  snprintf(path, sizeof path, "%s/etc/%s", src && src[0] ? src : ".", name);
   beam_cfg_errs_t e = {0};
   beam_config_t *c = NULL;
   int rc = beam_config_load_file(path, &c, &e);
@@ -383,6 +384,12 @@ static void test_reference_loads(void **state) {
     print_error("%s\n", e.msgs[i]);
   assert_int_equal(rc, 0);
   assert_int_equal(e.n, 0);
+  beam_cfg_errs_free(&e);
+  return c;
+}
+
+static void test_reference_loads(void **state) {
+  beam_config_t *c = load_etc("beamd.yaml");
   /* What the file sets matches the built-in defaults it documents. */
   assert_string_equal(c->input.endpoint, "tcp://127.0.0.1:5500");
   assert_int_equal(c->pool.frames, 128);
@@ -393,16 +400,7 @@ static void test_reference_loads(void **state) {
  * and stay safe to start as it is: every socket on loopback, no stage
  * writing to disk. */
 static void test_minimal_loads_and_is_safe(void **state) {
-  const char *src = getenv("BEAM_SRCDIR");
-  char path[4096];
-  snprintf(path, sizeof path, "%s/etc/beamd-minimal.yaml", src && src[0] ? src : ".");
-  beam_cfg_errs_t e = {0};
-  beam_config_t *c = NULL;
-  int rc = beam_config_load_file(path, &c, &e);
-  for (size_t i = 0; i < e.n; i++)
-    print_error("%s\n", e.msgs[i]);
-  assert_int_equal(rc, 0);
-  assert_int_equal(e.n, 0);
+  beam_config_t *c = load_etc("beamd-minimal.yaml");
   assert_true(c->nstages >= 1);
   int previews = 0;
   for (size_t i = 0; i < c->nstages; i++) {
