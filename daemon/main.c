@@ -18,6 +18,7 @@ static void usage(FILE *f) {
           "usage: beamd [-c FILE] [options]\n"
           "  -c, --config FILE          configuration (default: the built-in default config)\n"
           "      --check-config FILE    validate FILE, print it normalised, exit 0 (valid) or 1\n"
+          "  -q, --quiet                with --check-config: print only errors (for ExecStartPre)\n"
           "      --print-default-config print the built-in default configuration and exit\n"
           "  -l, --log-level LEVEL      override log.level (err, warning, notice, info, debug)\n"
           "  -V, --version              print version and build features\n"
@@ -33,7 +34,7 @@ static int print_errors(const beam_cfg_errs_t *errs) {
   return 1;
 }
 
-static int check_config(const char *path) {
+static int check_config(const char *path, int quiet) {
   beam_cfg_errs_t errs = {0};
   beam_config_t *cfg = NULL;
   int rc = beam_config_load_file(path, &cfg, &errs);
@@ -42,10 +43,12 @@ static int check_config(const char *path) {
     beam_cfg_errs_free(&errs);
     return 1;
   }
-  char *dump = beam_cfg_dump(cfg->root);
-  printf("%s", dump ? dump : "");
-  free(dump);
-  fprintf(stderr, "%s: configuration is valid (%zu stages)\n", path, cfg->nstages);
+  if (!quiet) {
+    char *dump = beam_cfg_dump(cfg->root);
+    printf("%s", dump ? dump : "");
+    free(dump);
+    fprintf(stderr, "%s: configuration is valid (%zu stages)\n", path, cfg->nstages);
+  }
   beam_config_free(&cfg);
   beam_cfg_errs_free(&errs);
   return 0;
@@ -56,9 +59,10 @@ int main(int argc, char **argv) {
       {"config", required_argument, 0, 'c'},       {"check-config", required_argument, 0, 'k'},
       {"print-default-config", no_argument, 0, 'p'}, {"log-level", required_argument, 0, 'l'},
       {"version", no_argument, 0, 'V'},            {"help", no_argument, 0, 'h'},
+      {"quiet", no_argument, 0, 'q'},
       {0, 0, 0, 0}};
-  const char *cfg_path = NULL, *level = NULL;
-  int c;
+  const char *cfg_path = NULL, *level = NULL, *check = NULL;
+  int c, quiet = 0;
   beam_log_init("beamd");
   /* ZeroMQ allocates every received frame; above glibc's default mmap
    * threshold each one is a fresh mmap whose pages fault in while the
@@ -73,10 +77,11 @@ int main(int argc, char **argv) {
   mallopt(M_ARENA_MAX, 1);
   beam_h5array_register();
   beam_record_stage_register();
-  while ((c = getopt_long(argc, argv, "c:l:Vh", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "c:l:Vhq", opts, NULL)) != -1) {
     switch (c) {
     case 'c': cfg_path = optarg; break;
-    case 'k': return check_config(optarg);
+    case 'k': check = optarg; break;
+    case 'q': quiet = 1; break;
     case 'p': fputs(beam_config_default_yaml(), stdout); return 0;
     case 'l': level = optarg; break;
     case 'V': {
@@ -95,6 +100,8 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (check)
+    return check_config(check, quiet);
   beam_cfg_errs_t errs = {0};
   beam_config_t *cfg = NULL;
   int rc = cfg_path ? beam_config_load_file(cfg_path, &cfg, &errs)

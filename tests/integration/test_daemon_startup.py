@@ -133,3 +133,15 @@ def test_check_config_missing_input_file(tmp_path):
     r = subprocess.run([binary("beamd"), "--check-config", str(p)], capture_output=True,
                        text=True, timeout=10)
     assert r.returncode == 0, r.stderr
+
+
+def test_check_config_quiet_prints_only_errors(tmp_path):
+    ref = os.path.join(REPO, "etc", "beamd.yaml")
+    r = subprocess.run([binary("beamd"), "--quiet", "--check-config", ref], capture_output=True,
+                       text=True, timeout=10)
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == ""
+    p = tmp_path / "bad.yaml"
+    p.write_text("input:\n  mode: sideways\n")
+    r = subprocess.run([binary("beamd"), "--check-config", str(p), "-q"], capture_output=True,
+                       text=True, timeout=10)
+    assert r.returncode == 1 and r.stdout == "" and "sideways" in r.stderr

@@ -66,7 +66,7 @@ def test_install_and_uninstall(tmp_path):
     assert "@" not in re.sub(r"(?m)^#.*$", "", unit), "placeholder left in the unit"
     assert "/usr/local" not in unit
     assert re.search(r"^ExecStart=/usr/bin/beamd -c /etc/beamd/beamd\.yaml$", unit, re.M), unit
-    assert re.search(r"^ExecStartPre=/usr/bin/beamd --check-config /etc/beamd/beamd\.yaml$",
+    assert re.search(r"^ExecStartPre=/usr/bin/beamd --quiet --check-config /etc/beamd/beamd\.yaml$",
                      unit, re.M), unit
     assert re.search(r"^Documentation=file:///usr/share/doc/beamd/README\.md$", unit, re.M)
     assert re.search(r"^User=beamd$", unit, re.M) and re.search(r"^StateDirectory=beamd$", unit, re.M)
