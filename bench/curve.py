@@ -140,6 +140,30 @@ def children_cpu_s():
     return r.children_user + r.children_system
 
 
+def busy_cpu_s():
+    """CPU seconds the whole machine has been busy (user, nice, system, irq, softirq)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherLoad:
+    """Cores used during a run by processes that are not the benchmark's:
+    the machine's busy time less this process, its reaped children and the
+    CPU of the long-lived processes the caller adds (daemons). Another job
+    changes every figure here; a run that shows one is worth rerunning."""
+
+    def __init__(self):
+        t = os.times()
+        self.b0, self.w0, self.m0 = busy_cpu_s(), time.monotonic(), t.user + t.system
+        self.c0 = children_cpu_s()
+
+    def cores(self, extra_s=0.0):
+        t = os.times()
+        mine = (t.user + t.system - self.m0) + (children_cpu_s() - self.c0) + extra_s
+        return round(max(0.0, busy_cpu_s() - self.b0 - mine) / (time.monotonic() - self.w0), 3)
+
+
 def us_per(d0, d1, n, prefix=""):
     n = max(n, 1)
     return {prefix + k: round((v - d0.get(k, 0.0)) * 1e6 / n, 1) for k, v in d1.items()
@@ -262,7 +286,9 @@ class Curve:
                         rargs += self.server_opts("receiver")
                         sargs += self.client_opts("sender", "receiver")
                     c0 = children_cpu_s()
+                    other = OtherLoad()
                     s, r = self.pair(rargs, sargs, self.seconds if rep else 0.5)
+                    r["other_load_cores"] = other.cores()
                     if rep:
                         r["cpu_us_per_frame"] = (children_cpu_s() - c0) * 1e6 / max(1, s["frames"])
                         runs[mode].append({"send": s, "recv": r})
@@ -276,6 +302,8 @@ class Curve:
                 row[mode] = {"fps": fps, "gbps": fps * nbytes / 1e9,
                              "send_recv_cpu_us_per_msg": statistics.median(
                                  x["recv"]["cpu_us_per_frame"] for x in runs[mode])}
+            row["other_load_cores_max"] = max(x["recv"]["other_load_cores"]
+                                              for m in MODES for x in runs[m])
             row["ratio"] = row["curve"]["fps"] / row["plain"]["fps"] if row["plain"]["fps"] else 0
             rows.append(row)
         return rows
@@ -318,9 +346,13 @@ stages:
             if mode == "curve":
                 rargs += self.client_opts("viewer", "beamd")
             t0 = threads_cpu(x["pid"])
+            d0 = {m: sum(threads_cpu(d[m]["pid"]).values()) for m in MODES}
+            other = OtherLoad()
             s, r = self.pair(rargs, ["--endpoint", x["in"], "--shape",
                                      "%dx%d" % (PUB_SIDE, PUB_SIDE), "--hwm", hwm],
                              seconds, rate=rate, lossy=True)
+            r["other_load_cores"] = other.cores(sum(sum(threads_cpu(d[m]["pid"]).values()) - d0[m]
+                                                    for m in MODES))
             r["beamd_cpu_us_per_result"] = us_per(t0, threads_cpu(x["pid"]), r["counted"])
             r["delivered_frac"] = r["counted"] / s["frames"] if s["frames"] else 0.0
             return {"send": s, "recv": r}
@@ -358,6 +390,8 @@ stages:
                 "paced_beamd_cpu_us_per_result": pr["beamd_cpu_us_per_result"],
             }
         res["ratio"] = res["curve"]["fps"] / res["plain"]["fps"] if res["plain"]["fps"] else 0
+        res["other_load_cores_max"] = max(x["recv"]["other_load_cores"]
+                                          for m in MODES for x in runs[m] + [paced[m]])
         return res
 
     # ---- 3. replay ----------------------------------------------------------
@@ -401,6 +435,7 @@ stages:
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             time.sleep(0.3)
             t0 = threads_cpu(bd.pid)
+            other = OtherLoad()
             argv = [os.path.join(self.build, "beamd-replay"), path, "--bind", rep_ep, "--loop",
                     "--quiet", "--series-id", str(sid)]
             if mode == "curve":
@@ -415,6 +450,7 @@ stages:
                                    (name, passes))
             t1 = threads_cpu(bd.pid)
             s1 = threads_cpu(srv.pid)
+            other_cores = other.cores(sum(t1.values()) - sum(t0.values()) + sum(s1.values()))
             if recv.returncode != 0:
                 lg.seek(0)
                 raise RuntimeError("%s: zthroughput recv failed (%d): %s; beamd-replay: %s" %
@@ -440,7 +476,7 @@ stages:
                 for k in range(1, len(ps))]
         total = nframes * passes  # the CPU figures include the warm-up pass
         return {"pass_s": secs, "fps": statistics.median(nframes / s for s in secs),
-                "pool_frames": pool,
+                "pool_frames": pool, "other_load_cores": other_cores,
                 "cpu_us_per_frame": {**us_per(t0, t1, total, "beamd:"),
                                      **us_per({}, s1, total, "replay:")},
                 "beamd_input": {k: st.get("input", {}).get(k) for k in ("frames", "replay")},
@@ -454,27 +490,38 @@ stages:
             raise RuntimeError("bench/replay.py cannot run: %s" % e)
         rows = []
         passes = 1 + max(REPLAY_MIN_PASSES, self.reps)
-        for side in REPLAY_SIDES:
-            frame_bytes = side * side * 2
-            nframes = max(32, (REPLAY_FILE_MIB << 20) // frame_bytes)
-            path = os.path.join(self.tmp, "replay-%d.h5" % side)
-            try:
-                replay.make_file(path, "raw", side, nframes)
-                row = {"shape": [side, side], "frame_bytes": frame_bytes,
-                       "frames_per_pass": nframes, "counted_passes": passes - 1}
-                for mode in MODES:
-                    row[mode] = self.replay_case(path, side, nframes, mode, passes)
-                    row[mode]["gbps"] = row[mode]["fps"] * frame_bytes / 1e9
-            finally:
-                if os.path.exists(path):
-                    os.unlink(path)
-            row["ratio"] = row["curve"]["fps"] / row["plain"]["fps"] if row["plain"]["fps"] else 0
-            self.log("  replay %4dx%-4d plain %8.1f f/s %6.3f GB/s   curve %8.1f f/s %6.3f GB/s"
-                     "   curve/plain %5.1f%%" %
-                     (side, side, row["plain"]["fps"], row["plain"]["gbps"], row["curve"]["fps"],
-                      row["curve"]["gbps"], 100 * row["ratio"]))
-            rows.append(row)
+        # The file on tmpfs where there is one: written to a disk, its
+        # writeback would run (kernel threads, other load) during the passes.
+        fdir = (tempfile.mkdtemp(prefix="beamd-curve-", dir="/dev/shm")
+                if os.path.isdir("/dev/shm") else self.tmp)
+        try:
+            for side in REPLAY_SIDES:
+                rows.append(self.replay_side(replay, fdir, side, passes))
+        finally:
+            if fdir != self.tmp:
+                shutil.rmtree(fdir, ignore_errors=True)
         return rows
+
+    def replay_side(self, replay, fdir, side, passes):
+        frame_bytes = side * side * 2
+        nframes = max(32, (REPLAY_FILE_MIB << 20) // frame_bytes)
+        path = os.path.join(fdir, "replay-%d.h5" % side)
+        try:
+            replay.make_file(path, "raw", side, nframes)
+            row = {"shape": [side, side], "frame_bytes": frame_bytes,
+                   "frames_per_pass": nframes, "counted_passes": passes - 1}
+            for mode in MODES:
+                row[mode] = self.replay_case(path, side, nframes, mode, passes)
+                row[mode]["gbps"] = row[mode]["fps"] * frame_bytes / 1e9
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
+        row["ratio"] = row["curve"]["fps"] / row["plain"]["fps"] if row["plain"]["fps"] else 0
+        self.log("  replay %4dx%-4d plain %8.1f f/s %6.3f GB/s   curve %8.1f f/s %6.3f GB/s"
+                 "   curve/plain %5.1f%%" %
+                 (side, side, row["plain"]["fps"], row["plain"]["gbps"], row["curve"]["fps"],
+                  row["curve"]["gbps"], 100 * row["ratio"]))
+        return row
 
 
 def run(build, seconds=1.5, reps=3, log=log, tmp=None, parts=PARTS):
@@ -507,6 +554,10 @@ def run(build, seconds=1.5, reps=3, log=log, tmp=None, parts=PARTS):
     return res
 
 
+def other_note(cores):
+    return ("; other load up to %.2f cores: rerun" % cores) if cores >= 0.1 else ""
+
+
 def summary_lines(res):
     L = ["CURVE vs plaintext, one tcp stream on loopback each, side by side in one run "
          "(median of %d; ratio = CURVE / plain)" % res["reps"],
@@ -525,7 +576,8 @@ def summary_lines(res):
                       r["curve"]["gbps"], 100 * r["ratio"],
                       r["plain"]["send_recv_cpu_us_per_msg"],
                       r["curve"]["send_recv_cpu_us_per_msg"]))
-        L.append("    (m/s = messages/s; CPU = sender and receiver processes together)")
+        L.append("    (m/s = messages/s; CPU = sender and receiver processes together)%s" %
+                 other_note(max(r["other_load_cores_max"] for r in res["raw"])))
     p = res.get("pub")
     if p:
         L.append("  result PUB: beamd correct -> output.publish -> SUB, %dx%d in, %g MiB float32 "
@@ -547,6 +599,8 @@ def summary_lines(res):
                             sorted(p["plain"]["paced_beamd_cpu_us_per_result"].items())),
                   ", ".join("%s %.0f" % kv for kv in
                             sorted(p["curve"]["paced_beamd_cpu_us_per_result"].items()))))
+        if other_note(p["other_load_cores_max"]):
+            L.append("    " + other_note(p["other_load_cores_max"])[2:])
     if res.get("replay"):
         L.append("  replay: beamd-replay REP -> beamd (replay input, inline payloads) -> "
                  "roi_sum -> PUSH (uint16, passes of %d MiB)" % REPLAY_FILE_MIB)
@@ -560,6 +614,9 @@ def summary_lines(res):
                       r["curve"]["fps"], r["curve"]["gbps"], 100 * r["ratio"],
                       ", ".join("%s %.0f (%.0f)" % (k, v, cp.get(k, 0))
                                 for k, v in sorted(cc.items()) if v >= 1)))
+        note = other_note(max(r[m]["other_load_cores"] for r in res["replay"] for m in MODES))
+        if note:
+            L.append("    " + note[2:])
     for e in res.get("errors", []):
         L.append("  ERROR: " + e)
     return L
