@@ -528,6 +528,10 @@ def run(build, seconds=1.5, reps=3, log=log, tmp=None, parts=PARTS):
     for exe in ("beamd", "beamd-keygen", "beamd-replay", os.path.join("bench", "zthroughput")):
         if not os.access(os.path.join(build, exe), os.X_OK):
             raise RuntimeError("%s is missing in %s; run make first" % (exe, build))
+    # The tools' default keys: set in the caller's environment, they would
+    # turn the plaintext cases into CURVE ones.
+    for k in ("BEAMD_CURVE_SECRET", "BEAMD_CURVE_SERVER", "BEAMD_CURVE_ALLOW"):
+        os.environ.pop(k, None)
     tmp = tempfile.mkdtemp(prefix="beamd-curve-", dir=tmp)
     zver, crypto = crypto_backend(os.path.join(build, "bench", "zthroughput"))
     res = {"seconds": seconds, "reps": reps, "cpu_model": cpu_model(), "nproc": os.cpu_count(),
