@@ -426,7 +426,7 @@ stages:
                                                   pool), ctl_ep, name, wait_s=90)
         self.series += 1
         sid = self.series
-        srv = None
+        srv = recv = None
         lg = open(os.path.join(self.tmp, name + "-replay.log"), "w+")
         try:
             recv = subprocess.Popen([self.zt, "recv", "--endpoint", out_ep, "--topic", "vd.sums",
@@ -458,6 +458,9 @@ stages:
             r = json.loads(out.strip().splitlines()[-1])
             st = self.ctl(ctl_ep, "stats")
         finally:
+            if recv and recv.poll() is None:
+                recv.kill()
+                recv.wait()
             if srv and srv.poll() is None:
                 srv.send_signal(signal.SIGINT)
                 try:
