@@ -173,6 +173,11 @@ $(GPUT_BIN): $(BUILD)/tests/%: $(BUILD)/tests/gpu/%.o $(TEST_COMMON_OBJ) $(LIBBE
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIBBEAMD) $(LIBBEAM)
 	$(LINK)
 
+# zthroughput takes the tools' CURVE options (bench/curve.py), so it links
+# their common objects; an explicit rule wins over the pattern above.
+$(BUILD)/bench/zthroughput: $(BUILD)/bench/zthroughput.o $(TOOL_COMMON_OBJ) $(LIBBEAMD) $(LIBBEAM)
+	$(LINK)
+
 $(TESTTOOL_BIN): $(BUILD)/tests/tools/%: $(BUILD)/tests/tools/%.o $(LIBBEAMD) $(LIBBEAM)
 	$(LINK)
 

@@ -19,10 +19,13 @@ static inline uint64_t bench_now_ns(clockid_t c) {
 }
 
 /* A socket of `type` bound or connected to endpoint, with both HWMs set to
- * hwm when it is > 0. Returns 0, or -1 with the reason on stderr under the
- * program's name. */
-static inline int bench_open_sock(void *ctx, int type, const char *endpoint, int bind, int hwm,
-                                  const char *prog, void **out) {
+ * hwm when it is > 0. pre (may be NULL) runs on the socket before the bind
+ * or connect, which is when security options must be set (CURVE); its
+ * non-zero return closes the socket and fails (it printed why). Returns 0,
+ * or -1 with the reason on stderr under the program's name. */
+static inline int bench_open_sock_pre(void *ctx, int type, const char *endpoint, int bind,
+                                      int hwm, const char *prog, void **out,
+                                      int (*pre)(void *sock, void *arg), void *arg) {
   void *s = zmq_socket(ctx, type);
   if (!s) {
     fprintf(stderr, "%s: zmq_socket: %s\n", prog, zmq_strerror(errno));
@@ -31,6 +34,10 @@ static inline int bench_open_sock(void *ctx, int type, const char *endpoint, int
   if (hwm > 0) {
     zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+  }
+  if (pre && pre(s, arg) != 0) {
+    zmq_close(s);
+    return -1;
   }
   int rc = bind ? zmq_bind(s, endpoint) : zmq_connect(s, endpoint);
   if (rc != 0) {
@@ -41,6 +48,11 @@ static inline int bench_open_sock(void *ctx, int type, const char *endpoint, int
   }
   *out = s;
   return 0;
+}
+
+static inline int bench_open_sock(void *ctx, int type, const char *endpoint, int bind, int hwm,
+                                  const char *prog, void **out) {
+  return bench_open_sock_pre(ctx, type, endpoint, bind, hwm, prog, out, NULL, NULL);
 }
 
 /* Numeric options: 0, or -1 when s is not a whole unsigned number / a

@@ -8,6 +8,9 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 BEAMD_BUILD=${BEAMD_BUILD:-build}
 export BEAMD_BUILD
+# The tools (and zthroughput) take CURVE keys from these: a key set in the
+# caller's shell would turn the plaintext cases into CURVE ones.
+unset BEAMD_CURVE_SECRET BEAMD_CURVE_SERVER BEAMD_CURVE_ALLOW
 # Debian's python3 (the pyenv one on PATH may be a different interpreter);
 # only the standard library is used.
 PY=${PYTHON:-/usr/bin/python3}

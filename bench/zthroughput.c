@@ -11,14 +11,23 @@
  *       with CLOCK_REALTIME at send time, which is what latency is measured
  *       from. --rate paces against absolute deadlines (no drift).
  *   zthroughput recv --endpoint EP [--bind] [--topic T] [--series ID]
- *                    [--latency] [--skip N] [--timeout S]
+ *                    [--latency] [--skip N] [--timeout S] [--sub] [--passes N]
  *       PULL; counts FRAME messages (raw path) or RESULT messages whose
  *       topic is T (beamd path) until the SERIES_END of the series, and
  *       reports the steady rate between the first and the last counted
  *       message. --latency records now - t_acq_ns for each counted message
- *       and reports exact percentiles.
+ *       and reports exact percentiles. --sub reads a PUB instead (lossy:
+ *       the count may fall short of what was sent; frame_id_gaps says how
+ *       often). --passes N takes the series ID .. ID+N-1 one after the
+ *       other (beamd-replay --loop) and reports each one's count and the
+ *       time its SERIES_END arrived.
  *   zthroughput ctl --endpoint EP COMMAND
  *       one REQ/REP exchange with beamd's control socket; prints the reply.
+ *
+ * Every mode takes the tools' CURVE options (tools/common/curve_opt.h):
+ * --curve-secret FILE with --curve-server FILE to connect, with
+ * --curve-allow DIR to bind, so the CURVE figure (bench/curve.py) measures
+ * the same code and socket options as beamd and its tools use.
  *
  * Each mode prints one JSON object on stdout; diagnostics go to stderr.
  * Not a general tool: it exists to produce repeatable figures. */
@@ -36,9 +45,12 @@
 #include "bench/bench_zmq.h"
 
 #include "proto/proto.h"
+#include "tools/common/cli.h"
+#include "tools/common/curve_opt.h"
 
 #define MAX_PARTS (BEAM_MAX_PAYLOAD_PARTS + 3)
 #define LAT_MAX 4000000u /* latency samples kept (about 1 h at 1000 frames/s) */
+#define PASS_MAX 1024u
 
 typedef struct opts_s {
   const char *endpoint;
@@ -54,19 +66,42 @@ typedef struct opts_s {
   uint64_t skip;
   double timeout_s;
   int hwm;
+  int sub;
+  uint64_t passes;
 } opts_t;
+
+static tool_curve_t curve;
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: zthroughput send --endpoint EP [--bind] --shape HxW [--seconds S | --frames N]\n"
           "                        [--rate FPS] [--series ID] [--bank K] [--hwm N]\n"
           "       zthroughput recv --endpoint EP [--bind] [--topic T] [--series ID] [--latency]\n"
-          "                        [--skip N] [--timeout S] [--hwm N]\n"
-          "       zthroughput ctl --endpoint EP COMMAND\n");
+          "                        [--skip N] [--timeout S] [--hwm N] [--sub] [--passes N]\n"
+          "       zthroughput ctl --endpoint EP COMMAND\n"
+          "every mode:\n" TOOL_CURVE_USAGE);
+}
+
+typedef struct pre_arg_s {
+  void *ctx;
+  const opts_t *o;
+} pre_arg_t;
+
+static int curve_pre(void *sock, void *arg) {
+  const pre_arg_t *a = arg;
+  return tool_curve_socket(&curve, a->ctx, sock, a->o->endpoint, a->o->bind);
 }
 
 static int open_sock(void *ctx, int type, const opts_t *o, void **out) {
-  return bench_open_sock(ctx, type, o->endpoint, o->bind, o->hwm, "zthroughput", out);
+  pre_arg_t a = {ctx, o};
+  return bench_open_sock_pre(ctx, type, o->endpoint, o->bind, o->hwm, "zthroughput", out,
+                             curve_pre, &a);
+}
+
+/* The ZAP handler lives in ctx: stopped before the context is. */
+static void ctx_done(void *ctx) {
+  tool_curve_fini(&curve);
+  zmq_ctx_term(ctx);
 }
 
 /* ---- send ------------------------------------------------------------------ */
@@ -193,7 +228,7 @@ out:
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
     zmq_close(s);
   }
-  zmq_ctx_term(ctx);
+  ctx_done(ctx);
   for (unsigned i = 0; i < nbank; i++)
     free(bank[i]);
   free(bank);
@@ -246,10 +281,14 @@ static int do_recv(const opts_t *o) {
     return 1;
   }
   void *ctx = zmq_ctx_new(), *s = NULL;
-  if (open_sock(ctx, ZMQ_PULL, o, &s) < 0)
+  if (open_sock(ctx, o->sub ? ZMQ_SUB : ZMQ_PULL, o, &s) < 0)
     return 1;
+  if (o->sub)
+    zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0); /* the topic test below picks */
   int tmo = (int)(o->timeout_s * 1000);
   zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+  const uint64_t npass = o->passes ? o->passes : 1;
+  uint64_t pass_counted[PASS_MAX] = {0}, pass_end[PASS_MAX] = {0}, ends = 0;
   const size_t tlen = o->topic ? strlen(o->topic) : 0;
   uint64_t messages = 0, counted = 0, bytes = 0, malformed = 0, nlat = 0, skipped = 0;
   uint64_t t_first = 0, t_last = 0, gaps = 0, last_fid = 0;
@@ -276,10 +315,15 @@ static int do_recv(const opts_t *o) {
     const char *why = NULL;
     if (n > MAX_PARTS || beam_msg_parse(parts, (size_t)np, &beam_limits_default, &m, &why) < 0) {
       malformed++;
-    } else if (o->series && m.hdr.series_id != o->series) {
+    } else if (o->series &&
+               (m.hdr.series_id < o->series || m.hdr.series_id - o->series >= npass)) {
       /* another run's leftovers */
     } else if (m.hdr.type == BEAM_MSG_SERIES_END) {
-      ended = 1;
+      uint64_t p = o->series ? m.hdr.series_id - o->series : 0;
+      if (p < PASS_MAX && !pass_end[p]) {
+        pass_end[p] = t_mono;
+        ended = ++ends >= npass;
+      }
     } else {
       int want = o->topic ? m.hdr.type == BEAM_MSG_RESULT && m.topic && m.topic_len == tlen &&
                                 !memcmp(m.topic, o->topic, tlen)
@@ -292,6 +336,9 @@ static int do_recv(const opts_t *o) {
         t_last = t_mono;
         counted++;
         bytes += m.hdr.payload_size;
+        uint64_t p = o->series ? m.hdr.series_id - o->series : 0;
+        if (p < PASS_MAX)
+          pass_counted[p]++;
         if (have_fid && m.hdr.frame_id != last_fid + 1)
           gaps++;
         have_fid = 1;
@@ -325,10 +372,17 @@ static int do_recv(const opts_t *o) {
            pct_us(lat, nlat, 0.50), pct_us(lat, nlat, 0.90), pct_us(lat, nlat, 0.99),
            pct_us(lat, nlat, 0.999), nlat ? (double)lat[nlat - 1] / 1e3 : 0.0);
   }
+  if (o->passes) {
+    printf(",\"passes\":[");
+    for (uint64_t p = 0; p < npass && p < PASS_MAX; p++)
+      printf("%s{\"series\":%" PRIu64 ",\"counted\":%" PRIu64 ",\"end_mono_ns\":%" PRIu64 "}",
+             p ? "," : "", o->series + p, pass_counted[p], pass_end[p]);
+    printf("]");
+  }
   printf("}\n");
   free(lat);
   zmq_close(s);
-  zmq_ctx_term(ctx);
+  ctx_done(ctx);
   return ended ? 0 : 3;
 }
 
@@ -355,7 +409,7 @@ static int do_ctl(const opts_t *o, const char *cmd) {
     zmq_msg_close(&m);
   }
   zmq_close(s);
-  zmq_ctx_term(ctx);
+  ctx_done(ctx);
   return rc;
 }
 
@@ -368,6 +422,8 @@ int main(int argc, char **argv) {
   }
   const char *mode = argv[1];
   opts_t o = {.seconds = 3, .series = 1, .timeout_s = 30};
+  tool_cli_init("zthroughput");
+  tool_curve_init(&curve);
   static const struct option lo[] = {
       {"endpoint", required_argument, 0, 'e'}, {"bind", no_argument, 0, 'b'},
       {"shape", required_argument, 0, 's'},    {"seconds", required_argument, 0, 'S'},
@@ -375,12 +431,16 @@ int main(int argc, char **argv) {
       {"series", required_argument, 0, 'i'},   {"bank", required_argument, 0, 'k'},
       {"topic", required_argument, 0, 't'},    {"latency", no_argument, 0, 'L'},
       {"skip", required_argument, 0, 'x'},     {"timeout", required_argument, 0, 'T'},
-      {"hwm", required_argument, 0, 'H'},      {0, 0, 0, 0}};
+      {"hwm", required_argument, 0, 'H'},      {"sub", no_argument, 0, 'U'},
+      {"passes", required_argument, 0, 'P'},   TOOL_CURVE_LONGOPTS,
+      {0, 0, 0, 0}};
   int c;
   optind = 2;
   while ((c = getopt_long(argc, argv, "e:bs:S:n:r:i:k:t:Lx:T:H:", lo, NULL)) != -1) {
     uint64_t u;
     int bad = 0;
+    if (tool_curve_opt(&curve, c, optarg))
+      continue;
     switch (c) {
     case 'e': o.endpoint = optarg; break;
     case 'b': o.bind = 1; break;
@@ -402,6 +462,8 @@ int main(int argc, char **argv) {
     case 'x': bad = parse_u64(optarg, &o.skip); break;
     case 'T': bad = parse_pos_double(optarg, &o.timeout_s) || o.timeout_s <= 0; break;
     case 'H': bad = parse_u64(optarg, &u) || u > 1000000; o.hwm = (int)u; break;
+    case 'U': o.sub = 1; break;
+    case 'P': bad = parse_u64(optarg, &o.passes) || !o.passes || o.passes > PASS_MAX; break;
     default: usage(stderr); return 2;
     }
     if (bad) {
