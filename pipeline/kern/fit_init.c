@@ -7,7 +7,7 @@
  * exactly (weighted least squares) at each candidate:
  *   dcos*      frequency: peak of the periodogram of the mean-removed trace
  *              on a grid of 1/(2·span), refined by a parabola through the
- *              peak; decay rate: the best of 0 and 15 rates 2^m/(16·span);
+ *              peak; decay rate: the best of 0 and 7 rates 4^m/(8·span);
  *              a, b, c (and a2, b2) exact. dcos2 takes the two highest
  *              separated peaks. t0: its lower bound if finite, else min x.
  *   exp*       rate 2/tau on a factor-2 grid from 1/(4·max x) to
@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "pipeline/kern/fit_int.h"
+#include "pipeline/kern/fit_vmath.h"
 
 int beam__fit_gather(const fit_ctx_t *c, size_t i, int nl, int l, double *x, double *y,
                      double *w, int *n_used) {
@@ -66,7 +67,7 @@ int beam__fit_gather(const fit_ctx_t *c, size_t i, int nl, int l, double *x, dou
 }
 
 #define NCOL_MAX 5
-#define NRATE 16
+#define NRATE 8 /* dcos decay rates: 0 and 1/(8 span)·4^r, r < 7 */
 
 size_t beam__fit_guess_scratch(int P, size_t T, int nl) {
   (void)P;
@@ -75,8 +76,10 @@ size_t beam__fit_guess_scratch(int P, size_t T, int nl) {
 
 /* Normal equations of y on ncol columns B[c] (lane-minor), weighted:
  * acc[(idx)*nl + l] with G packed upper, then Bᵀwy, then Σ w y². */
-static void lin_acc(size_t T, int nl, int ncol, double *const *B, const double *y,
-                    const double *w, double *acc) {
+static inline __attribute__((always_inline)) void lin_acc_body(size_t T, int nl, int ncol,
+                                                                double *const *B,
+                                                                const double *y,
+                                                                const double *w, double *acc) {
   int nh = ncol * (ncol + 1) / 2, na = nh + ncol + 1;
   memset(acc, 0, sizeof(double) * (size_t)(na * nl));
   for (size_t k = 0; k < T; k++) {
@@ -92,6 +95,27 @@ static void lin_acc(size_t T, int nl, int ncol, double *const *B, const double *
     for (int l = 0; l < nl; l++)
       acc[(nh + ncol) * nl + l] += wk[l] * yk[l] * yk[l];
   }
+}
+
+/* The build is baseline x86-64; these loops are most of a guess's time. */
+#define FIT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define LIN_ACC_N(n)                                                                         \
+  FIT_CLONES static void lin_acc##n(size_t T, int nl, double *const *B, const double *y,     \
+                                    const double *w, double *acc) {                          \
+    lin_acc_body(T, nl, n, B, y, w, acc);                                                    \
+  }
+LIN_ACC_N(2)
+LIN_ACC_N(3)
+LIN_ACC_N(5)
+
+static void lin_acc(size_t T, int nl, int ncol, double *const *B, const double *y,
+                    const double *w, double *acc) {
+  if (ncol == 2)
+    lin_acc2(T, nl, B, y, w, acc);
+  else if (ncol == 3)
+    lin_acc3(T, nl, B, y, w, acc);
+  else
+    lin_acc5(T, nl, B, y, w, acc);
 }
 
 /* Per lane: β from the accumulated normal equations, and the residual sum
@@ -176,7 +200,7 @@ static void lane_range(size_t T, int nl, const double *v, const double *w, doubl
 }
 
 /* Periodogram power pw[j*nl+l], j = 0..nf-1 at f = (j+1)·df[l], of yc. */
-static void periodogram(size_t T, int nl, int shared, int lref, size_t nf, const double *df,
+FIT_CLONES static void periodogram(size_t T, int nl, int shared, int lref, size_t nf, const double *df,
                         scr_t *s) {
   if (shared) {
     /* One rotation per point for all lanes; recomputed exactly every 32
@@ -230,6 +254,18 @@ static void periodogram(size_t T, int nl, int shared, int lref, size_t nf, const
     for (int l = 0; l < nl; l++)
       s->pw[j * nl + l] = re[l] * re[l] + im[l] * im[l];
   }
+}
+
+/* cos and sin of 2πf·u per point and lane, in fp32 (fit_vmath.h): a
+ * start needs no more, and libm's would be most of the guess's time. */
+FIT_CLONES static void osc(size_t T, int nl, const double *u, const double *f, double *co,
+                           double *si) {
+  for (size_t k = 0; k < T; k++)
+    for (int l = 0; l < nl; l++) {
+      float sv, cv;
+      fit_sincosf((float)(2 * M_PI * f[l] * u[k * nl + l]), &sv, &cv);
+      co[k * nl + l] = cv, si[k * nl + l] = sv;
+    }
 }
 
 static void guess_dcos(const fit_ctx_t *c, size_t T, int nl, int shared, const double *x,
@@ -299,31 +335,35 @@ static void guess_dcos(const fit_ctx_t *c, size_t T, int nl, int shared, const d
       fo[q][l] = ((double)j + 1 + d) * df[l];
     }
   }
-  /* Decay: rates 0 and g0·2^r (r = 0..NRATE-2), e = exp(-rate·u) by
-   * squaring, one exp per point. */
+  /* Decay: rates 0 and g0·4^r (r = 0..NRATE-2), e = exp(-rate·u) by
+   * repeated squaring, one exp per point. */
   int ncol = two ? 5 : 3;
   for (size_t k = 0; k < T; k++)
     for (int l = 0; l < nl; l++) {
       size_t q = k * nl + l;
       double span = 1 / (2 * df[l]);
-      s->e[q] = exp(-s->u[q] / (16 * span));
+      s->e[q] = exp(-s->u[q] / (8 * span));
     }
   for (int l = 0; l < nl; l++)
     best[l] = INFINITY, bg[l] = 0;
   double *bb = s->beta + 0; /* nl x ncol */
   double bbest[FIT_L * NCOL_MAX] = {0}; /* nl <= FIT_L */
+  /* The oscillations do not depend on the rate: once per point. */
+  osc(T, nl, s->u, f1, s->zr, s->zi);
+  if (two)
+    osc(T, nl, s->u, f2, s->rr, s->ri);
   for (int r = -1; r < NRATE - 1; r++) {
     for (size_t k = 0; k < T; k++)
       for (int l = 0; l < nl; l++) {
         size_t q = k * nl + l;
         if (r > 0)
-          s->e[q] *= s->e[q];
-        double ev = r < 0 ? 1 : s->e[q], t = s->u[q];
-        s->B[0][q] = ev * cos(2 * M_PI * f1[l] * t);
-        s->B[1][q] = ev * sin(2 * M_PI * f1[l] * t);
+          s->e[q] *= s->e[q] * s->e[q] * s->e[q];
+        double ev = r < 0 ? 1 : s->e[q];
+        s->B[0][q] = ev * s->zr[q];
+        s->B[1][q] = ev * s->zi[q];
         if (two) {
-          s->B[2][q] = ev * cos(2 * M_PI * f2[l] * t);
-          s->B[3][q] = ev * sin(2 * M_PI * f2[l] * t);
+          s->B[2][q] = ev * s->rr[q];
+          s->B[3][q] = ev * s->ri[q];
         }
         s->B[ncol - 1][q] = 1;
       }
@@ -332,7 +372,7 @@ static void guess_dcos(const fit_ctx_t *c, size_t T, int nl, int shared, const d
     for (int l = 0; l < nl; l++)
       if (s->ss[l] < best[l]) {
         best[l] = s->ss[l];
-        bg[l] = r < 0 ? 0 : ldexp(2 * df[l] / 16, r);
+        bg[l] = r < 0 ? 0 : ldexp(2 * df[l] / 8, 2 * r);
         for (int a = 0; a < ncol; a++)
           bbest[l * ncol + a] = bb[l * ncol + a];
       }
