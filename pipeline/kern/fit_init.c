@@ -9,7 +9,9 @@
  *              on a grid of 1/(2·span), refined by a parabola through the
  *              peak; decay rate: the best of 0 and 7 rates 4^m/(8·span);
  *              a, b, c (and a2, b2) exact. dcos2 takes the two highest
- *              separated peaks. t0: its lower bound if finite, else min x.
+ *              separated peaks. t0: the best of 8 candidates spread over
+ *              its bounds if finite, else over the first half of x, then
+ *              of 8 finer ones around it.
  *   exp*       rate 2/tau on a factor-2 grid from 1/(4·max x) to
  *              8/(min positive x), parabola in log rate; a, d exact;
  *              beta = 1 (both stretched forms equal exp there); exp2 splits
@@ -274,18 +276,22 @@ static void guess_dcos(const fit_ctx_t *c, size_t T, int nl, int shared, const d
   double *mn = s->lane + 2 * nl, *mx = s->lane + 3 * nl, *df = s->lane + 4 * nl;
   double *f1 = s->lane + 5 * nl, *f2 = s->lane + 6 * nl, *t0 = s->lane + 7 * nl;
   double *ybar = s->lane + 8 * nl, *sw = s->lane + 9 * nl;
-  double *best = s->lane + 10 * nl, *bg = s->lane + 11 * nl;
+  double *best = s->lane + 10 * nl, *bg = s->lane + 11 * nl, *non = s->lane + 15 * nl;
   lane_range(T, nl, x, w, mn, mx);
   for (int l = 0; l < nl; l++) {
-    t0[l] = t0m ? (isfinite(c->lo[5]) ? c->lo[5] : mn[l]) : 0;
-    ybar[l] = sw[l] = 0;
+    /* The periodogram of dcos_t0 sees only what is surely past t0: a
+     * flat stretch would put its step at the lowest frequency. */
+    t0[l] = t0m ? (isfinite(c->hi[5]) ? c->hi[5] : 0.5 * (mn[l] + mx[l])) : 0;
+    ybar[l] = sw[l] = non[l] = 0;
   }
   for (size_t k = 0; k < T; k++)
     for (int l = 0; l < nl; l++) {
       size_t q = k * nl + l;
+      int on = !t0m || x[q] > t0[l];
       s->u[q] = t0m ? (x[q] > t0[l] ? x[q] - t0[l] : 0) : x[q];
-      ybar[l] += w[q] * y[q];
-      sw[l] += w[q];
+      ybar[l] += on ? w[q] * y[q] : 0;
+      sw[l] += on ? w[q] : 0;
+      non[l] += on && w[q] > 0;
     }
   for (int l = 0; l < nl; l++)
     ybar[l] = sw[l] > 0 ? ybar[l] / sw[l] : 0;
@@ -313,15 +319,18 @@ static void guess_dcos(const fit_ctx_t *c, size_t T, int nl, int shared, const d
       df[l] = df[lref];
   periodogram(T, nl, shared, lref, nf, df, s);
   for (int l = 0; l < nl; l++) {
-    size_t j1 = 0, j2 = nf;
-    for (size_t j = 1; j < nf; j++)
+    /* Up to the Nyquist frequency of the points used, (n-1)/(2 span):
+     * above it a uniform grid repeats the spectrum. */
+    size_t nfl = non[l] > 2 ? (size_t)non[l] - 1 : 1, j1 = 0, j2 = nf;
+    nfl = nfl < nf ? nfl : nf;
+    for (size_t j = 1; j < nfl; j++)
       if (s->pw[j * nl + l] > s->pw[j1 * nl + l])
         j1 = j;
     if (two)
-      for (size_t j = 0; j < nf; j++) {
+      for (size_t j = 0; j < nfl; j++) {
         int sep = j + 3 <= j1 || j >= j1 + 3;
         int peak = (j == 0 || s->pw[j * nl + l] >= s->pw[(j - 1) * nl + l]) &&
-                   (j + 1 == nf || s->pw[j * nl + l] >= s->pw[(j + 1) * nl + l]);
+                   (j + 1 == nfl || s->pw[j * nl + l] >= s->pw[(j + 1) * nl + l]);
         if (sep && peak && (j2 == nf || s->pw[j * nl + l] > s->pw[j2 * nl + l]))
           j2 = j;
       }
@@ -338,45 +347,74 @@ static void guess_dcos(const fit_ctx_t *c, size_t T, int nl, int shared, const d
   /* Decay: rates 0 and g0·4^r (r = 0..NRATE-2), e = exp(-rate·u) by
    * repeated squaring, one exp per point. */
   int ncol = two ? 5 : 3;
-  for (size_t k = 0; k < T; k++)
-    for (int l = 0; l < nl; l++) {
-      size_t q = k * nl + l;
-      double span = 1 / (2 * df[l]);
-      s->e[q] = exp(-s->u[q] / (8 * span));
-    }
-  for (int l = 0; l < nl; l++)
-    best[l] = INFINITY, bg[l] = 0;
-  double *bb = s->beta + 0; /* nl x ncol */
+  double *bbase = s->lane + 12 * nl, *bstep = s->lane + 13 * nl, *bt0 = s->lane + 14 * nl;
+  double *bb = s->beta + 0;             /* nl x ncol */
   double bbest[FIT_L * NCOL_MAX] = {0}; /* nl <= FIT_L */
-  /* The oscillations do not depend on the rate: once per point. */
-  osc(T, nl, s->u, f1, s->zr, s->zi);
-  if (two)
-    osc(T, nl, s->u, f2, s->rr, s->ri);
-  for (int r = -1; r < NRATE - 1; r++) {
+  /* t0 (auto): the trace only says where it stops being flat through the
+   * fit itself, so 8 candidates over the bounds (or the first half of
+   * the x range), then 8 around the best, each get the decay search;
+   * the frequency does not depend on t0 (a shift only turns the phase). */
+  int nt0 = t0m ? 8 : 1;
+  lane_range(T, nl, x, w, bbase, bstep);
+  for (int l = 0; l < nl; l++) {
+    int fin = t0m && isfinite(c->lo[5]) && isfinite(c->hi[5]);
+    double span = bstep[l] - bbase[l];
+    bbase[l] = fin ? c->lo[5] : bbase[l];
+    bstep[l] = fin ? (c->hi[5] - c->lo[5]) / (nt0 - 1 + (nt0 == 1)) : 0.5 * span / 7;
+    best[l] = INFINITY, bg[l] = 0, bt0[l] = t0[l];
+  }
+  for (int ct = 0; ct < (t0m ? 2 * nt0 : 1); ct++) {
+    if (ct == nt0) /* second level: 8 finer candidates around the best */
+      for (int l = 0; l < nl; l++) {
+        bbase[l] = bt0[l] - bstep[l];
+        bstep[l] *= 2.0 / 7;
+      }
+    if (t0m)
+      for (size_t k = 0; k < T; k++)
+        for (int l = 0; l < nl; l++) {
+          size_t q = k * nl + l;
+          t0[l] = bbase[l] + (ct % nt0) * bstep[l];
+          s->u[q] = x[q] > t0[l] ? x[q] - t0[l] : 0;
+        }
     for (size_t k = 0; k < T; k++)
       for (int l = 0; l < nl; l++) {
         size_t q = k * nl + l;
-        if (r > 0)
-          s->e[q] *= s->e[q] * s->e[q] * s->e[q];
-        double ev = r < 0 ? 1 : s->e[q];
-        s->B[0][q] = ev * s->zr[q];
-        s->B[1][q] = ev * s->zi[q];
-        if (two) {
-          s->B[2][q] = ev * s->rr[q];
-          s->B[3][q] = ev * s->ri[q];
+        double span = 1 / (2 * df[l]);
+        s->e[q] = exp(-s->u[q] / (8 * span));
+      }
+    /* The oscillations do not depend on the rate: once per point. */
+    osc(T, nl, s->u, f1, s->zr, s->zi);
+    if (two)
+      osc(T, nl, s->u, f2, s->rr, s->ri);
+    for (int r = -1; r < NRATE - 1; r++) {
+      for (size_t k = 0; k < T; k++)
+        for (int l = 0; l < nl; l++) {
+          size_t q = k * nl + l;
+          if (r > 0)
+            s->e[q] *= s->e[q] * s->e[q] * s->e[q];
+          double ev = r < 0 ? 1 : s->e[q];
+          s->B[0][q] = ev * s->zr[q];
+          s->B[1][q] = ev * s->zi[q];
+          if (two) {
+            s->B[2][q] = ev * s->rr[q];
+            s->B[3][q] = ev * s->ri[q];
+          }
+          s->B[ncol - 1][q] = 1;
         }
-        s->B[ncol - 1][q] = 1;
-      }
-    lin_acc(T, nl, ncol, s->B, y, w, s->acc);
-    lin_solve(nl, ncol, s->acc, bb, s->ss);
-    for (int l = 0; l < nl; l++)
-      if (s->ss[l] < best[l]) {
-        best[l] = s->ss[l];
-        bg[l] = r < 0 ? 0 : ldexp(2 * df[l] / 8, 2 * r);
-        for (int a = 0; a < ncol; a++)
-          bbest[l * ncol + a] = bb[l * ncol + a];
-      }
+      lin_acc(T, nl, ncol, s->B, y, w, s->acc);
+      lin_solve(nl, ncol, s->acc, bb, s->ss);
+      for (int l = 0; l < nl; l++)
+        if (s->ss[l] < best[l]) {
+          best[l] = s->ss[l];
+          bg[l] = r < 0 ? 0 : ldexp(2 * df[l] / 8, 2 * r);
+          bt0[l] = t0[l];
+          for (int a = 0; a < ncol; a++)
+            bbest[l * ncol + a] = bb[l * ncol + a];
+        }
+    }
   }
+  for (int l = 0; l < nl; l++)
+    t0[l] = bt0[l];
   for (int l = 0; l < nl; l++) {
     double span = 1 / (2 * df[l]), tau = bg[l] > 0 ? 1 / bg[l] : 100 * span;
     double *p = p0 + l * P, *bl = bbest + l * ncol;
