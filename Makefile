@@ -130,6 +130,9 @@ $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 # gcc 12 at -O2 vectorises only loops whose trip count is known; the
 # per-pixel kernels need the full vectoriser (measured: correct 3.2x).
 $(BUILD)/pipeline/kern/%.o: CFLAGS += -O3
+# The fitter's SIMD pass: selects instead of branches need no FP traps,
+# and FMA contraction where the ISA variant has it (docs/fit.md).
+$(BUILD)/pipeline/kern/fit_cpu.o: CFLAGS += -fno-math-errno -fno-trapping-math -ffp-contract=fast
 # The DM engine's per-view loops are OpenMP parallel (threads = conf.threads).
 # No errno from sqrt and no FP traps: lets the modulus loop vectorise.
 $(BUILD)/pipeline/ptycho/%.o: CFLAGS += -O3 -fopenmp -fno-math-errno -fno-trapping-math

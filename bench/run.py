@@ -597,6 +597,9 @@ def main():
               lambda: res.__setitem__("replay", b.replay_bench())),
              ("xpcs", "XPCS multi-tau (bench/xpcs.py: stage kernel, daemon end to end)",
               lambda: res.__setitem__("xpcs", __import__("xpcs").run(a.build))),
+             ("fit", "batched fitter (bench/fit.py: damped cosine, g2, XANI-shaped; beamd on one "
+              "core beside SciPy least_squares on the same data)",
+              lambda: res.__setitem__("fit", __import__("fit").run(a.build, log=log))),
              ("dectris", "DECTRIS detector input (bench/dectris.py: EIGER 4M stream v1 and "
               "EIGER2 16M stream v2, bslz4, raw ZeroMQ vs beamd record pass-through and roi_sum; "
               "decoder and parse cost)",
