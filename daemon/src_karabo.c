@@ -181,16 +181,9 @@ static int series_start(ksrc_t *s, const beam_kb_source_t *src, const beam_kb_ar
 
 /* ---- a train into frames ----------------------------------------------------------- */
 
-/* (m, p) elements of es bytes -> (p, m), in tiles so both sides stream. */
+/* (m, p) elements of es bytes -> (p, m): one module of one, stacked. */
 static void transpose(const uint8_t *in, uint8_t *out, size_t m, size_t p, size_t es) {
-  enum { T = 32 };
-  for (size_t i0 = 0; i0 < m; i0 += T)
-    for (size_t j0 = 0; j0 < p; j0 += T) {
-      size_t i1 = i0 + T < m ? i0 + T : m, j1 = j0 + T < p ? j0 + T : p;
-      for (size_t i = i0; i < i1; i++)
-        for (size_t j = j0; j < j1; j++)
-          memcpy(out + (j * m + i) * es, in + (i * p + j) * es, es);
-    }
+  beam_kb_stack_module(out, in, p, m, es, 1, 0, 1);
 }
 
 static const beam_kb_source_t *pick(ksrc_t *s, const beam_kb_array_t **arr) {

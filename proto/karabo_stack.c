@@ -28,8 +28,28 @@ long beam_kb_module_number(const char *pattern, const char *name, size_t n) {
   return v;
 }
 
+/* (melems, pulses) -> pulse-major, modules apart, in tiles so reads and
+ * writes both stream (reading the module once per pulse would not). One
+ * loop per element size: a memcpy of a run-time size per element is a
+ * call per pixel, several times slower than the typed copy. */
+#define TRANSPOSE(T) \
+  do { \
+    const T *s_ = in; \
+    T *o_ = out; \
+    size_t fe_ = melems * modules, off_ = (size_t)mod * melems; \
+    for (size_t i0 = 0; i0 < melems; i0 += TILE) \
+      for (size_t j0 = 0; j0 < pulses; j0 += TILE) { \
+        size_t i1 = i0 + TILE < melems ? i0 + TILE : melems; \
+        size_t j1 = j0 + TILE < pulses ? j0 + TILE : pulses; \
+        for (size_t i = i0; i < i1; i++) \
+          for (size_t j = j0; j < j1; j++) \
+            o_[j * fe_ + off_ + i] = s_[i * pulses + j]; \
+      } \
+  } while (0)
+
 void beam_kb_stack_module(void *out, const void *in, size_t pulses, size_t melems, size_t es,
                           unsigned modules, unsigned mod, int pulse_last) {
+  enum { TILE = 32 };
   uint8_t *o = out;
   const uint8_t *src = in;
   size_t mbytes = melems * es, fbytes = mbytes * modules;
@@ -38,17 +58,22 @@ void beam_kb_stack_module(void *out, const void *in, size_t pulses, size_t melem
       memcpy(o + p * fbytes + mod * mbytes, src + p * mbytes, mbytes);
     return;
   }
-  /* (melems, pulses) -> pulse-major in tiles, so reads and writes both
-   * stream; reading the module once per pulse would not. */
-  enum { T = 32 };
-  for (size_t i0 = 0; i0 < melems; i0 += T)
-    for (size_t j0 = 0; j0 < pulses; j0 += T) {
-      size_t i1 = i0 + T < melems ? i0 + T : melems, j1 = j0 + T < pulses ? j0 + T : pulses;
+  switch (es) {
+  case 1: TRANSPOSE(uint8_t); return;
+  case 2: TRANSPOSE(uint16_t); return;
+  case 4: TRANSPOSE(uint32_t); return;
+  case 8: TRANSPOSE(uint64_t); return;
+  default: break;
+  }
+  for (size_t i0 = 0; i0 < melems; i0 += TILE)
+    for (size_t j0 = 0; j0 < pulses; j0 += TILE) {
+      size_t i1 = i0 + TILE < melems ? i0 + TILE : melems, j1 = j0 + TILE < pulses ? j0 + TILE : pulses;
       for (size_t i = i0; i < i1; i++)
         for (size_t j = j0; j < j1; j++)
           memcpy(o + j * fbytes + mod * mbytes + i * es, src + (i * pulses + j) * es, es);
     }
 }
+#undef TRANSPOSE
 
 /* The fill value as one element of dt. */
 static size_t fill_elem(beam_dtype_t dt, double fill, uint8_t el[16]) {

@@ -499,6 +499,15 @@ static void test_stack(void **st) {
       assert_true(isnan(out2[p][0][e]));
       assert_true(out2[p][1][e] == (float)(p * 1000 + e));
     }
+  /* Sizes without a typed loop (complex128: 16 bytes) take the byte copy. */
+  double cin[3][2][2], cout[2][2][3][2]; /* (melems 3, pulses 2, re/im) -> (2, mods 2, 3) */
+  for (int e = 0; e < 3; e++)
+    for (int p = 0; p < 2; p++)
+      cin[e][p][0] = 10 * p + e, cin[e][p][1] = -(10 * p + e);
+  beam_kb_stack_module(cout, cin, 2, 3, 16, 2, 1, 1);
+  for (int p = 0; p < 2; p++)
+    for (int e = 0; e < 3; e++)
+      assert_true(cout[p][1][e][0] == 10 * p + e && cout[p][1][e][1] == -(10 * p + e));
   /* Fill values of integer types are rounded and clamped. */
   uint16_t u[1][1][2];
   beam_kb_stack_fill(u, 1, 2, BEAM_DT_U16, 1, 0, 70000);
