@@ -5,7 +5,8 @@ Figures, not pass/fail: throughput of beamd against raw ZeroMQ on the same
 messages, frame-in -> result-out latency while not saturated, the daemon's
 resident memory, CPU kernel micro-benchmarks, HDF5 replay through beamd
 against the raw chunk read rate (bench/replay.py, which needs h5py), and the
-DECTRIS detector input against raw ZeroMQ (bench/dectris.py).
+DECTRIS detector input against raw ZeroMQ (bench/dectris.py), and the Karabo
+bridge output and input against raw ZeroMQ (bench/karabo.py).
 Everything runs on loopback with ports and ipc paths of its own, every child
 process has a timeout, and the whole run is bounded (about 4 minutes at the
 defaults).
@@ -519,6 +520,9 @@ def summary(res):
     if res.get("dectris"):
         import dectris
         L.extend(dectris.summary_lines(res["dectris"]))
+    if res.get("karabo"):
+        import karabo
+        L.extend(karabo.summary_lines(res["karabo"]))
     if res.get("ptycho"):
         L.append("DM ptychography, CPU engine, %d threads (median of %d iterations)" %
                  (res["ptycho"]["threads"], res["ptycho"]["iters"]))
@@ -560,13 +564,15 @@ def main():
                     help="replay: decoded frame bytes per pass, MiB (default 512)")
     ap.add_argument("--dectris-seconds", type=float, default=1.0,
                     help="dectris: length of each run (default 1; --reps runs of each case)")
+    ap.add_argument("--karabo-seconds", type=float, default=2.0,
+                    help="karabo: length of each output run (default 2; --reps runs of each case)")
     ap.add_argument("--only", choices=["throughput", "latency", "kernels", "replay", "xpcs", "view",
-                                        "ptycho", "ptycho_gpu", "dectris"],
+                                        "ptycho", "ptycho_gpu", "dectris", "karabo"],
                     action="append",
                     help="run only these figures (repeatable; latency includes memory)")
     a = ap.parse_args()
     only = set(a.only or ["throughput", "latency", "kernels", "replay", "xpcs", "view",
-                          "ptycho", "ptycho_gpu", "dectris"])
+                          "ptycho", "ptycho_gpu", "dectris", "karabo"])
     a.json = a.json or os.path.join(a.build, "bench-results.json")
 
     b = Bench(a)
@@ -576,6 +582,7 @@ def main():
     res = {"machine": machine_info(),
            "params": {"seconds": a.seconds, "reps": a.reps, "rates": a.rates, "skip": a.skip,
                       "replay_pass_mib": a.replay_pass_mib, "dectris_seconds": a.dectris_seconds,
+                      "karabo_seconds": a.karabo_seconds,
                       "queue_bytes_per_socket": QUEUE_BYTES},
            "errors": [], "json_path": a.json}
     m = res["machine"]
@@ -595,6 +602,10 @@ def main():
               "decoder and parse cost)",
               lambda: res.__setitem__("dectris", __import__("dectris").run(
                   a.build, a.dectris_seconds, a.reps, log, tmp=b.tmp))),
+             ("karabo", "Karabo bridge (bench/karabo.py: output.karabo rep/push and input.mode "
+              "karabo AGIPD-like trains, beside raw ZeroMQ moving the same messages)",
+              lambda: res.__setitem__("karabo", __import__("karabo").run(
+                  a.build, a.karabo_seconds, a.reps, log, tmp=b.tmp))),
              ("view", "live viewer (bench/view.py: viewer CPU, published -> drawn latency, "
               "daemon throughput with and without a viewer)",
               lambda: res.__setitem__("view", __import__("view").run(a.build))),
@@ -621,6 +632,7 @@ def main():
         b.stop_daemon()
     # A figure that ran with some of its cases failed keeps its errors.
     res["errors"].extend("dectris: " + e for e in (res.get("dectris") or {}).get("errors", []))
+    res["errors"].extend("karabo: " + e for e in (res.get("karabo") or {}).get("errors", []))
     m["loadavg_end"] = os.getloadavg()[0]
     res["wall_s"] = time.time() - t0
     os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
