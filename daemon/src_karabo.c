@@ -536,9 +536,17 @@ static void send_next(ksrc_t *s) {
   }
 }
 
+/* Draining, pull reads what ZeroMQ already took from the bridge's PUSH
+ * (which counts it as delivered) until EAGAIN, as zread.c does for the
+ * other lossless push inputs. */
+static int draining(const ksrc_t *s) {
+  return s->pattern == PAT_PULL && s->d->state == BEAMD_DRAINING && s->d->in.drain_read;
+}
+
 static int may_read(ksrc_t *s) {
   beamd_t *d = s->d;
-  return s->zs.open && !s->stopped && !d->in.stopped && d->state == BEAMD_RUNNING;
+  return s->zs.open && !s->stopped && !d->in.stopped &&
+         (d->state == BEAMD_RUNNING || draining(s));
 }
 
 static void burst(ksrc_t *s) {
@@ -565,6 +573,10 @@ static void burst(ksrc_t *s) {
     int n = recv_parts(s);
     if (n == 0) {
       set_more(s, 0);
+      if (draining(s)) { /* everything delivered to us is in the graph */
+        beamd_input_drained(d);
+        return;
+      }
       beamd_zsock_events(&s->zs); /* settles ZMQ_FD (see zread.c) */
       return;
     }
@@ -679,11 +691,17 @@ static void ksrc_resume(beamd_t *d, void *st) {
   read_all(st);
 }
 
-/* A bridge server does not count what it sent as delivered: stop. */
+/* pull: the bridge's PUSH counted what ZeroMQ took as delivered, so that
+ * (and a held train's rest) goes into the graph first; burst says when it
+ * is empty. req and sub owe nothing: a REP server keeps its train for the
+ * next request, a PUB never waited. */
 static int ksrc_drain(beamd_t *d, void *st) {
+  ksrc_t *s = st;
+  if (s->pattern != PAT_PULL || !s->zs.open || s->stopped)
+    return 0;
   (void)d;
-  (void)st;
-  return 0;
+  read_all(s);
+  return 1;
 }
 
 static void ksrc_stop(beamd_t *d, void *st) {

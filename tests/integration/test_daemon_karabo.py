@@ -450,3 +450,62 @@ def test_input_module_count_from_first_train(tmp_path, ports, zctx, start_beamd)
     assert np.array_equal(got[0], mods)
     assert st["input"]["karabo"]["modules"] == 4
     srv.close()
+
+
+# ---- fixes: a reply that cannot be built, pull drained on stop ------------------------------
+
+def test_output_rep_reply_whole_when_a_part_cannot_be_made(ports, zctx, start_beamd,
+                                                           monkeypatch):
+    # The 5th part allocation of a reply (the second source's first part)
+    # fails once: nothing of that reply may go out half built, or this REQ
+    # would wait forever. It gets the bridge's one-part error form, and the
+    # next request a whole reply.
+    monkeypatch.setenv("BEAMD_FAULT_KARABO_REPLY", "5")
+    ep = kb_endpoint()
+    b = start_beamd(out_config(ports, ep))
+    data = frames(3)
+    snd = Sender(zctx, ports.ep_input)
+    cli = Client(zctx, ep, "REQ", timeout=10)
+    snd.start(SERIES, (H, W), "uint16")
+    snd.frame(SERIES, 0, data[0])
+    b.wait_stats(lambda s: s["outputs"]["karabo"]["waiting"] == 2, what="two results waiting")
+    assert cli.raw() == [b"Error: out of memory building the reply"]
+    st = b.stats()["outputs"]["karabo"]
+    assert st["reply_errors"] == 1 and st["dropped"] == 2 and st["waiting"] == 0
+    assert st["pending"] is False and st["held_bytes"] == 0
+    snd.frame(SERIES, 1, data[1])
+    b.wait_stats(lambda s: s["outputs"]["karabo"]["waiting"] == 2, what="the next results")
+    got = check_message(cli.raw(), data)
+    assert set(got) == {"beamd/corr.frame", "beamd/vd.sums"}
+    assert all(fid == 1 for fid, _ in got.values())
+    snd.end(SERIES)
+    cli.close()
+    snd.close()
+
+
+def test_input_pull_drain_reads_what_is_queued(tmp_path, ports, zctx, start_beamd):
+    # Pull is lossless: the bridge's PUSH counts what ZeroMQ took as
+    # delivered, so a stop (SIGTERM) right after the last train went out
+    # must still have every pulse recorded, and exit 0. (On this machine
+    # beamd usually has them all before the signal: the test guards the
+    # drain path, it does not force a backlog.)
+    import signal
+    srv = Server(zctx, ports.ep_input, "PUSH")
+    cfg = in_config(ports, tmp_path, pattern="pull", source=SRC, series_idle="0")
+    cfg["pool"]["frames"] = 8
+    b = start_beamd(cfg)
+    want = []
+    for t in range(2000, 2400):
+        _, parts = train_msg(t)
+        want += [t * PULSES + p for p in range(PULSES)]
+        srv.put(parts)
+    assert srv.idle(10)
+    b.signal(signal.SIGTERM)
+    assert b.wait(20) == 0
+    rec = tmp_path / "rec"
+    names = [n for n in sorted(p.name for p in rec.iterdir()) if n.startswith("series_2000")]
+    assert names, list(rec.iterdir())
+    with h5py.File(str(rec / names[0]), "r") as f:
+        ids = f["/entry/data/frame_id"][...].tolist()
+    assert ids == want, "drain lost %d frames" % (len(want) - len(ids))
+    srv.close()
