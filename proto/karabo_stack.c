@@ -34,19 +34,23 @@ long beam_kb_module_number(const char *pattern, const char *name, size_t n) {
  * a power of two apart (2 MiB for an AGIPD pulse), so writing one element
  * of each in turn puts every line in the same cache set and thrashes it
  * (0.33 GB/s against several GB/s this way). One loop per element size: a
- * memcpy of a run-time size per element is a call per pixel. */
+ * memcpy of a run-time size per element is a call per pixel, one of a
+ * constant size a plain (unaligned-safe) move. */
 #define TRANSPOSE(T) \
   do { \
-    const T *s_ = in; \
-    T *o_ = out; \
+    const uint8_t *s_ = in; \
+    uint8_t *o_ = out; \
     size_t fe_ = melems * modules, off_ = (size_t)mod * melems; \
     for (size_t i0 = 0; i0 < melems; i0 += TILE) \
       for (size_t j0 = 0; j0 < pulses; j0 += TILE) { \
         size_t i1 = i0 + TILE < melems ? i0 + TILE : melems; \
         size_t j1 = j0 + TILE < pulses ? j0 + TILE : pulses; \
         for (size_t j = j0; j < j1; j++) \
-          for (size_t i = i0; i < i1; i++) \
-            o_[j * fe_ + off_ + i] = s_[i * pulses + j]; \
+          for (size_t i = i0; i < i1; i++) { \
+            T v_; /* a part's bytes may sit at any address: no aligned load */ \
+            memcpy(&v_, s_ + (i * pulses + j) * sizeof v_, sizeof v_); \
+            memcpy(o_ + (j * fe_ + off_ + i) * sizeof v_, &v_, sizeof v_); \
+          } \
       } \
   } while (0)
 

@@ -499,6 +499,12 @@ static void test_stack(void **st) {
       assert_true(isnan(out2[p][0][e]));
       assert_true(out2[p][1][e] == (float)(p * 1000 + e));
     }
+  /* A data part may start at an odd address (UBSan: no aligned loads). */
+  uint8_t odd[1 + sizeof last[0]], oout[1 + P * E * 2];
+  memcpy(odd + 1, last[0], sizeof last[0]);
+  beam_kb_stack_module(oout + 1, odd + 1, P, E, 2, 1, 0, 1);
+  for (int p = 0; p < P; p++)
+    assert_memory_equal(oout + 1 + p * E * 2, first[0][p], E * 2);
   /* Sizes without a typed loop (complex128: 16 bytes) take the byte copy. */
   double cin[3][2][2], cout[2][2][3][2]; /* (melems 3, pulses 2, re/im) -> (2, mods 2, 3) */
   for (int e = 0; e < 3; e++)
