@@ -5,8 +5,9 @@ Figures, not pass/fail: throughput of beamd against raw ZeroMQ on the same
 messages, frame-in -> result-out latency while not saturated, the daemon's
 resident memory, CPU kernel micro-benchmarks, HDF5 replay through beamd
 against the raw chunk read rate (bench/replay.py, which needs h5py), and the
-DECTRIS detector input against raw ZeroMQ (bench/dectris.py), and CURVE
-against plaintext on the same hops (bench/curve.py).
+DECTRIS detector input against raw ZeroMQ (bench/dectris.py), CURVE
+against plaintext on the same hops (bench/curve.py), and the Karabo bridge
+output and input against raw ZeroMQ (bench/karabo.py).
 Everything runs on loopback with ports and ipc paths of its own, every child
 process has a timeout, and the whole run is bounded (about 4 minutes at the
 defaults).
@@ -523,6 +524,9 @@ def summary(res):
     if res.get("curve"):
         import curve
         L.extend(curve.summary_lines(res["curve"]))
+    if res.get("karabo"):
+        import karabo
+        L.extend(karabo.summary_lines(res["karabo"]))
     if res.get("ptycho"):
         L.append("DM ptychography, CPU engine, %d threads (median of %d iterations)" %
                  (res["ptycho"]["threads"], res["ptycho"]["iters"]))
@@ -566,13 +570,16 @@ def main():
                     help="dectris: length of each run (default 1; --reps runs of each case)")
     ap.add_argument("--curve-seconds", type=float, default=1.5,
                     help="curve: length of each raw and pub run (default 1.5)")
+    ap.add_argument("--karabo-seconds", type=float, default=2.0,
+                    help="karabo: length of each output run (default 2; --reps runs of each case)")
     ap.add_argument("--only", choices=["throughput", "latency", "kernels", "replay", "xpcs", "view",
-                                        "ptycho", "ptycho_gpu", "dectris", "curve"],
+                                        "ptycho", "ptycho_gpu", "dectris", "curve",
+                                        "karabo", "fit"],
                     action="append",
                     help="run only these figures (repeatable; latency includes memory)")
     a = ap.parse_args()
     only = set(a.only or ["throughput", "latency", "kernels", "replay", "xpcs", "view",
-                          "ptycho", "ptycho_gpu", "dectris", "curve"])
+                          "ptycho", "ptycho_gpu", "dectris", "curve", "karabo", "fit"])
     a.json = a.json or os.path.join(a.build, "bench-results.json")
 
     b = Bench(a)
@@ -583,6 +590,7 @@ def main():
            "params": {"seconds": a.seconds, "reps": a.reps, "rates": a.rates, "skip": a.skip,
                       "replay_pass_mib": a.replay_pass_mib, "dectris_seconds": a.dectris_seconds,
                       "curve_seconds": a.curve_seconds,
+                      "karabo_seconds": a.karabo_seconds,
                       "queue_bytes_per_socket": QUEUE_BYTES},
            "errors": [], "json_path": a.json}
     m = res["machine"]
@@ -609,6 +617,10 @@ def main():
               "PUB, beamd-replay -> beamd replay input)",
               lambda: res.__setitem__("curve", __import__("curve").run(
                   a.build, a.curve_seconds, a.reps, log, tmp=b.tmp))),
+             ("karabo", "Karabo bridge (bench/karabo.py: output.karabo rep/push and input.mode "
+              "karabo AGIPD-like trains, beside raw ZeroMQ moving the same messages)",
+              lambda: res.__setitem__("karabo", __import__("karabo").run(
+                  a.build, a.karabo_seconds, a.reps, log, tmp=b.tmp))),
              ("view", "live viewer (bench/view.py: viewer CPU, published -> drawn latency, "
               "daemon throughput with and without a viewer)",
               lambda: res.__setitem__("view", __import__("view").run(a.build))),
@@ -636,6 +648,7 @@ def main():
     # A figure that ran with some of its cases failed keeps its errors.
     res["errors"].extend("dectris: " + e for e in (res.get("dectris") or {}).get("errors", []))
     res["errors"].extend("curve: " + e for e in (res.get("curve") or {}).get("errors", []))
+    res["errors"].extend("karabo: " + e for e in (res.get("karabo") or {}).get("errors", []))
     m["loadavg_end"] = os.getloadavg()[0]
     res["wall_s"] = time.time() - t0
     os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)

@@ -85,8 +85,16 @@ struct beamd_kout_s {
   slot_t slot[SLOTS];
   unsigned nslots;
   msgpack_sbuffer sb;
-  atomic_uint_fast64_t messages, results, bytes, dropped, requests, bad_requests;
+  msgpack_sbuffer err; /* the error source pair that closes a cut reply */
+  size_t err_hlen;
+  atomic_uint_fast64_t messages, results, bytes, dropped, requests, bad_requests, reply_errors;
 };
+
+/* Tests: BEAMD_FAULT_KARABO_REPLY=N makes the Nth allocation of a reply's
+ * part fail (once), so a test can see the reply stay whole. Unset, it
+ * costs one compare. */
+static unsigned long fail_at, fail_seen;
+static int k_fail_alloc(void) { return fail_at && ++fail_seen == fail_at; }
 
 /* Every endpoint this file reads, in one place (CURVE settings will join
  * them here). */
@@ -148,17 +156,15 @@ static int send_buf(void *sock, const void *p, size_t n, int more) {
   return zmq_send(sock, p, n, ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)) < 0 ? -1 : 0;
 }
 
-/* One source's four parts; the copy goes to ZeroMQ (freed by it, even on
- * failure). first: this is the message's first part, which alone may
- * fail with EAGAIN. Returns 0, 1 for would-block (nothing sent), -1. */
-static int send_source(struct beamd_kout_s *k, slot_t *s, int first, int last) {
-  void *sock = k->zs.sock;
+/* A source's three header parts into k->sb: [0, hl) the source header,
+ * [hl, ml) its map, [ml, size) the array header. 0 or -1 (out of memory). */
+static int pack_source(struct beamd_kout_s *k, const slot_t *s, size_t *hl, size_t *ml) {
   msgpack_packer pk;
   msgpack_sbuffer_clear(&k->sb);
   msgpack_packer_init(&pk, &k->sb, msgpack_sbuffer_write);
   beam_kb_time_t t = beam_kb_time_from_ns(s->t_ns);
   int rc = beam_kb_pack_source_header(&pk, s->source, t, s->frame_id);
-  size_t hlen = k->sb.size;
+  *hl = k->sb.size;
   /* The non-array keys; flattened Karabo names. */
   rc |= msgpack_pack_map(&pk, 4);
   rc |= beam_kb_pack_str(&pk, "beamd.series_id");
@@ -169,27 +175,31 @@ static int send_source(struct beamd_kout_s *k, slot_t *s, int first, int last) {
   rc |= msgpack_pack_uint32(&pk, s->flags);
   rc |= beam_kb_pack_str(&pk, "beamd.topic");
   rc |= beam_kb_pack_str(&pk, s->topic);
-  size_t mlen = k->sb.size;
+  *ml = k->sb.size;
   rc |= beam_kb_pack_array_header(&pk, s->source, s->ndim >= 2 ? "image.data" : "data", s->dtype,
                                   s->ndim, s->shape);
+  return rc ? -1 : 0;
+}
+
+/* pub / push: one source as its own message; the copy goes to ZeroMQ
+ * (freed by it, even on failure). Only the first part can fail (EAGAIN:
+ * dropped); the rest of a multipart message cannot block. 0 or -1. */
+static int send_source(struct beamd_kout_s *k, slot_t *s) {
+  void *sock = k->zs.sock;
+  size_t hlen, mlen;
+  int rc = pack_source(k, s, &hlen, &mlen);
   copy_t *c = s->copy;
   s->copy = NULL;
   size_t n = c->n; /* c may be freed by ZeroMQ's I/O thread once sent */
   zmq_msg_t zm;
   zmq_msg_init_data(&zm, c + 1, c->n, copy_free, c);
-  if (rc) {
+  if (rc || send_buf(sock, k->sb.data, hlen, 1) < 0) {
     zmq_msg_close(&zm);
     return -1;
   }
-  if (send_buf(sock, k->sb.data, hlen, 1) < 0) {
-    int again = errno == EAGAIN;
-    zmq_msg_close(&zm);
-    return first && again ? 1 : -1;
-  }
-  /* After the first part the rest of a multipart message cannot block. */
   send_buf(sock, k->sb.data + hlen, mlen - hlen, 1);
   send_buf(sock, k->sb.data + mlen, k->sb.size - mlen, 1);
-  if (zmq_msg_send(&zm, sock, last ? 0 : ZMQ_SNDMORE) < 0)
+  if (zmq_msg_send(&zm, sock, 0) < 0)
     zmq_msg_close(&zm);
   atomic_fetch_add(&k->bytes, k->sb.size + n);
   return 0;
@@ -201,7 +211,56 @@ static int by_source(const void *a, const void *b) {
 }
 
 /* rep: everything waiting, one source per topic, sorted by source name
- * (as the bridge sends them). */
+ * (as the bridge sends them).
+ *
+ * A REQ client waits for exactly one complete reply: a reply cut off after
+ * some of its parts would leave the message unterminated inside ZeroMQ
+ * (never delivered, and the next reply's parts appended to it), wedging
+ * that client for good. So every part is built first (headers packed and
+ * copied into their own zmq messages: the allocations that can fail) and
+ * nothing is sent unless all of them exist; when one cannot be made the
+ * results are dropped (counted) and the reply is the bridge's own error
+ * form, one part. Past the first part a send cannot block; should one fail
+ * anyway, the message is closed with a static error source (no allocation
+ * here) so the client still gets a whole, even-length 2.2 message. */
+#define REPLY_PARTS (4 * SLOTS)
+
+/* {source: beamd/error, content: msgpack, metadata: {source, timestamp.tid
+ * 0, ...}} and {error: "..."}: what closes a reply whose sending failed. */
+static const char err_source[] = "beamd/error";
+
+static int pack_error_pair(struct beamd_kout_s *k) {
+  msgpack_packer pk;
+  msgpack_sbuffer_init(&k->err);
+  msgpack_packer_init(&pk, &k->err, msgpack_sbuffer_write);
+  int rc = beam_kb_pack_source_header(&pk, err_source, (beam_kb_time_t){0, 0}, 0);
+  k->err_hlen = k->err.size;
+  rc |= msgpack_pack_map(&pk, 1);
+  rc |= beam_kb_pack_str(&pk, "error");
+  rc |= beam_kb_pack_str(&pk, "beamd: reply cut short; its results are dropped");
+  return rc ? BEAM_ENOMEM : 0;
+}
+
+static void send_error_pair(struct beamd_kout_s *k) {
+  zmq_msg_t h, m;
+  zmq_msg_init_data(&h, k->err.data, k->err_hlen, NULL, NULL); /* constant: no allocation */
+  zmq_msg_init_data(&m, k->err.data + k->err_hlen, k->err.size - k->err_hlen, NULL, NULL);
+  if (zmq_msg_send(&h, k->zs.sock, ZMQ_SNDMORE) < 0)
+    zmq_msg_close(&h);
+  if (zmq_msg_send(&m, k->zs.sock, 0) < 0)
+    zmq_msg_close(&m);
+}
+
+/* A copy of n bytes of sb at off into m; 0 or -1 (out of memory). */
+static int part_of(zmq_msg_t *m, const msgpack_sbuffer *sb, size_t off, size_t n) {
+  if (k_fail_alloc()) /* tests: see beamd_karabo_fail_next */
+    return -1;
+  if (zmq_msg_init_size(m, n) < 0)
+    return -1;
+  memcpy(zmq_msg_data(m), sb->data + off, n);
+  return 0;
+}
+
 static void serve(struct beamd_kout_s *k) {
   slot_t *w[SLOTS];
   unsigned n = 0;
@@ -211,24 +270,68 @@ static void serve(struct beamd_kout_s *k) {
   if (!n)
     return;
   qsort(w, n, sizeof w[0], by_source);
-  int rc = 0;
-  for (unsigned i = 0; i < n; i++) {
-    if (rc == 0) {
-      rc = send_source(k, w[i], i == 0, i == n - 1); /* takes w[i]->copy */
-    } else { /* the reply could not go: what is left of it is dropped */
-      copy_free(NULL, w[i]->copy);
+  static zmq_msg_t parts[REPLY_PARTS]; /* the loop thread's alone */
+  size_t np = 0;
+  uint64_t hdr_bytes = 0, arr_bytes = 0;
+  int ok = 1;
+  for (unsigned i = 0; i < n && ok; i++) {
+    size_t hl, ml;
+    ok = pack_source(k, w[i], &hl, &ml) == 0 && part_of(&parts[np], &k->sb, 0, hl) == 0;
+    np += ok;
+    ok = ok && part_of(&parts[np], &k->sb, hl, ml - hl) == 0;
+    np += ok;
+    ok = ok && part_of(&parts[np], &k->sb, ml, k->sb.size - ml) == 0;
+    np += ok;
+    if (ok) {
+      copy_t *c = w[i]->copy;
       w[i]->copy = NULL;
+      hdr_bytes += k->sb.size;
+      arr_bytes += c->n; /* c may be freed by ZeroMQ's I/O thread once sent */
+      zmq_msg_init_data(&parts[np++], c + 1, c->n, copy_free, c);
     }
-    if (rc != 0)
-      atomic_fetch_add(&k->dropped, 1);
   }
-  /* A reply that did not go leaves the request pending (REP still owes
-   * it): the next result tries again. */
-  if (rc == 0) {
+  if (!ok) { /* nothing went: one whole error reply instead */
+    for (size_t j = 0; j < np; j++)
+      zmq_msg_close(&parts[j]); /* frees the copies already taken */
+    for (unsigned i = 0; i < n; i++)
+      if (w[i]->copy) {
+        copy_free(NULL, w[i]->copy);
+        w[i]->copy = NULL;
+      }
+    atomic_fetch_add(&k->dropped, n);
+    atomic_fetch_add(&k->reply_errors, 1);
+    static const char oom[] = "Error: out of memory building the reply";
+    zmq_send(k->zs.sock, oom, sizeof oom - 1, ZMQ_DONTWAIT);
     k->pending = 0;
     atomic_fetch_add(&k->messages, 1);
-    atomic_fetch_add(&k->results, n);
+    return;
   }
+  size_t sent = 0;
+  for (; sent < np; sent++)
+    if (zmq_msg_send(&parts[sent], k->zs.sock,
+                     ZMQ_DONTWAIT | (sent + 1 < np ? ZMQ_SNDMORE : 0)) < 0)
+      break;
+  if (sent == 0 && errno == EAGAIN) { /* REP still owes it: the next result tries again */
+    for (size_t j = 0; j < np; j++)
+      zmq_msg_close(&parts[j]);
+    atomic_fetch_add(&k->dropped, n);
+    return;
+  }
+  if (sent < np) { /* cut short: what is left is dropped, the message closed */
+    for (size_t j = sent; j < np; j++)
+      zmq_msg_close(&parts[j]);
+    if (sent > 0)
+      send_error_pair(k);
+    atomic_fetch_add(&k->dropped, n);
+    atomic_fetch_add(&k->reply_errors, 1);
+    k->pending = 0;
+    atomic_fetch_add(&k->messages, 1);
+    return;
+  }
+  k->pending = 0;
+  atomic_fetch_add(&k->bytes, hdr_bytes + arr_bytes);
+  atomic_fetch_add(&k->messages, 1);
+  atomic_fetch_add(&k->results, n);
 }
 
 static void bad_request(struct beamd_kout_s *k, const zmq_msg_t *req) {
@@ -296,6 +399,13 @@ int beamd_karabo_open(beamd_t *d, char *err, size_t errlen) {
   snprintf(k->topics, sizeof k->topics, "%s", t ? t : "");
   snprintf(k->source_prefix, sizeof k->source_prefix, "%s", sp ? sp : "beamd/");
   msgpack_sbuffer_init(&k->sb);
+  if (pack_error_pair(k) < 0) {
+    snprintf(err, errlen, "output.karabo: out of memory");
+    return BEAM_ENOMEM;
+  }
+  const char *fault = getenv("BEAMD_FAULT_KARABO_REPLY");
+  fail_at = fault ? strtoul(fault, NULL, 10) : 0;
+  fail_seen = 0;
   static const int types[] = {ZMQ_REP, ZMQ_PUB, ZMQ_PUSH};
   beamd_zopts_t o = {.sndhwm = (int)beam_cfg_int(conf, "hwm", 4), .sec = &sec,
                      .what = "output.karabo.endpoint"};
@@ -331,7 +441,7 @@ void beamd_karabo_result(beamd_t *d, const beam_frame_t *f) {
   if (k->pattern != PAT_REP) {
     slot_t s = {0};
     slot_fill(k, &s, f, topic);
-    if (!(s.copy = copy_new(k, f)) || send_source(k, &s, 1, 1) != 0) {
+    if (!(s.copy = copy_new(k, f)) || send_source(k, &s) != 0) {
       atomic_fetch_add(&k->dropped, 1);
       return;
     }
@@ -372,6 +482,7 @@ void beamd_karabo_close(beamd_t *d, int linger_ms) {
       copy_free(NULL, k->slot[i].copy);
   beamd_zsock_close(&k->zs, linger_ms);
   msgpack_sbuffer_destroy(&k->sb);
+  msgpack_sbuffer_destroy(&k->err);
   /* Copies still inside ZeroMQ count down k->held from its I/O threads
    * until zmq_ctx_term: k lives until beamd_fini frees it after that. */
   d->kout_garbage = k;
@@ -395,6 +506,7 @@ void beamd_karabo_stats(beamd_t *d, json_t *outs) {
   json_object_set_new(j, "dropped", json_integer((json_int_t)atomic_load(&k->dropped)));
   json_object_set_new(j, "requests", json_integer((json_int_t)atomic_load(&k->requests)));
   json_object_set_new(j, "bad_requests", json_integer((json_int_t)atomic_load(&k->bad_requests)));
+  json_object_set_new(j, "reply_errors", json_integer((json_int_t)atomic_load(&k->reply_errors)));
   json_object_set_new(j, "waiting", json_integer(waiting));
   json_object_set_new(j, "pending", json_boolean(k->pending));
   json_object_set_new(j, "held_bytes", json_integer((json_int_t)atomic_load(&k->held)));

@@ -21,6 +21,11 @@
  * pulses)) a pulse is strided through the whole train, so the train is
  * transposed once, tile by tile, into a pulse-major buffer; copying each
  * pulse out of the message instead would read the train once per pulse.
+ * A source pattern (a glob) names one source per module instead: their
+ * arrays are stacked in module order into one frame per pulse
+ * (proto/karabo_stack.c), modules along the slow axis, and a train missing
+ * a module has its pixels filled and its frames flagged bad, or is dropped
+ * as missing frames (input.karabo.incomplete).
  * Decoding is proto/karabo.c (pure, borrowed). A message that does not
  * decode is counted with its reason and dropped; the next one goes on. */
 #include <errno.h>
@@ -32,6 +37,7 @@
 
 #include "daemon/beamd.h"
 #include "proto/karabo.h"
+#include "proto/karabo_stack.h"
 
 #define MAX_PARTS (2 * (BEAM_KB_MAX_SOURCES + BEAM_KB_MAX_ARRAYS))
 #define BATCH 16    /* trains per wake-up before yielding to the loop */
@@ -39,6 +45,8 @@
 
 enum { PAT_REQ = 0, PAT_SUB = 1, PAT_PULL = 2 };  /* the pattern enum's order */
 enum { AX_LAST = 0, AX_FIRST = 1, AX_NONE = 2 }; /* the pulse_axis enum's order */
+enum { INC_FILL = 0, INC_DROP = 1 };               /* the incomplete enum's order */
+#define MAX_MODULES BEAM_KB_MAX_SOURCES
 
 const beam_param_t beamd_karabo_params[] = {
     {"pattern", BEAM_P_ENUM, "req", 0, 0, 0, "req|sub|pull", NULL,
@@ -46,7 +54,9 @@ const beam_param_t beamd_karabo_params[] = {
      "to its PUB (live); pull: PULL from its PUSH (lossless)", NULL},
     {"source", BEAM_P_STRING, "", 0, 0, 0, NULL, NULL,
      "the Karabo source whose array becomes frames, for example "
-     "SPB_DET_AGIPD1M-1/CAL/APPEND_CORRECTED; \"\" = the first source that has `path`", NULL},
+     "SPB_DET_AGIPD1M-1/CAL/APPEND_CORRECTED; \"\" = the first source that has `path`; a glob "
+     "pattern (SPB_DET_AGIPD1M-1/DET/*CH0:xtdf) names one source per module, stacked in module "
+     "order into one frame (the module number is read where the first wildcard is)", NULL},
     {"path", BEAM_P_STRING, "image.data", 0, 0, 0, NULL, NULL,
      "the array of that source (its key)", NULL},
     {"pulse_axis", BEAM_P_ENUM, "last", 0, 0, 0, "last|first|none", NULL,
@@ -60,6 +70,17 @@ const beam_param_t beamd_karabo_params[] = {
     {"series_idle", BEAM_P_DURATION, "10s", 0, 0, 86400, NULL, NULL,
      "the series ends after this long without a train; 0 = never (only a geometry change or "
      "shutdown ends it)", NULL},
+    {"modules", BEAM_P_INT, "0", 0, 0, MAX_MODULES, NULL, NULL,
+     "a source pattern: the detector's module count, so a train missing a module is seen; 0 = "
+     "the highest module number of the first train + 1 - first_module", NULL},
+    {"first_module", BEAM_P_INT, "0", 0, 0, 999999, NULL, NULL,
+     "a source pattern: the number of the first module (JUNGFRAU's JNGFR01 is 1)", NULL},
+    {"incomplete", BEAM_P_ENUM, "fill", 0, 0, 0, "fill|drop", NULL,
+     "a train missing modules: fill = its frames have the missing modules' pixels set to "
+     "fill_value and are flagged bad; drop = its frames are dropped and counted as missing",
+     NULL},
+    {"fill_value", BEAM_P_FLOAT, "nan", 0, 1, 0, NULL, NULL, /* min > max: no range */
+     "the pixels of a missing module: nan (0 for integer data), or a number", NULL},
     BEAM_PARAM_END};
 
 typedef struct ksrc_s {
@@ -69,6 +90,12 @@ typedef struct ksrc_s {
   uv_idle_t more;
   int more_on, stopped, pattern, axis, flatten;
   char source[256], path[128];
+  /* a source pattern: module sources stacked into one frame */
+  int stacking, incomplete;
+  unsigned nmod, first_module;
+  double fill;
+  const beam_kb_array_t *mod[MAX_MODULES]; /* this train's, NULL: missing */
+  unsigned missing;                        /* of this train */
   uint64_t timeout_ns, idle_ns;
   /* req */
   int awaiting;
@@ -90,7 +117,8 @@ typedef struct ksrc_s {
   void *tbuf;
   size_t tcap;
   uint64_t v1_messages, v2_messages, trains, pulses_in, unsupported, size_mismatch, no_source,
-      no_train_id, stale, train_gaps, trains_skipped, extra_pulses, requests, retries, series;
+      no_train_id, stale, train_gaps, trains_skipped, extra_pulses, requests, retries, series,
+      incomplete_trains, modules_missing, module_mismatch, bad_module;
 } ksrc_t;
 
 static void warn(ksrc_t *s, const char *what, const char *why) {
@@ -119,7 +147,13 @@ static int series_start(ksrc_t *s, const beam_kb_source_t *src, const beam_kb_ar
   static const char *const axes[] = {"last", "first", "none"};
   json_object_set_new(o, "detector", json_string("Karabo bridge"));
   json_object_set_new(k, "protocol", json_string(s->msg.version == 1 ? "1.0" : "2.2"));
-  json_object_set_new(k, "source", json_stringn(src->name.p, src->name.n));
+  if (s->stacking) { /* the pattern, and the modules' own array shape below */
+    json_object_set_new(k, "source", json_string(s->source));
+    json_object_set_new(k, "modules", json_integer((json_int_t)s->nmod));
+    json_object_set_new(k, "first_module", json_integer((json_int_t)s->first_module));
+  } else {
+    json_object_set_new(k, "source", json_stringn(src->name.p, src->name.n));
+  }
   json_object_set_new(k, "path", json_stringn(a->path.p, a->path.n));
   json_object_set_new(k, "first_train_id", json_integer((json_int_t)src->tid));
   json_object_set_new(k, "pulses_per_train", json_integer((json_int_t)pulses));
@@ -147,16 +181,9 @@ static int series_start(ksrc_t *s, const beam_kb_source_t *src, const beam_kb_ar
 
 /* ---- a train into frames ----------------------------------------------------------- */
 
-/* (m, p) elements of es bytes -> (p, m), in tiles so both sides stream. */
+/* (m, p) elements of es bytes -> (p, m): one module of one, stacked. */
 static void transpose(const uint8_t *in, uint8_t *out, size_t m, size_t p, size_t es) {
-  enum { T = 32 };
-  for (size_t i0 = 0; i0 < m; i0 += T)
-    for (size_t j0 = 0; j0 < p; j0 += T) {
-      size_t i1 = i0 + T < m ? i0 + T : m, j1 = j0 + T < p ? j0 + T : p;
-      for (size_t i = i0; i < i1; i++)
-        for (size_t j = j0; j < j1; j++)
-          memcpy(out + (j * m + i) * es, in + (i * p + j) * es, es);
-    }
+  beam_kb_stack_module(out, in, p, m, es, 1, 0, 1);
 }
 
 static const beam_kb_source_t *pick(ksrc_t *s, const beam_kb_array_t **arr) {
@@ -173,6 +200,74 @@ static const beam_kb_source_t *pick(ksrc_t *s, const beam_kb_array_t **arr) {
       return NULL;
   }
   return NULL;
+}
+
+/* The module sources of a pattern into s->mod by module number. The first
+ * present module in module order is the reference: its train id and array
+ * geometry are the train's, and a module whose differ counts as missing
+ * (the bridge's train matcher should never send such a message, but a
+ * module restarting with another layout is better seen than stacked).
+ * count: this is the message's first pass (resumes count nothing). */
+static const beam_kb_source_t *pick_modules(ksrc_t *s, const beam_kb_array_t **arr, int count) {
+  const beam_kb_msg_t *m = &s->msg;
+  const beam_kb_source_t *msrc[MAX_MODULES] = {0};
+  size_t pl = strlen(s->path);
+  long hi = -1;
+  memset(s->mod, 0, sizeof s->mod);
+  for (unsigned i = 0; i < m->nsources; i++) {
+    const beam_kb_source_t *src = &m->src[i];
+    long num = beam_kb_module_number(s->source, src->name.p, src->name.n);
+    const beam_kb_array_t *a = num >= 0 ? beam_kb_array(m, i, s->path, pl) : NULL;
+    if (!a)
+      continue; /* another source, or a module without the array: missing */
+    long slot = num - (long)s->first_module;
+    if (slot < 0 || slot >= MAX_MODULES || (s->nmod && slot >= (long)s->nmod) || s->mod[slot]) {
+      if (count) {
+        s->bad_module++;
+        beam_log_rl(&s->d->in.rl, LOG_WARNING, "input: karabo: source %.*s: module number %ld "
+                    "is outside input.karabo first_module..modules or repeated: ignored",
+                    (int)src->name.n, src->name.p, num);
+      }
+      continue;
+    }
+    s->mod[slot] = a;
+    msrc[slot] = src;
+    if (slot > hi)
+      hi = slot;
+  }
+  if (!s->nmod && hi >= 0)
+    s->nmod = (unsigned)hi + 1; /* modules 0: the first train with module sources says */
+  const beam_kb_array_t *ref = NULL;
+  const beam_kb_source_t *rsrc = NULL;
+  unsigned rk = 0;
+  s->missing = 0;
+  for (unsigned k = 0; k < s->nmod; k++) {
+    const beam_kb_array_t *a = s->mod[k];
+    if (!a) {
+      s->missing++;
+      continue;
+    }
+    if (!ref) {
+      ref = a;
+      rsrc = msrc[k];
+      rk = k;
+      continue;
+    }
+    if (a->dtype != ref->dtype || a->ndim != ref->ndim ||
+        memcmp(a->shape, ref->shape, ref->ndim * sizeof ref->shape[0]) != 0 ||
+        msrc[k]->has_tid != rsrc->has_tid || msrc[k]->tid != rsrc->tid) {
+      if (count) {
+        s->module_mismatch++;
+        beam_log_rl(&s->d->in.rl, LOG_WARNING, "input: karabo: source %.*s: its train id, "
+                    "dtype or shape differs from module %u's: taken as missing",
+                    (int)msrc[k]->name.n, msrc[k]->name.p, rk + s->first_module);
+      }
+      s->mod[k] = NULL;
+      s->missing++;
+    }
+  }
+  *arr = ref;
+  return rsrc;
 }
 
 static int decode(ksrc_t *s, const beam_part_t *bp, size_t n) {
@@ -205,7 +300,7 @@ static int feed(ksrc_t *s, const beam_part_t *bp, size_t n) {
       s->v2_messages++;
   }
   const beam_kb_array_t *a = NULL;
-  const beam_kb_source_t *src = pick(s, &a);
+  const beam_kb_source_t *src = s->stacking ? pick_modules(s, &a, !resumed) : pick(s, &a);
   if (!src) {
     s->no_source++;
     warn(s, "message dropped", "no such source or path in it (input.karabo.source, path)");
@@ -241,6 +336,15 @@ static int feed(ksrc_t *s, const beam_part_t *bp, size_t n) {
     fshape[1] = fshape[fnd - 1];
     fnd = 2;
   }
+  /* Modules along the slow axis: flattened, (modules x ss, fs); else a
+   * leading module axis. */
+  if (s->stacking && s->flatten && fnd >= 2) {
+    fshape[0] *= s->nmod;
+  } else if (s->stacking && fnd < BEAM_KB_MAX_NDIM) {
+    memmove(fshape + 1, fshape, fnd * sizeof fshape[0]);
+    fshape[0] = s->nmod;
+    fnd++;
+  }
   uint32_t shape[BEAM_MAX_NDIM] = {0};
   int fits = fnd >= 1 && fnd <= BEAM_MAX_NDIM && pulses > 0;
   for (unsigned i = 0; fits && i < fnd; i++) {
@@ -252,7 +356,9 @@ static int feed(ksrc_t *s, const beam_part_t *bp, size_t n) {
     warn(s, "message dropped", "a frame of 1 to 4 non-empty dimensions (each < 2^32) is needed");
     return 1;
   }
-  size_t es = beam_dtype_size(a->dtype), fbytes = a->size / pulses;
+  size_t es = beam_dtype_size(a->dtype), mbytes = a->size / pulses;
+  size_t fbytes = s->stacking ? mbytes * s->nmod : mbytes;
+  uint64_t np; /* pulses fed: at most the series' count */
   if (!resumed) {
     if (s->open && tid <= s->last_tid) {
       s->stale++;
@@ -279,9 +385,44 @@ static int feed(ksrc_t *s, const beam_part_t *bp, size_t n) {
                   "series %llu: the rest are dropped", (unsigned long long)tid,
                   (unsigned long long)pulses, (unsigned long long)s->pulses);
     }
+    np = pulses < s->pulses ? pulses : s->pulses;
+    if (s->stacking && s->missing) {
+      s->incomplete_trains++;
+      s->modules_missing += s->missing;
+      beam_log_rl(&d->in.rl, LOG_WARNING, "input: karabo: train %llu misses %u of %u modules: "
+                  "%s", (unsigned long long)tid, s->missing, s->nmod,
+                  s->incomplete == INC_DROP ? "its frames are dropped (missing)"
+                                            : "filled, its frames flagged bad");
+      if (s->incomplete == INC_DROP) {
+        beamd_ingest_missing(d, np);
+        return 1;
+      }
+    }
   }
+  np = pulses < s->pulses ? pulses : s->pulses;
   const uint8_t *base = a->data;
-  if (s->axis == AX_LAST && pulses > 1 && !s->transposed) {
+  if (s->stacking && !s->transposed) {
+    size_t need = fbytes * pulses;
+    if (s->tcap < need) {
+      void *nb = realloc(s->tbuf, need);
+      if (!nb) {
+        warn(s, "train dropped", "out of memory for its stacked copy");
+        return 1;
+      }
+      s->tbuf = nb;
+      s->tcap = need;
+    }
+    for (unsigned k = 0; k < s->nmod; k++)
+      if (s->mod[k])
+        beam_kb_stack_module(s->tbuf, s->mod[k]->data, pulses, mbytes / es, es, s->nmod, k,
+                             s->axis == AX_LAST);
+      else
+        beam_kb_stack_fill(s->tbuf, pulses, mbytes / es, a->dtype, s->nmod, k, s->fill);
+    s->transposed = 1;
+  }
+  if (s->stacking)
+    base = s->tbuf;
+  if (!s->stacking && s->axis == AX_LAST && pulses > 1 && !s->transposed) {
     if (s->tcap < a->size) {
       void *nb = realloc(s->tbuf, a->size);
       if (!nb) {
@@ -294,9 +435,8 @@ static int feed(ksrc_t *s, const beam_part_t *bp, size_t n) {
     transpose(base, s->tbuf, a->size / es / pulses, pulses, es);
     s->transposed = 1;
   }
-  if (s->axis == AX_LAST && pulses > 1)
+  if (!s->stacking && s->axis == AX_LAST && pulses > 1)
     base = s->tbuf;
-  uint64_t np = pulses < s->pulses ? pulses : s->pulses;
   uint64_t t_acq = src->has_time ? src->sec * 1000000000ull + src->frac_as / 1000000000ull : 0;
   for (; s->next_pulse < np; s->next_pulse++) {
     if (s->pattern != PAT_SUB && !beamd_ingest_room(d)) {
@@ -310,6 +450,7 @@ static int feed(ksrc_t *s, const beam_part_t *bp, size_t n) {
     h->series_id = s->series_id;
     h->frame_id = s->axis == AX_NONE ? tid : tid * s->pulses + s->next_pulse;
     h->seq = h->frame_id;
+    h->flags = s->stacking && s->missing ? BEAM_FLAG_BAD : 0;
     h->t_acq_ns = t_acq;
     h->dtype = (uint8_t)a->dtype;
     h->ndim = (uint8_t)fnd;
@@ -323,7 +464,7 @@ static int feed(ksrc_t *s, const beam_part_t *bp, size_t n) {
     /* A whole data part can be kept as the frame's buffer; a pulse of
      * many is copied (a part has one owner). */
     m.payload[0].owner =
-        pulses == 1 && s->msg.version == 2 ? bp[a->part].owner : NULL;
+        pulses == 1 && s->msg.version == 2 && !s->stacking ? bp[a->part].owner : NULL;
     if (beamd_ingest_frame(d, &m, s->t_recv))
       s->pulses_in++;
   }
@@ -395,9 +536,17 @@ static void send_next(ksrc_t *s) {
   }
 }
 
+/* Draining, pull reads what ZeroMQ already took from the bridge's PUSH
+ * (which counts it as delivered) until EAGAIN, as zread.c does for the
+ * other lossless push inputs. */
+static int draining(const ksrc_t *s) {
+  return s->pattern == PAT_PULL && s->d->state == BEAMD_DRAINING && s->d->in.drain_read;
+}
+
 static int may_read(ksrc_t *s) {
   beamd_t *d = s->d;
-  return s->zs.open && !s->stopped && !d->in.stopped && d->state == BEAMD_RUNNING;
+  return s->zs.open && !s->stopped && !d->in.stopped &&
+         (d->state == BEAMD_RUNNING || draining(s));
 }
 
 static void burst(ksrc_t *s) {
@@ -424,6 +573,10 @@ static void burst(ksrc_t *s) {
     int n = recv_parts(s);
     if (n == 0) {
       set_more(s, 0);
+      if (draining(s)) { /* everything delivered to us is in the graph */
+        beamd_input_drained(d);
+        return;
+      }
       beamd_zsock_events(&s->zs); /* settles ZMQ_FD (see zread.c) */
       return;
     }
@@ -510,6 +663,11 @@ static int ksrc_open(beamd_t *d, void **state, const beam_cnode_t *conf, char *e
   const char *src = beam_cfg_str(conf, "source"), *path = beam_cfg_str(conf, "path");
   snprintf(s->source, sizeof s->source, "%s", src ? src : "");
   snprintf(s->path, sizeof s->path, "%s", path ? path : "image.data");
+  s->stacking = beam_kb_is_pattern(s->source);
+  s->nmod = (unsigned)beam_cfg_int(conf, "modules", 0);
+  s->first_module = (unsigned)beam_cfg_int(conf, "first_module", 0);
+  s->incomplete = (int)beam_cfg_int(conf, "incomplete", INC_FILL);
+  s->fill = beam_cfg_float(conf, "fill_value", NAN);
   static const int types[] = {ZMQ_REQ, ZMQ_SUB, ZMQ_PULL};
   beamd_zopts_t o = {.rcvhwm = d->cfg->input.hwm, .sec = &d->cfg->input.endpoint_sec,
                      .what = "input.endpoint"};
@@ -533,11 +691,17 @@ static void ksrc_resume(beamd_t *d, void *st) {
   read_all(st);
 }
 
-/* A bridge server does not count what it sent as delivered: stop. */
+/* pull: the bridge's PUSH counted what ZeroMQ took as delivered, so that
+ * (and a held train's rest) goes into the graph first; burst says when it
+ * is empty. req and sub owe nothing: a REP server keeps its train for the
+ * next request, a PUB never waited. */
 static int ksrc_drain(beamd_t *d, void *st) {
+  ksrc_t *s = st;
+  if (s->pattern != PAT_PULL || !s->zs.open || s->stopped)
+    return 0;
   (void)d;
-  (void)st;
-  return 0;
+  read_all(s);
+  return 1;
 }
 
 static void ksrc_stop(beamd_t *d, void *st) {
@@ -587,6 +751,13 @@ static void ksrc_stats(beamd_t *d, void *st, json_t *obj) {
   C(requests);
   C(retries);
   C(series);
+  if (s->stacking) {
+    C(incomplete_trains);
+    C(modules_missing);
+    C(module_mismatch);
+    C(bad_module);
+    json_object_set_new(o, "modules", json_integer((json_int_t)s->nmod));
+  }
 #undef C
   json_object_set_new(o, "series_open", json_boolean(s->open));
   if (s->open) {

@@ -181,8 +181,8 @@ def train_msg(tid, layout="online", proto=22, extra_src=True, **kw):
     return pulses, ser(data, meta)
 
 
-def recorded(tmp_path, series):
-    path = tmp_path / "rec" / ("series_%d.h5" % series)
+def recorded(tmp_path, series, suffix=""):
+    path = tmp_path / "rec" / ("series_%d.h5%s" % (series, suffix))
     deadline = time.monotonic() + 10
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -310,3 +310,202 @@ def test_input_req_retries_when_no_reply(tmp_path, ports, zctx, start_beamd):
     b.wait_stats(lambda s: s["input"]["karabo"]["pulses_in"] == PULSES and
                  s["input"]["karabo"]["retries"] >= 1, what="train after a retry")
     srv.close(linger=0)
+
+
+# ---- per-module sources stacked into one frame --------------------------------------------
+
+MODS, MSS, MFS, MPULSES = 16, 8, 16, 4
+MPAT = "SPB_DET_AGIPD1M-1/DET/*CH0:xtdf"
+
+
+def module_train(tid, layout, dtype, skip=(), odd_shape=(), extra=()):
+    """A train as 16 module sources (names sorted, so 10CH0 comes before
+    1CH0: the input must order by module number, not by name). Returns
+    ({pulse: stacked (MODS * MSS, MFS) frame}, parts); skipped modules are
+    absent, odd_shape ones carry one row fewer (taken as missing)."""
+    rng = np.random.default_rng(tid)
+    full = rng.integers(0, 4000, size=(MPULSES, MODS, MSS, MFS)).astype(dtype)
+    data, meta = {}, {}
+    for m in list(range(MODS)) + list(extra):
+        if m in skip:
+            continue
+        src = "SPB_DET_AGIPD1M-1/DET/%dCH0:xtdf" % m
+        a = full[:, m % MODS] if m not in odd_shape else full[:, m, :-1]
+        img = np.ascontiguousarray(np.moveaxis(a, 0, -1)) if layout == "online" else a
+        data[src] = {"image.data": img, "image.cellId": np.arange(MPULSES, dtype=np.uint16),
+                     "image.trainId": np.full(MPULSES, tid, dtype=np.uint64)}
+        meta[src] = timestamp_meta(src, tid)
+    data["SA1_XTD2_XGM/XGM/DOOCS:output"] = {"data.intensityTD": np.ones(MPULSES, np.float32)}
+    meta["SA1_XTD2_XGM/XGM/DOOCS:output"] = timestamp_meta("SA1_XTD2_XGM/XGM/DOOCS:output", tid)
+    gap = np.nan if np.dtype(dtype).kind == "f" else 0
+    want = {}
+    for p in range(MPULSES):
+        f = full[p].astype(dtype, copy=True)
+        for m in set(skip) | set(odd_shape):
+            f[m] = gap
+        want[p] = f.reshape(MODS * MSS, MFS)
+    return want, serialize_22(data, meta)
+
+
+def modules_config(ports, tmp_path, **kb):
+    rec = {"name": "rec", "kind": "record", "input": "frames", "dir": str(tmp_path / "rec"),
+           "compress": "none", "queue": 64}
+    rois = [{"name": "m%d" % m, "shape": "rect", "rect": [0, m * MSS, MFS, (m + 1) * MSS]}
+            for m in range(MODS)]
+    vd = {"name": "vd", "kind": "roi_sum", "input": "frames", "backend": "cpu", "rois": rois}
+    cfg = make_config(ports, [rec, vd], mode="karabo", pool_frames=64, frame_bytes="1Mi")
+    cfg["input"]["bind"] = False
+    kb = dict({"source": MPAT, "modules": MODS, "series_idle": "0.5s"}, **kb)
+    cfg["input"]["karabo"] = kb
+    return cfg
+
+
+@pytest.mark.parametrize("layout,dtype", [("online", np.uint16), ("file", np.float32)])
+def test_input_module_sources_stacked(tmp_path, ports, zctx, start_beamd, receivers, layout,
+                                      dtype):
+    from conftest import Receiver
+    srv = Server(zctx, ports.ep_input, "REP")
+    b = start_beamd(modules_config(ports, tmp_path,
+                                   pulse_axis="last" if layout == "online" else "first"))
+    rx = Receiver(zctx, ports.ep_publish)
+    receivers.append(rx)
+    rx.wait_live()
+    trains = [(100, {"extra": (16,)}),       # a 17th module: outside modules, ignored
+              (101, {"skip": (5,)}),          # module 5 missing: filled, frames flagged bad
+              (102, {"odd_shape": (7,)}),     # module 7 of another shape: taken as missing
+              (103, {})]
+    want, bad = {}, set()
+    for tid, kw in trains:
+        w, parts = module_train(tid, layout, dtype, **kw)
+        for p, f in w.items():
+            want[tid * MPULSES + p] = f
+            if kw.get("skip") or kw.get("odd_shape"):
+                bad.add(tid * MPULSES + p)
+        srv.put(parts)
+    st = wait_series_done(b, len(want))
+    got, ids = recorded(tmp_path, 100)
+    assert ids == sorted(want)
+    assert got.dtype == dtype and got.shape == (len(want), MODS * MSS, MFS)
+    for i, fid in enumerate(ids):
+        assert np.array_equal(got[i], want[fid], equal_nan=True), "frame %d differs" % fid
+    with h5py.File(str(tmp_path / "rec" / "series_100.h5"), "r") as f:
+        flags = f["/entry/data/flags"][...].tolist()
+    assert [bool(fl & 1) for fl in flags] == [fid in bad for fid in ids]  # BEAM_FLAG_BAD
+    # The known answer through a stage: one ROI per module, each the sum of
+    # that module's pixels (NaN for a float module that is missing).
+    rx.wait_for(lambda ms: sum(1 for m in ms if m[0] == "vd.sums") >= len(want), timeout=10,
+                what="vd.sums of every frame")
+    sums = {m[1].frame_id: m[2] for m in rx.snapshot("vd.sums")}
+    for fid, f in want.items():
+        ref = f.astype(np.float64).reshape(MODS, MSS * MFS).sum(axis=1)
+        assert np.array_equal(sums[fid], ref, equal_nan=True), "vd.sums of frame %d" % fid
+    kb = st["input"]["karabo"]
+    assert kb["trains"] == 4 and kb["pulses_in"] == len(want) and kb["modules"] == MODS
+    assert kb["incomplete_trains"] == 2 and kb["modules_missing"] == 2
+    assert kb["module_mismatch"] == 1 and kb["bad_module"] == 1 and kb["no_source"] == 0
+    assert st["input"]["missing"] == 0
+    srv.close()
+
+
+def test_input_module_sources_incomplete_dropped(tmp_path, ports, zctx, start_beamd):
+    srv = Server(zctx, ports.ep_input, "PUSH")
+    b = start_beamd(modules_config(ports, tmp_path, pattern="pull", incomplete="drop"))
+    want = {}
+    for tid, skip in ((200, ()), (201, (0, 15)), (202, ())):
+        w, parts = module_train(tid, "online", np.uint16, skip=skip)
+        if not skip:
+            want.update({tid * MPULSES + p: f for p, f in w.items()})
+        srv.put(parts)
+    st = wait_series_done(b, len(want))
+    # The series ends incomplete (its frames never came), so the record
+    # stage leaves its file as .partial.
+    got, ids = recorded(tmp_path, 200, ".partial")
+    assert ids == sorted(want)
+    for i, fid in enumerate(ids):
+        assert np.array_equal(got[i], want[fid])
+    kb = st["input"]["karabo"]
+    assert kb["incomplete_trains"] == 1 and kb["modules_missing"] == 2
+    assert st["input"]["missing"] == MPULSES and kb["pulses_in"] == len(want)
+    srv.close()
+
+
+def test_input_module_count_from_first_train(tmp_path, ports, zctx, start_beamd):
+    # modules 0: the first train's highest module number says how many (4,
+    # JUNGFRAU-like names numbered from 1); one frame per train, unflattened.
+    srv = Server(zctx, ports.ep_input, "REP")
+    pat = "FXE_XAD_JF1M/DET/JNGFR*:daqOutput"
+    b = start_beamd(modules_config(ports, tmp_path, source=pat, path="data.adc", modules=0,
+                                   first_module=1, pulse_axis="none", flatten=False))
+    rng = np.random.default_rng(5)
+    mods = rng.integers(0, 100, size=(4, 6, 10)).astype(np.int32)
+    data, meta = {}, {}
+    for m in range(4):
+        src = "FXE_XAD_JF1M/DET/JNGFR%02d:daqOutput" % (m + 1)
+        data[src] = {"data.adc": mods[m]}
+        meta[src] = timestamp_meta(src, 300)
+    srv.put(serialize_22(data, meta))
+    st = wait_series_done(b, 1)
+    got, ids = recorded(tmp_path, 300)
+    assert ids == [300] and got.shape == (1, 4, 6, 10) and got.dtype == np.int32
+    assert np.array_equal(got[0], mods)
+    assert st["input"]["karabo"]["modules"] == 4
+    srv.close()
+
+
+# ---- fixes: a reply that cannot be built, pull drained on stop ------------------------------
+
+def test_output_rep_reply_whole_when_a_part_cannot_be_made(ports, zctx, start_beamd,
+                                                           monkeypatch):
+    # The 5th part allocation of a reply (the second source's first part)
+    # fails once: nothing of that reply may go out half built, or this REQ
+    # would wait forever. It gets the bridge's one-part error form, and the
+    # next request a whole reply.
+    monkeypatch.setenv("BEAMD_FAULT_KARABO_REPLY", "5")
+    ep = kb_endpoint()
+    b = start_beamd(out_config(ports, ep))
+    data = frames(3)
+    snd = Sender(zctx, ports.ep_input)
+    cli = Client(zctx, ep, "REQ", timeout=10)
+    snd.start(SERIES, (H, W), "uint16")
+    snd.frame(SERIES, 0, data[0])
+    b.wait_stats(lambda s: s["outputs"]["karabo"]["waiting"] == 2, what="two results waiting")
+    assert cli.raw() == [b"Error: out of memory building the reply"]
+    st = b.stats()["outputs"]["karabo"]
+    assert st["reply_errors"] == 1 and st["dropped"] == 2 and st["waiting"] == 0
+    assert st["pending"] is False and st["held_bytes"] == 0
+    snd.frame(SERIES, 1, data[1])
+    b.wait_stats(lambda s: s["outputs"]["karabo"]["waiting"] == 2, what="the next results")
+    got = check_message(cli.raw(), data)
+    assert set(got) == {"beamd/corr.frame", "beamd/vd.sums"}
+    assert all(fid == 1 for fid, _ in got.values())
+    snd.end(SERIES)
+    cli.close()
+    snd.close()
+
+
+def test_input_pull_drain_reads_what_is_queued(tmp_path, ports, zctx, start_beamd):
+    # Pull is lossless: the bridge's PUSH counts what ZeroMQ took as
+    # delivered, so a stop (SIGTERM) right after the last train went out
+    # must still have every pulse recorded, and exit 0. (On this machine
+    # beamd usually has them all before the signal: the test guards the
+    # drain path, it does not force a backlog.)
+    import signal
+    srv = Server(zctx, ports.ep_input, "PUSH")
+    cfg = in_config(ports, tmp_path, pattern="pull", source=SRC, series_idle="0")
+    cfg["pool"]["frames"] = 8
+    b = start_beamd(cfg)
+    want = []
+    for t in range(2000, 2400):
+        _, parts = train_msg(t)
+        want += [t * PULSES + p for p in range(PULSES)]
+        srv.put(parts)
+    assert srv.idle(10)
+    b.signal(signal.SIGTERM)
+    assert b.wait(20) == 0
+    rec = tmp_path / "rec"
+    names = [n for n in sorted(p.name for p in rec.iterdir()) if n.startswith("series_2000")]
+    assert names, list(rec.iterdir())
+    with h5py.File(str(rec / names[0]), "r") as f:
+        ids = f["/entry/data/frame_id"][...].tolist()
+    assert ids == want, "drain lost %d frames" % (len(want) - len(ids))
+    srv.close()

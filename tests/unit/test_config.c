@@ -810,7 +810,8 @@ static void test_dump(void **state) {
                             "    endpoints: []\n    merge_wait: 200ms\n  karabo:\n"
                             "    pattern: req\n    source: \"\"\n    path: image.data\n"
                             "    pulse_axis: last\n    flatten: true\n    timeout: 1s\n"
-                            "    series_idle: 10s\n"
+                            "    series_idle: 10s\n    modules: 0\n    first_module: 0\n"
+                            "    incomplete: fill\n    fill_value: nan\n"
                             "output:\n"));
   assert_non_null(strstr(d, "push: \"\"\n"));
   assert_non_null(strstr(d, "heartbeat: 2s\nstages: []\n"));

@@ -2,7 +2,8 @@
  * pieces (and by hand with msgpack_packer where a test needs a field
  * missing or wrong) decoded back; the C++ client's rules (odd part count,
  * no content, no metadata, array keys, dtype names, size); 1.0 messages;
- * the bounds walk that runs before msgpack-c; every prefix of a valid
+ * the bounds walk that runs before msgpack-c; module sources stacked into
+ * one frame (proto/karabo_stack.c); every prefix of a valid
  * header part refused, never read past (each part is copied into a heap
  * block of its exact size so ASan sees a read one byte past the end).
  *
@@ -15,6 +16,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,7 @@
 
 #include "proto/err.h"
 #include "proto/karabo.h"
+#include "proto/karabo_stack.h"
 
 #define MAXP 16
 
@@ -437,11 +440,100 @@ static void test_protocol_10(void **st) {
   assert_int_equal(beam_kb_typestr_dtype("<u", 2), BEAM_DT_NONE);
 }
 
+/* Module numbers come from where the pattern's first wildcard is, so the
+ * digits of "AGIPD1M-1" never count. */
+static void test_module_number(void **st) {
+  (void)st;
+  const char *pat = "SPB_DET_AGIPD1M-1/DET/*CH0:xtdf";
+#define NUM(p, n) beam_kb_module_number(p, n, strlen(n))
+  assert_true(beam_kb_is_pattern(pat));
+  assert_false(beam_kb_is_pattern("SPB_DET_AGIPD1M-1/CAL/APPEND_CORRECTED"));
+  assert_false(beam_kb_is_pattern(NULL));
+  assert_int_equal(NUM(pat, "SPB_DET_AGIPD1M-1/DET/0CH0:xtdf"), 0);
+  assert_int_equal(NUM(pat, "SPB_DET_AGIPD1M-1/DET/15CH0:xtdf"), 15);
+  assert_int_equal(NUM(pat, "SPB_DET_AGIPD1M-1/DET/15CH0:output"), -1); /* no match */
+  assert_int_equal(NUM(pat, "SPB_DET_AGIPD1M-1/DET/xCH0:xtdf"), -1);    /* no digits */
+  assert_int_equal(NUM(pat, "SPB_DET_AGIPD1M-1/DET/9999999CH0:xtdf"), -1);
+  assert_int_equal(NUM("FXE_XAD_JF1M/DET/JNGFR*:daqOutput", "FXE_XAD_JF1M/DET/JNGFR02:daqOutput"),
+                   2);
+  assert_int_equal(NUM("M[0-9]", "M7"), 7);
+  assert_int_equal(NUM("M?", "M"), -1);
+  /* Not NUL-terminated: only n bytes are the name. */
+  assert_int_equal(beam_kb_module_number("D/*", "D/3xyz", 3), 3);
+#undef NUM
+}
+
+/* Two modules of 3 pulses x 4 pixels, from either layout, land pulse-major
+ * with module m at m x 4 in each pulse's frame; a missing one is filled. */
+static void test_stack(void **st) {
+  (void)st;
+  enum { P = 3, E = 4, M = 3 };
+  uint16_t first[2][P][E], last[2][E][P];
+  for (int m = 0; m < 2; m++)
+    for (int p = 0; p < P; p++)
+      for (int e = 0; e < E; e++)
+        first[m][p][e] = last[m][e][p] = (uint16_t)(1000 * m + 10 * p + e + 1);
+  for (int pl = 0; pl < 2; pl++) {
+    uint16_t out[P][M][E];
+    memset(out, 0xee, sizeof out);
+    beam_kb_stack_module(out, pl ? (void *)last[1] : (void *)first[1], P, E, 2, M, 0, pl);
+    beam_kb_stack_module(out, pl ? (void *)last[0] : (void *)first[0], P, E, 2, M, 2, pl);
+    beam_kb_stack_fill(out, P, E, BEAM_DT_U16, M, 1, NAN);
+    for (int p = 0; p < P; p++)
+      for (int e = 0; e < E; e++) {
+        assert_int_equal(out[p][0][e], 1000 + 10 * p + e + 1);
+        assert_int_equal(out[p][1][e], 0); /* NaN is 0 in integers */
+        assert_int_equal(out[p][2][e], 10 * p + e + 1);
+      }
+  }
+  /* A larger online module goes through the tiled transpose's edges. */
+  enum { P2 = 37, E2 = 70 };
+  static float in[E2][P2], out2[P2][2][E2];
+  for (int e = 0; e < E2; e++)
+    for (int p = 0; p < P2; p++)
+      in[e][p] = (float)(p * 1000 + e);
+  beam_kb_stack_module(out2, in, P2, E2, 4, 2, 1, 1);
+  beam_kb_stack_fill(out2, P2, E2, BEAM_DT_F32, 2, 0, NAN);
+  for (int p = 0; p < P2; p++)
+    for (int e = 0; e < E2; e++) {
+      assert_true(isnan(out2[p][0][e]));
+      assert_true(out2[p][1][e] == (float)(p * 1000 + e));
+    }
+  /* A data part may start at an odd address (UBSan: no aligned loads). */
+  uint8_t odd[1 + sizeof last[0]], oout[1 + P * E * 2];
+  memcpy(odd + 1, last[0], sizeof last[0]);
+  beam_kb_stack_module(oout + 1, odd + 1, P, E, 2, 1, 0, 1);
+  for (int p = 0; p < P; p++)
+    assert_memory_equal(oout + 1 + p * E * 2, first[0][p], E * 2);
+  /* Sizes without a typed loop (complex128: 16 bytes) take the byte copy. */
+  double cin[3][2][2], cout[2][2][3][2]; /* (melems 3, pulses 2, re/im) -> (2, mods 2, 3) */
+  for (int e = 0; e < 3; e++)
+    for (int p = 0; p < 2; p++)
+      cin[e][p][0] = 10 * p + e, cin[e][p][1] = -(10 * p + e);
+  beam_kb_stack_module(cout, cin, 2, 3, 16, 2, 1, 1);
+  for (int p = 0; p < 2; p++)
+    for (int e = 0; e < 3; e++)
+      assert_true(cout[p][1][e][0] == 10 * p + e && cout[p][1][e][1] == -(10 * p + e));
+  /* Fill values of integer types are rounded and clamped. */
+  uint16_t u[1][1][2];
+  beam_kb_stack_fill(u, 1, 2, BEAM_DT_U16, 1, 0, 70000);
+  assert_int_equal(u[0][0][1], 65535);
+  int8_t i8[2];
+  beam_kb_stack_fill(i8, 1, 2, BEAM_DT_I8, 1, 0, -3.6);
+  assert_int_equal(i8[0], -4);
+  beam_kb_stack_fill(i8, 1, 2, BEAM_DT_I8, 1, 0, -1e9);
+  assert_int_equal(i8[1], -128);
+  double c[2][2];
+  beam_kb_stack_fill(c, 1, 2, BEAM_DT_C128, 1, 0, 2.5);
+  assert_true(c[1][0] == 2.5 && c[1][1] == 2.5);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip),     cmocka_unit_test(test_encoder_fields),
       cmocka_unit_test(test_cpp_rules),     cmocka_unit_test(test_prefixes),
       cmocka_unit_test(test_msgpack_check), cmocka_unit_test(test_protocol_10),
+      cmocka_unit_test(test_module_number), cmocka_unit_test(test_stack),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
