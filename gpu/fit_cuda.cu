@@ -546,7 +546,7 @@ __device__ void finish(const fit_args_t &a, const lm_t<P> &s, size_t i, int st, 
 /* The fused kernel: fit i = global thread / NL. A fit's NL lanes are one
  * warp (or one thread), so they leave together and the shuffles see
  * every lane. */
-template <int M, typename TY, int NL> __global__ void __launch_bounds__(FT) fit_kernel(const fit_args_t a) {
+template <int M, typename TY, int NL> __global__ void fit_kernel(const fit_args_t a) {
   constexpr int P = model_p<M>::P, NA = FIT_NACC(P);
   size_t gt = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   size_t i = gt / NL;

@@ -10,7 +10,10 @@
  *                               on clean data the errors are at fp32's
  *                               rounding floor, where the two disagree
  *                               by the model's rounding, ~1e-6 relative)
- *   errors, χ²                  within 2 % / 1e-4 relative (+ the same floor)
+ *   errors, covariance          within 2 % / 5 % of σ_j σ_k, after taking out
+ *                               the χ²/(N-P) factor of scaled LSE errors
+ *   χ²                          within 1e-4 relative (+ a floor: χ² 1e-9,
+ *                               fp32 rounding over 100 points)
  *   failed fits                 NaN numbers on both sides
  * Every model (poly runs the CPU reference on both), noisy and clean,
  * both layouts, per-fit x, both mappings (thread and warp per fit),
@@ -132,9 +135,14 @@ static void xcheck(const char *what, const beam_fit_batch_t *b, const uint16_t *
     ok += c.status[i] <= BEAM_FIT_MAX_ITER;
     int di = abs(g.iters[i] - c.iters[i]);
     maxdit = di > maxdit ? di : maxdit;
+    /* Scaled errors carry χ²/(N-P), which on clean data is fp32 rounding
+     * and differs between the two: compare the H⁻¹ part (and χ² alone). */
+    int scaled = o->estimator != BEAM_FIT_MLE && !o->absolute_sigma && c.chi2_red[i] > 0 &&
+                 g.chi2_red[i] > 0;
+    double sc = scaled ? sqrt(c.chi2_red[i]) : 1, sg = scaled ? sqrt(g.chi2_red[i]) : 1;
     for (int j = 0; j < P; j++) {
       double cp = c.params[i * P + j], gp = g.params[i * P + j], ce = c.errors[i * P + j];
-      double ge = g.errors[i * P + j], fl = 2e-5 * (fabs(cp) + 0.01);
+      double ge = g.errors[i * P + j] / sg * sc, fl = 2e-5 * (fabs(cp) + 0.01);
       double tp = (isfinite(ce) ? 0.05 * ce : 0) + fl;
       if (!close_to(gp, cp, tp) || !close_to(ge, ce, 0.02 * ce + fl))
         fail_msg("%s fit %zu (%s) param %s: cuda %.9g ± %.4g, cpu %.9g ± %.4g", what, i,
@@ -144,13 +152,13 @@ static void xcheck(const char *what, const beam_fit_batch_t *b, const uint16_t *
         worst = fmax(worst, fabs(gp - cp) / ce);
     }
     double cc = c.chi2[i];
-    if (!close_to(g.chi2[i], cc, 1e-4 * fabs(cc) + 1e-12) ||
-        !close_to(g.chi2_red[i], c.chi2_red[i], 1e-4 * fabs(c.chi2_red[i]) + 1e-12))
+    if (!close_to(g.chi2[i], cc, 1e-4 * fabs(cc) + 1e-9) ||
+        !close_to(g.chi2_red[i], c.chi2_red[i], 1e-4 * fabs(c.chi2_red[i]) + 1e-9))
       fail_msg("%s fit %zu: chi2 cuda %.9g cpu %.9g", what, i, g.chi2[i], cc);
     for (int j = 0; j < P * P; j++) {
-      double cv = c.cov[i * P * P + j], gv = g.cov[i * P * P + j];
-      double sc = sqrt(fabs(c.cov[i * P * P + (j / P) * (P + 1)] * c.cov[i * P * P + (j % P) * (P + 1)]));
-      if (!close_to(gv, cv, 0.05 * sc + 1e-12))
+      double cv = c.cov[i * P * P + j], gv = g.cov[i * P * P + j] / (sg * sg) * (sc * sc);
+      double sd = sqrt(fabs(c.cov[i * P * P + (j / P) * (P + 1)] * c.cov[i * P * P + (j % P) * (P + 1)]));
+      if (!close_to(gv, cv, 0.05 * sd + 1e-12))
         fail_msg("%s fit %zu: cov[%d] cuda %.6g cpu %.6g", what, i, j, gv, cv);
     }
   }
@@ -340,8 +348,8 @@ static void test_bad_traces(void **st) {
   t.y[1 * T + 40] = NAN;                  /* NaN on a used point: bad_input */
   for (int k = 0; k < T; k++)             /* constant: bad_input */
     t.y[2 * T + k] = 0.25f;
-  for (int k = P + 1; k < T; k++)         /* P + 1 points left: fits */
-    w[3 * T + k] = 0;
+  for (int k = 0; k < T; k++)             /* 13 spread points left: fits */
+    w[3 * T + k] = k % 8 ? 0 : w[3 * T + k];
   for (int k = P; k < T; k++)             /* P points left: too_few */
     w[4 * T + k] = 0;
   w[5 * T + 7] = -1;                      /* negative weight: bad_input */
