@@ -83,3 +83,19 @@ int beam_dm_cuda_fft_seconds(const struct beam_dm_conf_s *c, uint32_t nviews, in
   *sec_per_iter = 0;
   return BEAM_DIAG(d, BEAM_ENOTSUP, "ptycho: " NO_CUDA);
 }
+
+/* The batched fitter's CUDA backend (pipeline/fit.h). */
+#include "pipeline/fit.h"
+
+int beam_fit_cuda_create(beam_fit_cuda_t **c, beam_diag_t *d) {
+  *c = NULL;
+  return BEAM_DIAG(d, BEAM_ENOTSUP, "fit: backend cuda is not available: beamd was " NO_CUDA
+                   " (rebuild with CUDA=1, or use beam_fit_cpu_range)");
+}
+void beam_fit_cuda_destroy(beam_fit_cuda_t *c) { (void)c; }
+int beam_fit_cuda(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y16,
+                  const beam_fit_opts_t *o, beam_fit_result_t *r, beam_fit_cuda_run_t *run,
+                  beam_diag_t *d) {
+  (void)c, (void)b, (void)y16, (void)o, (void)r, (void)run;
+  return BEAM_DIAG(d, BEAM_ENOTSUP, "fit: " NO_CUDA);
+}

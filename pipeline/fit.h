@@ -14,7 +14,9 @@
  * Neither allocates: the caller passes a workspace of
  * beam_fit_workspace_size() bytes per concurrent call.
  *
- * Not here: threads, data conversion (y is float32), the stage, CUDA.
+ * Not here: threads, data conversion (y is float32), the stage.
+ * The CUDA backend (beam_fit_cuda, end of this file) is defined in
+ * gpu/fit_cuda.cu, and in gpu/stubs.c (BEAM_ENOTSUP) for CPU-only builds.
  * Method, bounds, estimators, statuses and accuracy: docs/fit.md. */
 #ifndef BEAM_FIT_H
 #define BEAM_FIT_H
@@ -177,6 +179,40 @@ int beam_fit_ref_range(const beam_fit_batch_t *b, const beam_fit_opts_t *o, size
 /* The SIMD level beam_fit_cpu_range runs for o->isa on this CPU. */
 beam_fit_isa_t beam_fit_cpu_isa(beam_fit_isa_t want);
 const char *beam_fit_isa_name(beam_fit_isa_t isa);
+
+/* ---- CUDA backend (gpu/fit_cuda.cu; gpu/stubs.c without CUDA) ----
+ * One fused kernel per batch: a thread (short traces) or a warp (long
+ * ones) runs a fit's whole LM loop on the device, the Jacobian never
+ * leaves registers, the host waits once per batch. Same statuses and
+ * results as beam_fit_cpu_range within the tolerances of docs/fit.md. */
+typedef struct beam_fit_cuda_s beam_fit_cuda_t;
+
+/* How a call ran (all optional to read). */
+typedef struct beam_fit_cuda_run_s {
+  int mapping;      /* in: 0 auto (thread per fit for n_points <= 256, else
+                       a warp per fit), 1 thread, 2 warp; out: the one run
+                       (0 for poly, which runs the CPU reference) */
+  double guess_s;   /* out: host time of the automatic starts (INIT_AUTO) */
+  double h2d_s, kernel_s, d2h_s, total_s; /* out: seconds (events) */
+} beam_fit_cuda_run_t;
+
+/* A context: device 0, a stream and device buffers that only grow, so
+ * repeated batches allocate nothing. BEAM_ENOTSUP (with the reason in d)
+ * without CUDA or without a device. */
+int beam_fit_cuda_create(beam_fit_cuda_t **c, beam_diag_t *d);
+void beam_fit_cuda_destroy(beam_fit_cuda_t *c);
+
+/* Fits the whole batch [0, n_fits) into r, like beam_fit_cpu_range.
+ * y16: NULL, or uint16 counts used instead of b->y (same strides; b->y
+ * may then be NULL): they travel and stay uint16 on the device. Strided
+ * inputs are copied as their span when it is dense (both layouts of
+ * fit.h), else packed frame-major on the host first. INIT_AUTO starts
+ * are computed on the host (the CPU's guess, fit_init.c) and uploaded.
+ * run may be NULL. Returns 0, BEAM_EINVAL, or BEAM_ECUDA / BEAM_ENOMEM
+ * with the failing call in d. One call at a time per context. */
+int beam_fit_cuda(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y16,
+                  const beam_fit_opts_t *o, beam_fit_result_t *r, beam_fit_cuda_run_t *run,
+                  beam_diag_t *d);
 
 #ifdef __cplusplus
 }

@@ -13,7 +13,9 @@
 #   deps.txt           what the build needs and what was found
 #   build.log          make output
 #   check-gpu.log      BEAM_REQUIRE_GPU=1 tests/run-unit.sh over tests/gpu/*
-#   pca.log, xpcs_multitau.log, twotime.log, twotime_f64.log, ptycho_gpu.log
+#   pca.log, xpcs_multitau.log, twotime.log, twotime_f64.log, ptycho_gpu.log,
+#   fit_cuda.log (XANI-shaped 4M x T=100 uint16, thread per fit),
+#   fit_cuda_t1000.log (256k x T=1000, warp per fit)
 #   ptycho_gpu.json    ptycho_gpu --json
 #   summary.txt        one line per step (ok / FAILED / TIMEOUT, seconds) and
 #                      the key lines of every log
@@ -230,7 +232,7 @@ else
 fi
 
 GPU_TESTS_REL=$(for f in tests/gpu/test_*.c; do t=${f##*/}; echo "tests/${t%.c}"; done)
-BENCHES="pca xpcs_multitau twotime ptycho_gpu"
+BENCHES="pca xpcs_multitau twotime ptycho_gpu fit"
 BINS_REL="$GPU_TESTS_REL $(for b in $BENCHES; do echo "bench/$b"; done)"
 MAKE=(make -j"$JOBS" CUDA=1 CUDA_ARCH="$ARCH" BUILD="$BUILD" CUDA_HOME="$CUDA_HOME")
 # the binaries the checks run, as make targets
@@ -341,6 +343,12 @@ bench pca 90 "$OUT/pca.log" pca --backend cuda
 bench xpcs_multitau 90 "$OUT/xpcs_multitau.log" xpcs_multitau --backend cuda
 bench twotime 90 "$OUT/twotime.log" twotime --backend cuda --frames 10000 --pixels 50000 --float32
 bench twotime_f64 60 "$OUT/twotime_f64.log" twotime --backend cuda --frames 10000 --pixels 50000
+# the batched fitter: data made in the binary (--synth), starts given, so
+# the kernel time is the fused LM alone (docs/fit.md, CUDA)
+bench fit_cuda 120 "$OUT/fit_cuda.log" fit --synth --fits 4194304 --points 100 --u16 --init given \
+  --impl cuda --reps 5
+bench fit_cuda_t1000 90 "$OUT/fit_cuda_t1000.log" fit --synth --fits 262144 --points 1000 --u16 \
+  --init given --impl cuda --reps 3
 # shellcheck disable=SC2086
 bench ptycho_gpu 150 "$OUT/ptycho_gpu.log" ptycho_gpu $PTYCHO_ARGS --json "$OUT/ptycho_gpu.json"
 
@@ -363,12 +371,12 @@ bench ptycho_gpu 150 "$OUT/ptycho_gpu.log" ptycho_gpu $PTYCHO_ARGS --json "$OUT/
     echo "cmocka tests passed: $(grep -E '^\[  PASSED  \] [0-9]+' "$OUT/check-gpu.log" |
       awk '{s += $4} END {print s + 0}'), skipped: $(grep -c '^\[  SKIPPED \]' "$OUT/check-gpu.log")"
   fi
-  for b in pca xpcs_multitau twotime twotime_f64 ptycho_gpu; do
+  for b in pca xpcs_multitau twotime twotime_f64 ptycho_gpu fit_cuda fit_cuda_t1000; do
     f=$OUT/$b.log
     [ -f "$f" ] || continue
     echo
     echo "== $b"
-    grep -E 'backend=cuda|stage end|stage process|^ptycho_gpu |^# ptycho_gpu|^skipped|CUDA backend on|error|rror:|killed after' "$f" |
+    grep -E '"impl": "cuda"|backend=cuda|stage end|stage process|^ptycho_gpu |^# ptycho_gpu|^skipped|CUDA backend on|error|rror:|killed after' "$f" |
       grep -v '^json:'
   done
   # the end of each failed step's log

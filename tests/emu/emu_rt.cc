@@ -518,6 +518,17 @@ uint64_t emu_shfl_down(uint64_t v, unsigned delta) {
   return r;
 }
 
+uint64_t emu_shfl_xor(uint64_t v, unsigned mask) {
+  if (!in_fibers)
+    die("kernel %s reached a warp shuffle but emulate.py launched it without barriers", cur_name);
+  unsigned lane = cur % 32, base = cur - lane, src = lane ^ (mask & 31);
+  fib[cur].shfl = v;
+  wait_here(F_WARP);
+  uint64_t r = base + src < nthreads ? fib[base + src].shfl : v;
+  wait_here(F_WARP);
+  return r;
+}
+
 void emu_run(const emu_cfg &c, const char *name, int barriers, const std::function<void()> &fn) {
   if (in_kernel)
     die("kernel %s launched from inside a kernel", name);

@@ -60,6 +60,7 @@ extern dim3 blockDim, gridDim;
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __shared__ static
+#define __launch_bounds__(...)
 
 /* ---- runtime ---------------------------------------------------------------- */
 typedef int cudaError_t;
@@ -173,6 +174,21 @@ template <typename T> inline T __shfl_down_sync(unsigned, T v, unsigned delta) {
   memcpy(&v, &b, sizeof v);
   return v;
 }
+/* v of lane ^ mask in this warp (own v past the block's end), as above. */
+uint64_t emu_shfl_xor(uint64_t v, unsigned mask);
+template <typename T> inline T __shfl_xor_sync(unsigned, T v, int mask) {
+  static_assert(sizeof(T) <= 8, "shuffle of a type wider than 64 bits");
+  uint64_t b = 0;
+  memcpy(&b, &v, sizeof v);
+  b = emu_shfl_xor(b, (unsigned)mask);
+  memcpy(&v, &b, sizeof v);
+  return v;
+}
+/* Fast-math intrinsics as libm: the device's SFU rounding is not modelled
+ * (a cross-check's tolerance must cover it, docs/fit.md). */
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline void __sincosf(float x, float *s, float *c) { *s = sinf(x), *c = cosf(x); }
 /* Round-to-nearest intrinsics: host IEEE arithmetic is round to nearest
  * (and the emulation is built without FMA contraction). */
 inline double __dadd_rn(double a, double b) { return a + b; }
