@@ -383,14 +383,15 @@ static int finish(int code) {
 }
 
 /* Pixels per tile: ~32 MiB of float32 traces per rank and round, so the
- * engine gets large batches and memory stays bounded; a multiple of 16,
- * the engine's block. Independent of K, though the maps would not change
- * with it anyway. */
-static uint64_t default_tile(uint64_t T, uint64_t npix) {
+ * engine gets large batches and memory stays bounded, but no more than a
+ * K-th of the pixels, so that every rank has work; a multiple of 16, the
+ * engine's block. The maps do not depend on it (lanes never mix). */
+static uint64_t default_tile(uint64_t T, uint64_t npix, int size) {
   uint64_t t = (32ull << 20) / (4 * (T ? T : 1));
   t = t < 1024 ? 1024 : t > (1u << 18) ? (1u << 18) : t;
   t -= t % 16;
-  uint64_t cap = (npix + 15) / 16 * 16;
+  uint64_t share = (npix + (uint64_t)size - 1) / (uint64_t)size;
+  uint64_t cap = (share + 15) / 16 * 16;
   return t < cap ? t : cap;
 }
 
@@ -468,7 +469,7 @@ int main(int argc, char **argv) {
     err_global(&d);
     goto out;
   }
-  uint64_t tile = o.tile ? o.tile : default_tile(in.T, in.npix);
+  uint64_t tile = o.tile ? o.tile : default_tile(in.T, in.npix, M.size);
   uint64_t f0, f1;
   bf_input_range(&in, M.rank, M.size, &f0, &f1);
   rc = bf_solver_init(&sv, &o, in.T, tile, &d);
