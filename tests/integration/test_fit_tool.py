@@ -5,8 +5,8 @@ e^(-t/tau)(a cos 2 pi f t + b sin 2 pi f t) + c with its own known
 parameters, counted with Poisson noise as uint16, frames in
 /entry/data/data, delays in /entry/data/delay. Variants: raw chunks of one
 frame, bitshuffle-LZ4 (Debian's filter plugin, decoded by beamd's codec),
-and deflate chunks of 7 frames (so a rank's frame range must be rounded
-to whole chunks).
+deflate chunks of 7 frames (so a rank's frame range must be rounded
+to whole chunks), and an NXmx master linking two bitshuffle-LZ4 data files.
 
 Checks:
 - `mpirun -n 2` and one process give bitwise identical maps, and so do the
@@ -96,6 +96,19 @@ def scan(tmp_path_factory):
             f["/entry/data/delay_short"] = x[:-1]
             f["/entry/instrument/detector/pixel_mask"] = mask
         paths[kind] = p
+    # NXmx master + two data files (external links data_000001, data_000002)
+    # of 25 and 35 frames, delays in the master.
+    for i, (a, b) in enumerate(((0, 25), (25, T)), 1):
+        with h5py.File(str(d / ("scan_data_%06d.h5" % i)), "w") as f:
+            f.create_dataset("/entry/data/data", data=y[a:b], chunks=(1, H, W),
+                             compression=mk.BSHUF_ID, compression_opts=(0, 2))
+    p = str(d / "scan_master.h5")
+    with h5py.File(p, "w") as f:
+        for i in (1, 2):
+            f["/entry/data/data_%06d" % i] = h5py.ExternalLink("scan_data_%06d.h5" % i,
+                                                               "/entry/data/data")
+        f["/entry/data/delay"] = x
+    paths["master"] = p
     # The plugin must really have compressed, else the test proves nothing.
     with h5py.File(paths["bslz4"]) as f:
         assert str(mk.BSHUF_ID) in f["/entry/data/data"]._filters
@@ -149,7 +162,7 @@ def test_two_ranks_bitwise(scan, maps1):
     same(maps1[0], m2)
 
 
-@pytest.mark.parametrize("kind", ["bslz4", "gzip7"])
+@pytest.mark.parametrize("kind", ["bslz4", "gzip7", "master"])
 def test_codecs_and_chunks_bitwise(scan, maps1, kind):
     same(maps1[0], fit(scan["paths"][kind], str(scan["dir"] / ("k1_%s.h5" % kind)))[0])
     same(maps1[0], fit(scan["paths"][kind], str(scan["dir"] / ("k2_%s.h5" % kind)), ranks=2)[0])
