@@ -63,7 +63,7 @@ CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wstrict-p
                $(PKG_CFLAGS) $(SANFLAGS)
 CFLAGS_BASE += -DBEAM_CUDA=$(CUDA)
 LDLIBS_BASE := $(PKG_LIBS) -lm -pthread -fopenmp
-# Only the tools that need them link MPI (beamd-ptycho) and libwebsockets
+# Only the tools that need them link MPI (beamd-ptycho, beamd-fit) and libwebsockets
 # (beamd-view); see the per-tool settings below the link rules.
 MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null)
 MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null)
@@ -137,6 +137,7 @@ $(BUILD)/pipeline/kern/fit_cpu.o: CFLAGS += -fno-math-errno -fno-trapping-math -
 # No errno from sqrt and no FP traps: lets the modulus loop vectorise.
 $(BUILD)/pipeline/ptycho/%.o: CFLAGS += -O3 -fopenmp -fno-math-errno -fno-trapping-math
 $(BUILD)/tools/beamd-ptycho/%.o: CFLAGS += $(MPI_CFLAGS)
+$(BUILD)/tools/beamd-fit/%.o: CFLAGS += $(MPI_CFLAGS)
 $(BUILD)/tools/beamd-view/%.o: CFLAGS += $(LWS_CFLAGS)
 
 $(BUILD)/gpu/%.o: gpu/%.cu $(FLAGS_STAMP)
@@ -158,6 +159,11 @@ endif
 
 $(BUILD)/beamd-ptycho: LDLIBS_EXTRA = $(MPI_LIBS) -lpng
 $(BUILD)/beamd-view: LDLIBS_EXTRA = $(LWS_LIBS)
+# beamd-fit reads scans through beamd-replay's frame source (same layouts,
+# same codecs); these objects join its own at the end of $^, after the
+# libraries, so the libraries are named once more behind them.
+$(BUILD)/beamd-fit: LDLIBS_EXTRA = $(MPI_LIBS) $(LIBBEAMD) $(LIBBEAM) $(LDLIBS_BASE)
+$(BUILD)/beamd-fit: $(BUILD)/tools/beamd-replay/h5src.o $(BUILD)/tools/beamd-replay/chunk.o
 
 $(BUILD)/beamd: $(BUILD)/daemon/main.o $(LIBBEAMD) $(LIBBEAM)
 	$(LINK)
