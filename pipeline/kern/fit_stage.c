@@ -49,10 +49,10 @@ const beam_param_t beam_fit_params[] = {
      "frame's scan position) or a series metadata key holding one number per frame (e.g. "
      "delay); result: index, or an output of the upstream stage listed in input (e.g. lags)",
      NULL},
-    {"x_scale", BEAM_P_FLOAT, "1", 0, -1e30, 1e30, NULL, NULL,
+    {"x_scale", BEAM_P_FLOAT, "1", 0, 1, 0, NULL, NULL,
      "x used = x_scale * x + x_offset (e.g. 1e12 for seconds to ps)", NULL},
-    {"x_offset", BEAM_P_FLOAT, "0", 0, -1e30, 1e30, NULL, NULL, "see x_scale", NULL},
-    {"range", BEAM_P_FLOAT_LIST, NULL, 0, -1e300, 1e300, NULL, NULL,
+    {"x_offset", BEAM_P_FLOAT, "0", 0, 1, 0, NULL, NULL, "see x_scale", NULL},
+    {"range", BEAM_P_FLOAT_LIST, NULL, 0, 1, 0, NULL, NULL,
      "[lo, hi]: only points with lo <= x <= hi (after x_scale/x_offset) are fitted", NULL},
     {"weights", BEAM_P_STRING, NULL, 0, 0, 0, NULL, NULL,
      "result: the upstream output (listed in input) holding each point's sigma (e.g. g2_err); "
@@ -69,7 +69,7 @@ const beam_param_t beam_fit_params[] = {
     {"max_frames", BEAM_P_INT, "1024", 0, 2, 1 << 24, NULL, NULL,
      "pixels: frames kept per series; later frames are refused and the result is INCOMPLETE",
      NULL},
-    {"memory", BEAM_P_SIZE, "2Gi", 0, 1, 1e15, NULL, NULL,
+    {"memory", BEAM_P_SIZE, "2Gi", 0, 1024, 1099511627776.0, NULL, NULL,
      "pixels: limit for the trace buffer (max_frames x pixels x 4 bytes) and results; a series "
      "that needs more is refused at its start", NULL},
     {"threads", BEAM_P_INT, "1", 0, 0, BEAM_FITS_MAX_THREADS, NULL, NULL,
