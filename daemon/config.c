@@ -277,7 +277,10 @@ static int validate_stages(beam_cnode_t *root, beam_cfg_errs_t *errs) {
       nerr++;
       continue;
     }
-    nerr += beam_cfg_validate(item, k->params, ctx, errs);
+    int kerr = beam_cfg_validate(item, k->params, ctx, errs);
+    nerr += kerr;
+    if (kerr == 0 && k->check)
+      nerr += k->check(item, errs);
     st[i].map = item;
     const beam_cnode_t *in = beam_cfg_get(item, "input");
     if (in && in->typed)

@@ -669,6 +669,6 @@ const beam_stage_ops_t beam_record_cpu_ops = {
 
 const beam_stage_kind_t beam_record_kind = {
     "record", "frames to HDF5, one file per series (bitshuffle-LZ4 chunks), replayable",
-    beam_record_params, &beam_record_cpu_ops, NULL};
+    beam_record_params, &beam_record_cpu_ops, NULL, NULL};
 
 void beam_record_stage_register(void) { (void)beam_stage_kind_register(&beam_record_kind); }

@@ -408,20 +408,41 @@ static void resolve_consumers(node_t *nd) {
   for (unsigned c = 0; c < nd->ncons; c++) {
     cons_spec_t *cs = &nd->cons[c];
     cs->resolved = -1;
-    for (unsigned o = 0; o < nd->stage.nouts; o++)
-      if (cs->out[0] ? strcmp(cs->out, nd->stage.outs[o].name) == 0 : o == 0) {
-        cs->resolved = (int)o;
-        break;
-      }
-    if (cs->resolved < 0) {
+    /* "a+b+c": one consumer of several outputs, which receives their
+     * frames in the order this stage emits them (one queue); START carries
+     * the geometry of the first. All must exist, or none is fed. */
+    int idx[BEAM_STAGE_MAX_OUTS], nidx = 0, bad = 0;
+    const char *p = cs->out;
+    do {
+      const char *e = strchr(p, '+');
+      size_t len = e ? (size_t)(e - p) : strlen(p);
+      int found = -1;
+      for (unsigned o = 0; o < nd->stage.nouts && found < 0; o++)
+        if (cs->out[0] ? strlen(nd->stage.outs[o].name) == len && !strncmp(p, nd->stage.outs[o].name, len)
+                       : o == 0)
+          found = (int)o;
+      if (found < 0 || nidx >= BEAM_STAGE_MAX_OUTS)
+        bad = 1;
+      else
+        idx[nidx++] = found;
+      p = e ? e + 1 : p + len;
+    } while (*p);
+    if (bad) {
       char msg[256];
       snprintf(msg, sizeof msg, "stage \"%s\" has no output \"%s\" for this series; \"%s\" skips it",
                nd->stage.name, cs->out[0] ? cs->out : "0", cs->node->stage.name);
       report(nd, nd->series ? nd->series->series_id : 0, 0, msg);
       continue;
     }
-    out_t *out = &nd->outs[cs->resolved];
-    out->cons[out->ncons++] = cs->node;
+    cs->resolved = idx[0];
+    for (int k = 0; k < nidx; k++) {
+      out_t *out = &nd->outs[idx[k]];
+      int dup = 0;
+      for (unsigned j = 0; j < out->ncons; j++)
+        dup |= out->cons[j] == cs->node;
+      if (!dup)
+        out->cons[out->ncons++] = cs->node;
+    }
   }
 }
 
@@ -661,6 +682,9 @@ static int pick_backend(beam_graph_t *g, node_t *nd, const beam_stage_spec_t *sp
     if (beam_gpu_count(why, sizeof why) <= 0)
       return BEAM_DIAG(d, BEAM_ENOTSUP, "stage \"%s\": backend cuda requested but no GPU is usable: %s",
                        sp->name, why);
+    if (!nd->kind->cuda)
+      return BEAM_DIAG(d, BEAM_ENOTSUP, "stage \"%s\": kind %s has no CUDA backend yet (use backend: cpu or auto)",
+                       sp->name, nd->kind->kind);
     nd->stage.ops = nd->kind->cuda;
   } else {
     if (nd->kind->cuda && beam_gpu_count(why, sizeof why) > 0) {

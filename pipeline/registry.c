@@ -8,32 +8,37 @@
 
 static const beam_stage_kind_t k_correct = {
     "correct", "dark subtraction, flat field, bad-pixel mask, threshold -> float32",
-    beam_correct_params, &beam_correct_cpu_ops, &beam_correct_cuda_ops};
+    beam_correct_params, &beam_correct_cpu_ops, &beam_correct_cuda_ops, NULL};
 static const beam_stage_kind_t k_roi_sum = {
     "roi_sum", "per frame, the sum of the pixels under each of N masks (virtual detectors)",
-    beam_roi_sum_params, &beam_roi_sum_cpu_ops, &beam_roi_sum_cuda_ops};
+    beam_roi_sum_params, &beam_roi_sum_cpu_ops, &beam_roi_sum_cuda_ops, NULL};
 static const beam_stage_kind_t k_bin = {
-    "bin", "crop and n x n binning", beam_bin_params, &beam_bin_cpu_ops, &beam_bin_cuda_ops};
+    "bin", "crop and n x n binning", beam_bin_params, &beam_bin_cpu_ops, &beam_bin_cuda_ops, NULL};
 static const beam_stage_kind_t k_preview = {
     "preview", "decimated frames at a bounded rate for viewers", beam_preview_params,
-    &beam_preview_cpu_ops, &beam_preview_cuda_ops};
+    &beam_preview_cpu_ops, &beam_preview_cuda_ops, NULL};
 static const beam_stage_kind_t k_xpcs_multitau = {
     "xpcs_multitau", "XPCS multi-tau g2 per ROI, streaming (scikit-beam semantics)",
-    beam_xpcs_multitau_params, &beam_xpcs_multitau_cpu_ops, &beam_xpcs_multitau_cuda_ops};
+    beam_xpcs_multitau_params, &beam_xpcs_multitau_cpu_ops, &beam_xpcs_multitau_cuda_ops, NULL};
 static const beam_stage_kind_t k_xpcs_twotime = {
     "xpcs_twotime", "XPCS two-time correlation C(t1, t2) per ROI and g2 from its diagonals (scikit-beam)",
-    beam_xpcs_twotime_params, &beam_xpcs_twotime_cpu_ops, &beam_xpcs_twotime_cuda_ops};
+    beam_xpcs_twotime_params, &beam_xpcs_twotime_cpu_ops, &beam_xpcs_twotime_cuda_ops, NULL};
 static const beam_stage_kind_t k_pca = {
     "pca", "streaming PCA (incremental SVD): scores, anomaly residual, components",
-    beam_pca_params, &beam_pca_cpu_ops, &beam_pca_cuda_ops};
+    beam_pca_params, &beam_pca_cpu_ops, &beam_pca_cuda_ops, NULL};
 static const beam_stage_kind_t k_ptycho_dm = {
     "ptycho_dm", "live difference-map ptychography: object, probe and error while the scan runs",
-    beam_ptycho_dm_params, &beam_ptycho_dm_cpu_ops, &beam_ptycho_dm_cuda_ops};
+    beam_ptycho_dm_params, &beam_ptycho_dm_cpu_ops, &beam_ptycho_dm_cuda_ops, NULL};
+/* CPU only for now: the CUDA backend of the fit engine is not in this
+ * build, so backend cuda is refused (graph.c) and auto picks the CPU. */
+static const beam_stage_kind_t k_fit = {
+    "fit", "batched Levenberg-Marquardt: per-pixel maps over a series, or the curves of a result",
+    beam_fit_params, &beam_fit_cpu_ops, NULL, beam_fit_stage_check};
 
 /* Built-in kinds first; kinds that need libraries pipeline/ must not use
  * (HDF5 for `record`) are registered by the daemon at start-up. */
 #define MAX_KINDS 32
-static const beam_stage_kind_t *kinds[MAX_KINDS + 1] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, &k_xpcs_multitau, &k_xpcs_twotime, &k_pca, &k_ptycho_dm, NULL};
+static const beam_stage_kind_t *kinds[MAX_KINDS + 1] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, &k_xpcs_multitau, &k_xpcs_twotime, &k_pca, &k_ptycho_dm, &k_fit, NULL};
 
 const beam_stage_kind_t *const *beam_stage_kinds(void) { return kinds; }
 

@@ -135,7 +135,12 @@ typedef struct beam_stage_kind_s {
   const char *doc;
   const beam_param_t *params;
   const beam_stage_ops_t *cpu;
-  const beam_stage_ops_t *cuda; /* stubs in CPU-only builds */
+  const beam_stage_ops_t *cuda; /* stubs in CPU-only builds; NULL: no CUDA backend */
+  /* Optional checks across keys of one validated stage map (a key that is
+   * valid alone but not with another), run at config load so that
+   * --check-config reports them too: adds errors at file:line:col to errs
+   * and returns how many. */
+  int (*check)(const beam_cnode_t *cfg, beam_cfg_errs_t *errs);
 } beam_stage_kind_t;
 
 #define BEAM_STAGE_COMMON_PARAMS                                                       \

@@ -99,7 +99,7 @@ static void tag_destroy(beam_stage_t *self) {
 }
 
 static const beam_stage_ops_t tag_ops = {"tag", "cpu", tag_init, tag_start, tag_process, tag_end, tag_destroy};
-static const beam_stage_kind_t tag_kind = {"tag", "test stage", NULL, &tag_ops, NULL};
+static const beam_stage_kind_t tag_kind = {"tag", "test stage", NULL, &tag_ops, NULL, NULL};
 
 /* ---- a fake loop: collects results and series completions ---- */
 
@@ -553,7 +553,7 @@ static void test_graph_bad_input_name(void **state) {
 static void test_graph_cuda_without_gpu(void **state) {
   (void)state;
   sink_t *s = sink_new();
-  static const beam_stage_kind_t k = {"tag", "test", NULL, &tag_ops, &tag_ops};
+  static const beam_stage_kind_t k = {"tag", "test", NULL, &tag_ops, &tag_ops, NULL};
   beam_stage_spec_t sp[] = {spec("a", "frames", 1, 4)};
   sp[0].kind_def = &k;
   sp[0].backend = "cuda";
@@ -697,7 +697,7 @@ static void itoy_destroy(beam_stage_t *self) { self->priv = NULL; }
 
 static const beam_stage_ops_t itoy_ops = {"itoy", "cpu", itoy_init, itoy_start, itoy_process, itoy_end,
                                           itoy_destroy};
-static const beam_stage_kind_t itoy_kind = {"itoy", "idle test stage", NULL, &itoy_ops, NULL};
+static const beam_stage_kind_t itoy_kind = {"itoy", "idle test stage", NULL, &itoy_ops, NULL, NULL};
 
 static beam_graph_t *itoy_graph(sink_t *s, int grant, int wait_interrupt, int idle_us) {
   memset(&g_itoy, 0, sizeof g_itoy);

@@ -31,6 +31,7 @@ const char *sim_pattern_name(sim_pattern_t p) {
   case SIM_PAT_XPCS: return "xpcs";
   case SIM_PAT_PCA: return "pca";
   case SIM_PAT_PTYCHO: return "ptycho";
+  case SIM_PAT_PUMPPROBE: return "pumpprobe";
   }
   return "unknown";
 }
@@ -166,6 +167,7 @@ int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d) {
   case SIM_PAT_XPCS: /* rendered per frame; one zero frame for malformed messages */
   case SIM_PAT_PCA:
   case SIM_PAT_PTYCHO:
+  case SIM_PAT_PUMPPROBE:
     self->nelems = self->npix;
     self->nwin = 1;
     break;
@@ -192,6 +194,10 @@ int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d) {
     memset(self->data, 0, self->nelems * self->esize);
     return sim_ptycho_new(&self->ptycho, o, d);
   }
+  if (o->pattern == SIM_PAT_PUMPPROBE) {
+    memset(self->data, 0, self->nelems * self->esize);
+    return sim_pp_new(&self->pp, o, d);
+  }
 
   if (o->pattern == SIM_PAT_FLAT) {
     double v = o->dtype == BEAM_DT_F32 ? o->mean : floor(o->mean + 0.5);
@@ -217,7 +223,8 @@ int sim_bank_init(sim_bank_t *self, const sim_opts_t *o, beam_diag_t *d) {
 
 int sim_bank_is_static(const sim_bank_t *self) {
   return self->pattern != SIM_PAT_STEM && self->pattern != SIM_PAT_XPCS &&
-         self->pattern != SIM_PAT_PCA && self->pattern != SIM_PAT_PTYCHO;
+         self->pattern != SIM_PAT_PCA && self->pattern != SIM_PAT_PTYCHO &&
+         self->pattern != SIM_PAT_PUMPPROBE;
 }
 
 static size_t window_offset(const sim_bank_t *self, uint64_t frame_id) {
@@ -280,6 +287,10 @@ const void *sim_bank_frame(sim_bank_t *self, uint64_t frame_id, void *dst,
     sim_pca_render(self->pca, frame_id, dst);
     return dst;
   }
+  if (self->pattern == SIM_PAT_PUMPPROBE) {
+    sim_pp_render(self->pp, 0, frame_id, dst);
+    return dst;
+  }
   if (self->pattern == SIM_PAT_PTYCHO) {
     sim_ptycho_render(self->ptycho, frame_id, dst, pos);
     *has_pos = 1;
@@ -297,5 +308,6 @@ void sim_bank_destroy(sim_bank_t *self) {
   sim_xpcs_destroy(&self->xpcs);
   sim_pca_destroy(&self->pca);
   sim_ptycho_destroy(&self->ptycho);
+  sim_pp_destroy(&self->pp);
   memset(self, 0, sizeof *self);
 }

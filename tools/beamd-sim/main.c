@@ -44,7 +44,8 @@ static void usage(FILE *f) {
 "  --series K             number of series (default 1)\n"
 "  --series-id ID         first series id (default 1)\n"
 "  --codec C              raw|lz4|bslz4 (default raw)\n"
-"  --pattern P            poisson|flat|counter|stem|xpcs|pca|ptycho (default poisson)\n"
+"  --pattern P            poisson|flat|counter|stem|xpcs|pca|ptycho|pumpprobe\n"
+"                         (default poisson)\n"
 "  --mean M               poisson/stem background mean, flat value, xpcs mean\n"
 "                         counts per pixel and frame, pca mean level\n"
 "                         (default 2.0; pca 100)\n"
@@ -68,6 +69,13 @@ static void usage(FILE *f) {
 "  --pca-drift-at F       pca: from frame F on, the rotated basis\n"
 "  --pca-drift-angle DEG  pca: principal angle of that rotation (default 90)\n"
 "  --pca-basis-file PATH  pca: write the basis (float32 .npy) at start-up\n"
+"  pumpprobe (docs/tools.md; --frames = delays, --mean = background counts):\n"
+"  --pp-t0 PS             time zero (default 0.5)\n"
+"  --pp-delay-min/--pp-delay-max PS   delay range, one per frame (default -1, 9)\n"
+"  --pp-f-min/--pp-f-max F            frequency map along x, 1/ps (default 0.3, 0.6)\n"
+"  --pp-tau-min/--pp-tau-max PS       damping map along y (default 2, 6)\n"
+"  --pp-amplitude A       amplitude / mean at the centre (default 0.5)\n"
+"  --pp-truth FILE        write the truth maps, float32 .npy [5][H][W]: a b tau f c\n"
 "  ptycho (docs/ptycho.md; --frames = scan points, --shape defaults to n x n):\n"
 "  --ptycho-n N           diffraction pattern side, even (default min(H,W) or 64)\n"
 "  --energy EV            photon energy (default 8000)\n"
@@ -155,7 +163,8 @@ enum {
   OPT_SEED, OPT_WAIT, OPT_HWM, OPT_MALFORMED, OPT_FRAME_TIME, OPT_META,
   OPT_QUIET, OPT_STATS, OPT_HELP, OPT_XRINGS, OPT_XRMIN, OPT_XRMAX, OPT_XMODES,
   OPT_LABEL_FILE, OPT_PSTR, OPT_PNOISE, OPT_PSPIKES, OPT_POUT, OPT_PDRIFT, OPT_PANGLE,
-  OPT_PBASIS,
+  OPT_PBASIS, OPT_PPT0, OPT_PPDMIN, OPT_PPDMAX, OPT_PPFMIN, OPT_PPFMAX, OPT_PPTMIN, OPT_PPTMAX,
+  OPT_PPAMP, OPT_PPTRUTH,
 };
 
 static const struct option long_opts[] = {
@@ -193,6 +202,15 @@ static const struct option long_opts[] = {
   {"pca-drift-at", required_argument, 0, OPT_PDRIFT},
   {"pca-drift-angle", required_argument, 0, OPT_PANGLE},
   {"pca-basis-file", required_argument, 0, OPT_PBASIS},
+  {"pp-t0", required_argument, 0, OPT_PPT0},
+  {"pp-delay-min", required_argument, 0, OPT_PPDMIN},
+  {"pp-delay-max", required_argument, 0, OPT_PPDMAX},
+  {"pp-f-min", required_argument, 0, OPT_PPFMIN},
+  {"pp-f-max", required_argument, 0, OPT_PPFMAX},
+  {"pp-tau-min", required_argument, 0, OPT_PPTMIN},
+  {"pp-tau-max", required_argument, 0, OPT_PPTMAX},
+  {"pp-amplitude", required_argument, 0, OPT_PPAMP},
+  {"pp-truth", required_argument, 0, OPT_PPTRUTH},
   SIM_PTYCHO_LONG_OPTS
   SIM_DECTRIS_LONG_OPTS
   {0, 0, 0, 0},
@@ -257,6 +275,7 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
   const char *xpcs_opt = NULL; /* an xpcs-only option seen, for the error */
   const char *pca_opt = NULL;  /* a pca-only option seen */
   const char *pty_opt = NULL;  /* a ptycho-only option seen */
+  const char *pp_opt = NULL;   /* a pumpprobe-only option seen */
   uint64_t u;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
@@ -297,7 +316,8 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
       else if (!strcmp(optarg, "xpcs")) o->pattern = SIM_PAT_XPCS;
       else if (!strcmp(optarg, "pca")) o->pattern = SIM_PAT_PCA;
       else if (!strcmp(optarg, "ptycho")) o->pattern = SIM_PAT_PTYCHO;
-      else return tool_bad("pattern", optarg, "poisson, flat, counter, stem, xpcs, pca or ptycho");
+      else if (!strcmp(optarg, "pumpprobe")) o->pattern = SIM_PAT_PUMPPROBE;
+      else return tool_bad("pattern", optarg, "poisson, flat, counter, stem, xpcs, pca, ptycho or pumpprobe");
       break;
     case OPT_MEAN:
       if (tool_parse_double("mean", optarg, 0, 1e9, NULL, &o->mean)) return -1;
@@ -356,6 +376,22 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
       if (tool_parse_double("pca-drift-angle", optarg, 0, 90, NULL, &o->pca_drift_angle)) return -1;
       pca_opt = "--pca-drift-angle";
       break;
+    case OPT_PPT0: case OPT_PPDMIN: case OPT_PPDMAX: case OPT_PPFMIN: case OPT_PPFMAX:
+    case OPT_PPTMIN: case OPT_PPTMAX: case OPT_PPAMP: {
+      double *dst = c == OPT_PPT0 ? &o->pp_t0 : c == OPT_PPDMIN ? &o->pp_dmin
+                  : c == OPT_PPDMAX ? &o->pp_dmax : c == OPT_PPFMIN ? &o->pp_fmin
+                  : c == OPT_PPFMAX ? &o->pp_fmax : c == OPT_PPTMIN ? &o->pp_taumin
+                  : c == OPT_PPTMAX ? &o->pp_taumax : &o->pp_amp;
+      double lo = c == OPT_PPTMIN || c == OPT_PPTMAX ? 1e-9 : c >= OPT_PPFMIN && c <= OPT_PPFMAX ? 0 : -1e9;
+      if (tool_parse_double("pp-*", optarg, lo, 1e9, NULL, dst)) return -1;
+      pp_opt = "--pp-*";
+      break;
+    }
+    case OPT_PPTRUTH:
+      if (!*optarg) return tool_bad("pp-truth", optarg, "expected a path");
+      o->pp_truth_file = optarg;
+      pp_opt = "--pp-truth";
+      break;
     case OPT_PBASIS:
       if (!*optarg) return tool_bad("pca-basis-file", optarg, "expected a path");
       o->pca_basis_file = optarg;
@@ -389,6 +425,14 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
     return -1;
   if (xpcs_opt && o->pattern != SIM_PAT_XPCS) {
     fprintf(stderr, "beamd-sim: %s applies to --pattern xpcs only\n", xpcs_opt);
+    return -1;
+  }
+  if (pp_opt && o->pattern != SIM_PAT_PUMPPROBE) {
+    fprintf(stderr, "beamd-sim: %s applies to --pattern pumpprobe only\n", pp_opt);
+    return -1;
+  }
+  if (o->pattern == SIM_PAT_PUMPPROBE && !(o->pp_dmin < o->pp_dmax)) {
+    fprintf(stderr, "beamd-sim: --pp-delay-min must be below --pp-delay-max\n");
     return -1;
   }
   if (pca_opt && o->pattern != SIM_PAT_PCA) {
@@ -527,6 +571,8 @@ int main(int argc, char **argv) {
       .xpcs_rate_min = 1.0, .xpcs_rate_max = 100.0,
       .pca_k = 3, .pca_strengths = {8.0, 4.0, 2.0}, .pca_sigma = -1.0,
       .pca_drift_at = SIM_PCA_NO_DRIFT, .pca_drift_angle = 90.0,
+      .pp_t0 = 0.5, .pp_dmin = -1.0, .pp_dmax = 9.0, .pp_fmin = 0.3, .pp_fmax = 0.6,
+      .pp_taumin = 2.0, .pp_taumax = 6.0, .pp_amp = 0.5,
   };
   tool_cli_init("beamd-sim");
   tool_curve_init(&curve);
@@ -578,6 +624,10 @@ int main(int argc, char **argv) {
   }
   if (o.label_file && sim_xpcs_write_labels(bank.xpcs, o.label_file, &d) < 0) {
     fprintf(stderr, "beamd-sim: label file: %s\n", d.msg);
+    goto out;
+  }
+  if (o.pp_truth_file && sim_pp_write_truth(bank.pp, o.pp_truth_file, &d) < 0) {
+    fprintf(stderr, "beamd-sim: %s\n", d.msg);
     goto out;
   }
   if (o.pca_basis_file && sim_pca_write_basis(bank.pca, o.pca_basis_file, &d) < 0) {

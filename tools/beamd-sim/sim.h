@@ -28,6 +28,7 @@ typedef enum sim_pattern_e {
   SIM_PAT_XPCS,
   SIM_PAT_PCA,
   SIM_PAT_PTYCHO,
+  SIM_PAT_PUMPPROBE,
 } sim_pattern_t;
 
 /* What goes on the wire (--protocol): beamd's own protocol, or a DECTRIS
@@ -104,6 +105,12 @@ typedef struct sim_opts_s {
   double pty_zp_diam, pty_zp_drn, pty_zp_cs, pty_defocus; /* m */
   const char *pty_object_file; /* FILE.h5[:/dataset] */
   const char *write_h5;  /* write the scan file and exit, no socket */
+  /* pumpprobe only (see pumpprobe.c and docs/tools.md) */
+  double pp_t0, pp_dmin, pp_dmax;  /* ps */
+  double pp_fmin, pp_fmax;         /* 1/ps */
+  double pp_taumin, pp_taumax;     /* ps */
+  double pp_amp;                   /* amplitude / mean at the centre */
+  const char *pp_truth_file;       /* float32 [5][H][W] a b tau f c */
   /* DECTRIS streams only (see dectris.c and docs/tools.md) */
   sim_protocol_t protocol;
   sim_dx_detail_t dx_detail;
@@ -210,6 +217,21 @@ int sim_ptycho_write_h5(sim_ptycho_t *self, const sim_opts_t *o, const char *pat
                         beam_diag_t *d);
 void sim_ptycho_destroy(sim_ptycho_t **self);
 
+/* Pump-probe delay scan (pumpprobe.c): per-pixel damped cosines after a
+ * time zero with known, spatially varying maps; Poisson counts; the delay
+ * of each frame in the series metadata ("delay", ps). */
+typedef struct sim_pp_s sim_pp_t;
+int sim_pp_new(sim_pp_t **out, const sim_opts_t *o, beam_diag_t *d);
+/* Delay (ps) of frame frame_id. */
+double sim_pp_delay(const sim_pp_t *s, uint64_t frame_id);
+/* Renders frame frame_id into dst (npix elements of the dtype); any order,
+ * never allocates. */
+void sim_pp_render(sim_pp_t *s, uint64_t series_id, uint64_t frame_id, void *dst);
+/* The "pumpprobe" metadata object (parameters, model, "delays"); new ref. */
+json_t *sim_pp_meta(const sim_pp_t *s, const sim_opts_t *o);
+int sim_pp_write_truth(const sim_pp_t *s, const char *path, beam_diag_t *d);
+void sim_pp_destroy(sim_pp_t **self);
+
 /* Pre-generated pixels. Static patterns (poisson, flat, counter) hand out
  * windows into one buffer, so a frame costs no generation and can be sent
  * zero-copy; stem renders a disk on top of a poisson window into a buffer
@@ -232,6 +254,7 @@ typedef struct sim_bank_s {
   sim_xpcs_t *xpcs; /* xpcs only */
   sim_pca_t *pca;   /* pca only */
   sim_ptycho_t *ptycho; /* ptycho only */
+  sim_pp_t *pp;         /* pumpprobe only */
 } sim_bank_t;
 
 /* Allocates and fills the bank. Returns 0 or BEAM_ENOMEM / BEAM_EINVAL. */

@@ -179,6 +179,19 @@ static json_t *series_meta(const sim_tx_t *self) {
     }
     json_object_set_new(m, "pca", x);
   }
+  if (o->pattern == SIM_PAT_PUMPPROBE) {
+    json_t *x = sim_pp_meta(b->pp, o);
+    if (!x) {
+      json_decref(m);
+      return NULL;
+    }
+    /* The per-frame delays at the top level, where a stage's `x: delay`
+     * looks (the protocol's per-series list, like scan.positions). */
+    json_object_set(m, "delay", json_object_get(x, "delays"));
+    json_object_del(x, "delays");
+    json_object_set_new(m, "delay_units", json_string("ps"));
+    json_object_set_new(m, "pumpprobe", x);
+  }
   if (o->pattern == SIM_PAT_PTYCHO && sim_ptycho_meta(b->ptycho, m) < 0) {
     json_decref(m);
     return NULL;
