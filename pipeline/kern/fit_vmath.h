@@ -38,8 +38,10 @@ static inline float fit__rint(float x) {
 }
 
 static inline float fit_expf(float x) {
-  float xc = x > 88.3762626647949f ? 88.3762626647949f : x;
-  xc = xc < -87.3f ? -87.3f : xc;
+  /* Written so NaN takes the upper clamp: the float-to-int conversion
+   * below must only ever see a finite value in [-126, 128]. */
+  float xc = x < 88.3762626647949f ? x : 88.3762626647949f;
+  xc = xc > -87.3f ? xc : -87.3f;
   float n = fit__rint(xc * 1.44269504088896341f);
   float r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
@@ -51,7 +53,7 @@ static inline float fit_expf(float x) {
   p = p * r + 1.6666665459E-1f;
   p = p * r + 5.0000001201E-1f;
   p = p * r2 + r + 1.0f;
-  float s = fit__as_f(((int32_t)n + 127) << 23);
+  float s = fit__as_f((int32_t)((uint32_t)((int32_t)n + 127) << 23));
   float v = p * s;
   v = x < -87.3f ? 0.0f : v;
   return x != x ? x : v;
@@ -98,7 +100,10 @@ static inline void fit_sincosf(float x, float *s, float *c) {
   cp = cp * r2 - 1.388731625493765E-3f;
   cp = cp * r2 + 4.166664568298827E-2f;
   float cv = 1.0f - 0.5f * r2 + r2 * r2 * cp;
-  int32_t q = (int32_t)j & 3;
+  /* NaN or |x| past 2^30 would make the conversion undefined; the result
+   * is NaN or meaningless there anyway, so any quadrant will do. */
+  float jq = j < 1073741824.0f && j > -1073741824.0f ? j : 0.0f;
+  int32_t q = (int32_t)jq & 3;
   float ss = (q & 1) ? cv : sv, cc = (q & 1) ? sv : cv;
   ss = (q & 2) ? -ss : ss;
   cc = ((q + 1) & 2) ? -cc : cc;
