@@ -640,8 +640,11 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
   uint64_t next2 = (uint64_t)json_integer_value(json_object_get(st, "next"));
   uint64_t count = (uint64_t)json_integer_value(json_object_get(st, "count"));
   r->eof = json_is_true(json_object_get(st, "eof"));
+  /* "corrupt" counts this reply's frames; stale replies were dropped above,
+   * so summing counts each frame once. */
   json_t *c = json_object_get(st, "corrupt");
-  r->corrupt = json_is_integer(c) ? (uint64_t)json_integer_value(c) : r->corrupt;
+  if (json_is_integer(c) && json_integer_value(c) > 0)
+    r->corrupt += (uint64_t)json_integer_value(c);
   beam_fmap_t *rm[FMAP_REPLY];
   size_t nrm = 0;
   json_t *mat = NULL;

@@ -682,6 +682,26 @@ def test_decode_threads(tmp_path, ports, start_beamd, run_tool):
 
 # ---- 3. damaged input ------------------------------------------------------------
 
+def test_corrupt_count_adds_over_replies(tmp_path, ports, start_beamd, run_tool):
+    """Corrupt frames spread over many replies (credit 4) are all counted:
+    input.corrupt is the sum over replies, not the last reply's count."""
+    n = 60
+    bad = tuple(range(1, n, 2))
+    path = tmp_path / "corrupt_many.h5"
+    data = mk.make_corrupt(str(path), "bslz4", n=n, bad=bad, shape=(H, W))
+    b = start_beamd(replay_config(ports, [vd_stage()], shm="off", credit=4))
+    rec = start_recorder(run_tool, ports, tmp_path / "results")
+    start_replay(run_tool, ports, path)
+    wait_recorder(rec, b, 20)
+    check_sums(tmp_path / "results" / ("series_%d.h5" % SERIES), data, nan_ids=bad)
+    st = b.wait_stats(lambda s: s["input"]["replay"]["eof"], timeout=5, what="eof")
+    assert st["input"]["corrupt"] == len(bad), st["input"]
+    assert st["input"]["replay"]["corrupt"] == len(bad), st["input"]["replay"]
+    assert st["input"]["frames"] == n
+    assert re.search(r"served completely \(%d frames, %d corrupt\)" % (n, len(bad)),
+                     b.stderr()), b.stderr()[-2000:]
+
+
 @pytest.mark.parametrize("shm", ["off", "on", "map"])
 @pytest.mark.parametrize("kind", ["bslz4", "gzip"])
 def test_corrupt_chunk_counted_and_nan(tmp_path, ports, start_beamd, run_tool, kind, shm):
