@@ -548,7 +548,7 @@ def test_swmr_reader_while_writing(zctx, recorder):
         assert d.shape[0] == 3
         for fid in range(3, 8):
             feed.result("vd.sums", 6, fid, sums(fid))
-        # a topic first seen after SWMR started: refused and counted
+        # a topic first seen after SWMR started: SWMR pauses, the topic lands
         feed.result("late.topic", 6, 0, sums(0))
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -561,10 +561,44 @@ def test_swmr_reader_while_writing(zctx, recorder):
         feed.end(6)
         assert p.wait(15) == 0, p.stderr()
     with h5py.File(os.path.join(p.out_dir, "series_6.h5"), "r") as f:
-        assert "late.topic" not in f["/results"]
-        assert [s(t) for t in f["/entry"].attrs["topics_refused_after_swmr"]] == ["late.topic"]
-    assert "topic late.topic first seen after SWMR" in p.stderr()
-    assert stats_of(p)["late_topic"] == 1
+        np.testing.assert_array_equal(f["/results/late.topic/data"][0], sums(0))
+        assert [s(t) for t in f["/entry"].attrs["topics_added_after_swmr"]] == ["late.topic"]
+        assert f["/results/vd.sums/data"].shape[0] == 8
+    assert "SWMR paused to add topic late.topic" in p.stderr()
+    st = stats_of(p)
+    assert st["late_topic"] == 1 and st["swmr_pauses"] == 1 and st["written"] == 9, st
+
+
+@pytest.mark.parametrize("swmr", ["swmr", "no-swmr"])
+def test_topics_first_seen_at_series_end_land(zctx, recorder, swmr):
+    """Results whose topics first appear at SERIES_END (a two-time map, a
+    final fit) after SWMR began are all stored, with their descriptors, in
+    SWMR and non-SWMR modes; the partial topic keeps every row."""
+    feed = Feed(zctx)
+    args = ["--swmr-after", "2"] if swmr == "swmr" else ["--no-swmr"]
+    p = recorder(feed, *args, "--timeout", "20", "--series", "1")
+    feed.start(12)
+    for fid in range(6):
+        feed.result("vd.sums", 12, fid, sums(fid), DESC_SUMS if fid == 0 else None)
+    time.sleep(0.5)  # SWMR has begun (--swmr-after 2) before the late topics
+    for k, topic in enumerate(("tt.c2", "tt.diag", "fit.params")):
+        feed.result(topic, 12, 5, prev(k), DESC_PREV)
+    feed.end(12)
+    assert p.wait(15) == 0, p.stderr()
+    with h5py.File(os.path.join(p.out_dir, "series_12.h5"), "r") as f:
+        assert f["/entry"].attrs["complete"]
+        for k, topic in enumerate(("tt.c2", "tt.diag", "fit.params")):
+            g = f["/results/" + topic]
+            np.testing.assert_array_equal(g["data"][0], prev(k))
+            assert "descriptor_json" in g["data"].attrs, topic
+        assert f["/results/vd.sums/data"].shape[0] == 6
+        late = [s(t) for t in f["/entry"].attrs.get("topics_added_after_swmr", [])]
+        assert late == (["tt.c2", "tt.diag", "fit.params"] if swmr == "swmr" else [])
+    st = stats_of(p)
+    assert st["written"] == 9 and st["series_complete"] == 1, st
+    # One pause per tick at most: topics arriving between two ticks share it.
+    assert (1 <= st["swmr_pauses"] <= 3) if swmr == "swmr" else st["swmr_pauses"] == 0, st
+    assert st["late_topic"] == (3 if swmr == "swmr" else 0), st
 
 
 @pytest.mark.parametrize("comp,filt", [("gzip", "gzip"), ("bslz4", 32008)])

@@ -59,7 +59,7 @@ static void usage(FILE *f) {
 "  --compress none|gzip|bslz4  compression of the data datasets (default none)\n"
 "  --swmr-after N       start SWMR mode after N stored results (default 100)\n"
 "  --swmr-delay S       ... or S seconds after the file was opened (default 2)\n"
-"  --no-swmr            never start SWMR (every topic accepted; no live readers)\n"
+"  --no-swmr            never start SWMR (no live readers)\n"
 "  --stats              append beamd.stats documents to DIR/<P>stats.jsonl\n"
 "  --count N            exit after N stored results\n"
 "  --series N           exit after N complete series\n"
@@ -423,7 +423,7 @@ static void print_stats(const state_t *st, double secs, int timed_out) {
   const rec_counts_t *c = &st->c;
   json_t *j = json_object();
 #define PUT(k) json_object_set_new(j, #k, json_integer((json_int_t)c->k))
-  PUT(messages); PUT(malformed); PUT(results); PUT(written); PUT(duplicates); PUT(late_topic);
+  PUT(messages); PUT(malformed); PUT(results); PUT(written); PUT(duplicates); PUT(late_topic); PUT(swmr_pauses);
   PUT(mismatched); PUT(late_join); PUT(series_started); PUT(series_complete);
   PUT(series_aborted); PUT(ignored_series); PUT(stats_docs); PUT(dup_starts); PUT(write_errors);
 #undef PUT

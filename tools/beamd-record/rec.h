@@ -51,7 +51,7 @@ typedef struct rec_opts_s {
 
 /* Counters, reported by --stats-json. */
 typedef struct rec_counts_s {
-  uint64_t messages, malformed, results, written, duplicates, late_topic, mismatched;
+  uint64_t messages, malformed, results, written, duplicates, late_topic, swmr_pauses, mismatched;
   uint64_t late_join, series_started, series_complete, series_aborted, ignored_series;
   uint64_t stats_docs, dup_starts, write_errors;
 } rec_counts_t;
@@ -104,7 +104,7 @@ typedef struct rblock_s {
 typedef struct rtopic_s {
   char name[BEAM_TOPIC_MAX + 1];
   int latest;
-  int refused; /* appeared after SWMR started: results counted, not stored */
+  int late; /* first seen after SWMR began: stored after a SWMR pause */
   hid_t grp, data, fid, tacq, flg;
   hid_t shp; /* per-result shape (ndim > 0 only): results may grow */
   hid_t mtype; /* data's type, as the memory type of writes */
@@ -127,19 +127,20 @@ typedef struct rtopic_s {
   rblock_t *blk; /* every mode, allocated with the first row */
   int have_desc;
   idset_t seen, seen_final;
-  uint64_t dups, mismatched, late;
+  uint64_t dups, mismatched;
 } rtopic_t;
 
 typedef struct rfile_s {
   uint64_t series_id;
   char final_path[4300], path[4320];
   hid_t file;
-  int swmr;
+  int swmr, swmr_began; /* in SWMR now; SWMR was started at least once */
   int have_meta;
   uint64_t opened_ns, last_flush_ns;
   int dirty;
   int failed; /* a write failed: closed without reopening (the disk may be full) */
   uint64_t written;
+  uint64_t swmr_pauses; /* SWMR ended to create objects (rfile.c) */
   size_t block_bytes; /* allocated for the topics' blocks, at most REC_FILE_BLOCKS */
   rtopic_t *topics[REC_MAX_TOPICS];
   int ntopics;

@@ -4,11 +4,14 @@
  * gets a group per topic the first time that topic shows up, and enters
  * SWMR mode (H5Fstart_swmr_write) once --swmr-after results were stored or
  * --swmr-delay seconds passed, whichever comes first. HDF5 1.10 cannot create
- * groups, datasets or attributes in SWMR mode, so a topic first seen after
- * that is refused: its results are counted (per topic and in total) and one
- * line is logged per topic. Everything that needs attributes at the end
- * (complete, counters) is written after the SWMR session is closed, by
- * reopening the file without SWMR. */
+ * groups, datasets or attributes in SWMR mode, so a topic (or a descriptor,
+ * or series metadata) first seen after that pauses SWMR: the file is
+ * flushed, closed and reopened without SWMR, the new objects are created,
+ * and the next tick starts SWMR again. Nothing is refused; a reader must
+ * reopen the file to see the new topic (as for any object SWMR adds).
+ * Everything that needs attributes at the end (complete, counters) is
+ * written after the SWMR session is closed, by reopening the file without
+ * SWMR. */
 #include "tools/beamd-record/rec.h"
 
 #include <errno.h>
@@ -30,6 +33,8 @@ static int fail(rec_ctx_t *ctx, const char *path, const char *what) {
   snprintf(ctx->err, sizeof ctx->err, "%s: %s: %s", path, what, why);
   return -1;
 }
+
+static int swmr_pause(rec_ctx_t *ctx, rfile_t *f, const char *why);
 
 void rec_final_name(const rec_opts_t *o, uint64_t series_id, char *buf, size_t cap) {
   snprintf(buf, cap, "%.4000s/%.128sseries_%llu.h5", o->dir, o->prefix, (unsigned long long)series_id);
@@ -149,11 +154,8 @@ int rfile_set_meta(rec_ctx_t *ctx, rfile_t *f, const beam_hdr_t *start, const ch
     snprintf(ctx->err, sizeof ctx->err, "out of memory");
     return -1;
   }
-  if (f->swmr) {
-    tool_log("series %llu: SERIES_START arrived after SWMR mode began; metadata not stored",
-            (unsigned long long)f->series_id);
-    return 0;
-  }
+  if (f->swmr && swmr_pause(ctx, f, "the series metadata (SERIES_START came late)") < 0)
+    return -1;
   if (write_meta(f->file, start, meta, meta_len) < 0)
     return fail(ctx, f->path, "cannot write series metadata");
   f->have_meta = 1;
@@ -173,6 +175,64 @@ static void topic_close(rtopic_t *t) {
         H5Dclose(*h[i]);
       *h[i] = -1;
     }
+}
+
+static hid_t topic_reopen_one(hid_t grp, const char *name) {
+  return H5Lexists(grp, name, H5P_DEFAULT) > 0 ? H5Dopen2(grp, name, H5P_DEFAULT) : -1;
+}
+
+static int write_pending(rec_ctx_t *ctx, rfile_t *f);
+
+/* Ends SWMR so that objects can be created: HDF5 ends a SWMR session only
+ * by closing the file. Reopened with file locking off, as final_attrs
+ * does, because a SWMR reader may hold the file. rfile_tick starts SWMR
+ * again (its condition still holds). -1 (ctx->err) when the file cannot be
+ * reopened: what was written stays in the .partial. */
+static int swmr_pause(rec_ctx_t *ctx, rfile_t *f, const char *why) {
+  if (write_pending(ctx, f) < 0)
+    return -1;
+  for (int i = 0; i < f->ntopics; i++)
+    topic_close(f->topics[i]);
+  herr_t closed = H5Fclose(f->file);
+  f->file = -1;
+  if (closed < 0) {
+    f->failed = 1;
+    return fail(ctx, f->path, "closing the file to add objects after SWMR began failed");
+  }
+  hid_t fapl = fapl_latest();
+  if (fapl >= 0)
+    H5Pset_file_locking(fapl, 0, 1);
+  f->file = H5Fopen(f->path, H5F_ACC_RDWR, fapl);
+  if (fapl >= 0)
+    H5Pclose(fapl);
+  if (f->file < 0) {
+    f->failed = 1;
+    return fail(ctx, f->path, "cannot reopen the file to add objects after SWMR began");
+  }
+  int rc = 0;
+  for (int i = 0; i < f->ntopics && rc == 0; i++) {
+    rtopic_t *t = f->topics[i];
+    char path[BEAM_TOPIC_MAX + 16];
+    snprintf(path, sizeof path, "/results/%s", t->name);
+    t->grp = H5Gopen2(f->file, path, H5P_DEFAULT);
+    t->data = t->grp >= 0 ? topic_reopen_one(t->grp, "data") : -1;
+    t->fid = t->data >= 0 ? topic_reopen_one(t->grp, "frame_id") : -1;
+    t->tacq = t->fid >= 0 ? topic_reopen_one(t->grp, "t_acq_ns") : -1;
+    t->flg = t->tacq >= 0 ? topic_reopen_one(t->grp, "flags") : -1;
+    if (t->flg >= 0 && t->ndim)
+      t->shp = topic_reopen_one(t->grp, "shape");
+    t->mtype = t->data >= 0 ? H5Dget_type(t->data) : -1;
+    rc = t->flg >= 0 && t->mtype >= 0 && (!t->ndim || t->shp >= 0) ? 0 : -1;
+  }
+  if (rc < 0) {
+    f->failed = 1;
+    return fail(ctx, f->path, "cannot reopen the datasets of a topic after pausing SWMR");
+  }
+  f->swmr = 0;
+  f->swmr_pauses++;
+  ctx->c->swmr_pauses++;
+  tool_log("%s: SWMR paused to add %s; readers reopen the file to see it", f->path, why);
+  return 0;
 }
 
 static int topic_latest(const rec_opts_t *o, const char *name) {
@@ -319,14 +379,21 @@ static rtopic_t *topic_new(rec_ctx_t *ctx, rfile_t *f, const char *name, const b
   }
   snprintf(t->name, sizeof t->name, "%s", name);
   t->grp = t->data = t->fid = t->tacq = t->flg = t->shp = t->mtype = -1;
-  f->topics[f->ntopics++] = t;
   if (f->swmr) {
-    t->refused = 1;
-    tool_log("%s: topic %s first seen after SWMR mode began (HDF5 cannot add datasets then): "
-            "its results are counted, not stored; raise --swmr-after/--swmr-delay or use --no-swmr",
-            f->path, name);
-    return t;
+    char why[BEAM_TOPIC_MAX + 16];
+    snprintf(why, sizeof why, "topic %s", name);
+    if (swmr_pause(ctx, f, why) < 0) {
+      free(t);
+      return NULL;
+    }
   }
+  /* Also when an earlier pause is still in effect (several new topics
+   * between two ticks): a reader that opened the file during SWMR lacks it. */
+  if (f->swmr_began) {
+    t->late = 1;
+    ctx->c->late_topic++;
+  }
+  f->topics[f->ntopics++] = t;
   const beam_hdr_t *h = &m->hdr;
   t->latest = topic_latest(ctx->o, name);
   t->dtype = (beam_dtype_t)h->dtype;
@@ -591,11 +658,6 @@ int rfile_result(rec_ctx_t *ctx, rfile_t *f, const beam_msg_t *m, const void *da
   rtopic_t *t = topic_find(f, name);
   if (!t && !(t = topic_new(ctx, f, name, m)))
     return -1;
-  if (t->refused) {
-    t->late++;
-    ctx->c->late_topic++;
-    return 0;
-  }
   /* A result may be smaller or larger than the first (a g2 gains lag rows
    * as the series goes on), within the declared bounds; its dtype and rank
    * are those of the topic. */
@@ -623,7 +685,13 @@ int rfile_result(rec_ctx_t *ctx, rfile_t *f, const beam_msg_t *m, const void *da
     ctx->c->duplicates++;
     return 0;
   }
-  if (!t->have_desc && m->meta && !f->swmr) {
+  if (!t->have_desc && m->meta) {
+    if (f->swmr) {
+      char why[BEAM_TOPIC_MAX + 32];
+      snprintf(why, sizeof why, "the descriptor of %s", name);
+      if (swmr_pause(ctx, f, why) < 0)
+        return -1;
+    }
     if (write_desc(t->data, m) < 0)
       return fail(ctx, f->path, "cannot write a descriptor");
     t->have_desc = 1;
@@ -671,7 +739,7 @@ int rfile_tick(rec_ctx_t *ctx, rfile_t *f, uint64_t now, int force_flush) {
       f->failed = 1;
       return fail(ctx, f->path, "cannot start SWMR mode");
     }
-    f->swmr = 1;
+    f->swmr = f->swmr_began = 1;
     f->dirty = 0; /* starting SWMR flushes the file */
     f->last_flush_ns = now;
   }
@@ -716,8 +784,6 @@ static int final_attrs(rec_ctx_t *ctx, rfile_t *f, int complete, const char *why
   }
   for (int i = 0; i < f->ntopics && rc == 0; i++) {
     rtopic_t *t = f->topics[i];
-    if (t->refused)
-      continue;
     char path[BEAM_TOPIC_MAX + 16];
     snprintf(path, sizeof path, "/results/%s", t->name);
     hid_t g = H5Gopen2(file, path, H5P_DEFAULT);
@@ -731,14 +797,16 @@ static int final_attrs(rec_ctx_t *ctx, rfile_t *f, int complete, const char *why
     rc |= beam_h5_attr_u64(g, "reshaped", t->reshaped);
     H5Gclose(g);
   }
-  /* Refused topics leave a trace in the file, not only in the log. */
-  int nref = 0;
-  const char *refused[REC_MAX_TOPICS];
+  /* Topics that came after SWMR began are named in the file: a reader
+   * that held it open during the series did not see them. */
+  int nlate = 0;
+  const char *late[REC_MAX_TOPICS];
   for (int i = 0; i < f->ntopics; i++)
-    if (f->topics[i]->refused)
-      refused[nref++] = f->topics[i]->name;
-  if (nref && rc == 0 && (e = H5Gopen2(file, "/entry", H5P_DEFAULT)) >= 0) {
-    rc |= beam_h5_attr_strs(e, "topics_refused_after_swmr", refused, (size_t)nref);
+    if (f->topics[i]->late)
+      late[nlate++] = f->topics[i]->name;
+  if (nlate && rc == 0 && (e = H5Gopen2(file, "/entry", H5P_DEFAULT)) >= 0) {
+    rc |= beam_h5_attr_strs(e, "topics_added_after_swmr", late, (size_t)nlate);
+    rc |= beam_h5_attr_u64(e, "swmr_pauses", f->swmr_pauses);
     H5Gclose(e);
   }
   if (rc == 0 && xpcs_write(ctx, f->xpcs, file, f->path) < 0)
@@ -758,7 +826,8 @@ int rfile_close(rec_ctx_t *ctx, rfile_t **pf, int complete, const char *why) {
   int rc = write_pending(ctx, f);
   for (int i = 0; i < f->ntopics; i++)
     topic_close(f->topics[i]);
-  if (H5Fclose(f->file) < 0 && rc == 0)
+  /* f->file is -1 when a SWMR pause could not reopen it (already reported). */
+  if (f->file >= 0 && H5Fclose(f->file) < 0 && rc == 0)
     rc = fail(ctx, f->path, "closing the file failed");
   /* After a write error the file keeps complete=false from its creation:
    * reopening it for writing on a full disk could leave it unreadable. */
