@@ -83,6 +83,10 @@ typedef struct beamd_out_s {
   beam_fifo_t pending;
   atomic_uint_fast64_t messages, bytes, dropped, results;
   uint64_t blocked_ns, blocked_since;
+  /* PUSH stall report (beamd_publish_stall): when a message last left,
+   * when the stall was last logged, and whether one is being reported. */
+  uint64_t progress_ns, stall_logged_ns;
+  int stall_reported;
   int discard; /* drain timed out: the PUSH no longer holds results */
   atomic_size_t copy_bytes;  /* payload copies queued inside ZeroMQ */
   size_t copy_budget;        /* PUB: output.pub_buffer; PUSH: output.push_copy_buffer */
@@ -105,6 +109,12 @@ void beamd_publish_series(beamd_t *d, const beam_series_t *s, int type, int abor
 void beamd_publish_stats(beamd_t *d, const char *json);
 void beamd_publish_flush(beamd_t *d); /* retry PUSH backlog */
 int beamd_publish_backlog(beamd_t *d);
+/* Seconds the PUSH has held messages without a consumer taking one (0:
+ * not stalled). Logs a stall past BEAMD_STALL_LOG_S, again every
+ * BEAMD_STALL_REPEAT_S, and its end; called from the heartbeat. */
+double beamd_publish_stall(beamd_t *d, uint64_t now_ns);
+#define BEAMD_STALL_LOG_S 5.0
+#define BEAMD_STALL_REPEAT_S 30.0
 /* Drain ran past output.drain_timeout: drop the PUSH backlog (counted)
  * and stop keeping results for it, so stages blocked on slots finish. */
 void beamd_publish_discard(beamd_t *d);
@@ -207,6 +217,7 @@ struct beamd_s {
   /* rates, computed at each heartbeat */
   uint64_t last_hb_ns, last_frames, last_results, last_bytes;
   double rate_fps, rate_rps, rate_mbps;
+  double push_stalled_s; /* beamd_publish_stall at the last heartbeat */
 };
 
 /* Lifecycle (daemon.c). */

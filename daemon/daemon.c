@@ -400,6 +400,7 @@ static void heartbeat_cb(uv_timer_t *t) {
   d->last_frames = frames;
   d->last_results = results;
   d->last_bytes = bytes;
+  d->push_stalled_s = beamd_publish_stall(d, now);
   beamd_metrics_render(d);
   char *js = beamd_stats_json(d, 0);
   if (js) {
@@ -407,8 +408,11 @@ static void heartbeat_cb(uv_timer_t *t) {
     free(js);
   }
   uint64_t drops = atomic_load(&d->in.lost) + atomic_load(&d->in.dropped_busy);
-  beam_notify_status("%s: %.1f frames/s, %.1f MB/s, %.1f results/s, %llu dropped, %llu malformed",
-                     d->state == BEAMD_RUNNING ? "running" : "draining", d->rate_fps, d->rate_mbps,
+  char stall[160] = "";
+  if (d->push_stalled_s > 0)
+    snprintf(stall, sizeof stall, "BLOCKED %.0f s on output.push (no consumer), ", d->push_stalled_s);
+  beam_notify_status("%s%s: %.1f frames/s, %.1f MB/s, %.1f results/s, %llu dropped, %llu malformed",
+                     stall, d->state == BEAMD_RUNNING ? "running" : "draining", d->rate_fps, d->rate_mbps,
                      d->rate_rps, (unsigned long long)drops,
                      (unsigned long long)atomic_load(&d->in.malformed));
 }

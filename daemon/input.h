@@ -112,6 +112,9 @@ typedef struct beamd_source_ops_s {
   void (*close)(beamd_t *d, void *state); /* frees state; NULL-safe */
   /* Adds the source's own counters to the input stats object. */
   void (*stats)(beamd_t *d, void *state, json_t *o);
+  /* Optional: frames served so far and expected in all (0: unknown), for
+   * /metrics (replay progress). */
+  void (*progress)(const void *state, uint64_t *done, uint64_t *expected);
 } beamd_source_ops_t;
 
 extern const beamd_source_ops_t beamd_src_live, beamd_src_pull, beamd_src_replay,

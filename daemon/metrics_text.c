@@ -68,6 +68,21 @@ void beamd_metrics_render(beamd_t *d) {
   metric(&b, "beamd_input_missing_total", "counter",
          "frames a source knows never came (detector frame-number gaps, short series)",
          A(in->missing));
+  metric(&b, "beamd_input_corrupt_total", "counter",
+         "frames that arrived marked CORRUPT (undecodable at the source; their results are NaN)",
+         A(in->corrupt));
+  const beam_series_t *cur = beamd_ingest_series(d);
+  metric(&b, "beamd_series_missing_frames", "gauge",
+         "frames the open series has lost so far (0 without one)",
+         cur ? (double)cur->missing_frames : 0.0);
+  if (in->src && in->src->progress && in->src_state) {
+    uint64_t done = 0, expected = 0;
+    in->src->progress(in->src_state, &done, &expected);
+    metric(&b, "beamd_input_progress_frames", "gauge", "frames the source has asked for or served so far",
+           (double)done);
+    metric(&b, "beamd_input_expected_frames", "gauge", "frames the source will serve in all (0: unknown)",
+           (double)expected);
+  }
   metric(&b, "beamd_input_paused", "gauge", "1 while lossless input waits for room", in->paused);
   metric(&b, "beamd_input_rate_fps", "gauge", "frames per second over the last heartbeat", d->rate_fps);
   if (d->zap) {
@@ -99,12 +114,25 @@ void beamd_metrics_render(beamd_t *d) {
          "results output.karabo dropped (replaced before a request, over its buffer, no peer)",
          (double)kb_dropped);
   metric(&b, "beamd_push_backlog", "gauge", "messages waiting for a PUSH consumer", beamd_publish_backlog(d));
+  metric(&b, "beamd_publish_dropped_total", "counter",
+         "results the PUB dropped (slow subscribers, over output.pub_buffer)", A(d->pub.dropped));
+  metric(&b, "beamd_push_dropped_total", "counter",
+         "results the PUSH dropped (drain timeout with no consumer, out of memory)", A(d->push.dropped));
+  double blocked = (double)d->push.blocked_ns * 1e-9;
+  if (d->push.blocked_since)
+    blocked += (double)(beam_now_ns() - d->push.blocked_since) * 1e-9;
+  metric(&b, "beamd_push_blocked_seconds_total", "counter",
+         "time the PUSH held messages a consumer had not taken", blocked);
+  metric(&b, "beamd_push_stalled_seconds", "gauge",
+         "how long no PUSH consumer has taken a message while some wait (0: flowing)",
+         d->push_stalled_s);
   metric(&b, "beamd_reloads_total", "counter", "successful reloads", (double)d->reloads);
   metric(&b, "beamd_reload_failures_total", "counter", "refused reloads", (double)d->reload_failures);
   sb_printf(&b, "# HELP beamd_latency_seconds frame received -> result sent\n# TYPE beamd_latency_seconds summary\n");
   static const double qs[] = {0.5, 0.9, 0.99};
   for (int i = 0; i < 3; i++)
     sb_printf(&b, "beamd_latency_seconds{quantile=\"%g\"} %.9g\n", qs[i], beam_hist_quantile(&d->e2e, qs[i]) * 1e-9);
+  sb_printf(&b, "beamd_latency_seconds_sum %.9g\n", (double)atomic_load(&d->e2e.sum_ns) * 1e-9);
   sb_printf(&b, "beamd_latency_seconds_count %llu\n", (unsigned long long)beam_hist_count(&d->e2e));
   size_t n = d->graph ? beam_graph_nstages(d->graph) : 0;
   static const char *const names[] = {"frames_in", "frames_out", "results", "rejected", "errors"};
@@ -132,6 +160,8 @@ void beamd_metrics_render(beamd_t *d) {
     for (int q = 0; q < 3; q++)
       sb_printf(&b, "beamd_stage_process_seconds{stage=\"%s\",quantile=\"%g\"} %.9g\n", s.name, qs[q],
                 beam_hist_quantile(s.latency, qs[q]) * 1e-9);
+    sb_printf(&b, "beamd_stage_process_seconds_sum{stage=\"%s\"} %.9g\n", s.name,
+              (double)atomic_load(&s.latency->sum_ns) * 1e-9);
     sb_printf(&b, "beamd_stage_process_seconds_count{stage=\"%s\"} %llu\n", s.name,
               (unsigned long long)beam_hist_count(s.latency));
   }

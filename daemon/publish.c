@@ -202,7 +202,7 @@ static void out_send(beamd_t *d, beamd_out_t *o, omsg_t *m) {
       atomic_fetch_add(&o->dropped, 1);
       return;
     }
-    o->blocked_since = beam_now_ns();
+    o->blocked_since = o->progress_ns = beam_now_ns();
   }
   /* Keep it (with its own references) until the consumer takes it. */
   omsg_t keep = *m;
@@ -228,6 +228,7 @@ void beamd_publish_flush(beamd_t *d) {
   while ((m = beam_fifo_front(&o->pending))) {
     if (omsg_send(o, m) != 0)
       return;
+    o->progress_ns = beam_now_ns();
     atomic_fetch_add(&o->messages, 1);
     atomic_fetch_add(&o->bytes, sizeof m->hdr + (m->frame ? m->frame->nbytes : 0) + m->meta_len);
     omsg_release(m);
@@ -250,6 +251,31 @@ void beamd_publish_discard(beamd_t *d) {
 }
 
 int beamd_publish_backlog(beamd_t *d) { return (int)d->push.pending.count; }
+
+double beamd_publish_stall(beamd_t *d, uint64_t now) {
+  beamd_out_t *o = &d->push;
+  if (!o->zs.open || o->discard || o->pending.count == 0) {
+    if (o->stall_reported)
+      BEAM_LOG(LOG_NOTICE, "output.push (%s): a consumer takes messages again",
+               d->cfg->output.push);
+    o->stall_reported = 0;
+    return 0;
+  }
+  double s = (double)(now - o->progress_ns) * 1e-9;
+  if (s < BEAMD_STALL_LOG_S)
+    return 0;
+  /* Lossless by design: held messages hold frames, and the input waits. */
+  if (!o->stall_reported || (double)(now - o->stall_logged_ns) * 1e-9 >= BEAMD_STALL_REPEAT_S) {
+    BEAM_LOG(LOG_WARNING,
+             "output.push (%s): no consumer has taken a message for %.0f s; %zu results "
+             "wait and the pipeline is held (lossless output: connect a consumer, or "
+             "stop with a drain timeout to drop them)",
+             d->cfg->output.push, s, o->pending.count);
+    o->stall_logged_ns = now;
+    o->stall_reported = 1;
+  }
+  return s;
+}
 
 static void send_all(beamd_t *d, omsg_t *m) {
   if (d->pub.zs.open)

@@ -1024,7 +1024,14 @@ static void replay_stats(beamd_t *d, void *state, json_t *obj) {
   json_object_set_new(obj, "replay", o);
 }
 
+static void replay_progress(const void *state, uint64_t *done, uint64_t *expected) {
+  const replay_t *r = state;
+  *done = r->next;
+  *expected = r->loop ? 0 : r->total;
+}
+
 const beamd_source_ops_t beamd_src_replay = {
+    .progress = replay_progress,
     .mode = "replay",
     .lossless = 1,
     .params = beamd_replay_params,

@@ -111,6 +111,7 @@ static json_t *out_json(beamd_t *d, beamd_out_t *o, const char *endpoint) {
     if (o->blocked_since)
       blocked += (double)(beam_now_ns() - o->blocked_since) * 1e-9;
     json_object_set_new(j, "blocked_s", json_real(blocked));
+    json_object_set_new(j, "stalled_s", json_real(d->push_stalled_s));
   }
   return j;
 }

@@ -126,6 +126,42 @@ def test_metrics_endpoint(ports, zctx, start_beamd, receivers):
     assert b.alive() and b.ctl("ping") == {"ok": True}
 
 
+def test_push_stall_is_reported_and_its_end(ports, zctx, start_beamd, receivers):
+    """A lossless PUSH output with no consumer holds the pipeline by design;
+    it must say so: a log line with the endpoint and how long, the stall in
+    stats, STATUS-style figures in /metrics, and a line when it ends."""
+    b = start_beamd(make_config(ports, STAGES, mode="pull", push=True))
+    rx = run_frames(zctx, ports, b, 5)
+    receivers.append(rx)
+    b.wait_log(r"output\.push \(%s\): no consumer has taken a message for \d+ s; \d+ results "
+               r"wait and the pipeline is held" % re.escape(ports.ep_push), timeout=10)
+    st = b.stats()["outputs"]["push"]
+    assert st["stalled_s"] >= 5 and st["backlog"] > 0 and st["blocked_s"] >= st["stalled_s"], st
+    time.sleep(0.3)
+    _, _, body = http_req(ports.metrics, "GET", "/metrics")
+    assert metric(body, "beamd_push_stalled_seconds") >= 5
+    assert metric(body, "beamd_push_blocked_seconds_total") >= 5
+    assert metric(body, "beamd_push_backlog") == st["backlog"]
+    pull = zctx.socket(zmq.PULL)
+    pull.connect(ports.ep_push)
+    try:
+        for _ in range(st["backlog"]):
+            assert pull.poll(5000), "the held results did not come"
+            pull.recv_multipart()
+        b.wait_log(r"output\.push \(%s\): a consumer takes messages again"
+                   % re.escape(ports.ep_push), timeout=5)
+        st = b.wait_stats(lambda s: s["outputs"]["push"]["backlog"] == 0, what="backlog empty")
+        assert st["outputs"]["push"]["stalled_s"] == 0
+        time.sleep(0.3)
+        _, _, body = http_req(ports.metrics, "GET", "/metrics")
+        assert metric(body, "beamd_push_stalled_seconds") == 0
+        assert metric(body, "beamd_push_dropped_total") == 0
+        assert metric(body, "beamd_latency_seconds_sum") > 0
+        assert metric(body, "beamd_stage_process_seconds_sum", 'stage="vd"') > 0
+    finally:
+        pull.close(0)
+
+
 def test_stats_topic_decodes(ports, zctx, start_beamd, receivers):
     """beamd.stats must be a valid protocol message (proto/PROTOCOL.md: a
     RESULT carrying the JSON document) that the reference decoder accepts.

@@ -27,6 +27,7 @@ read back with h5py; tools/make_test_h5.py writes the inputs and puts
 Debian's filter plugins on HDF5_PLUGIN_PATH.
 """
 
+import http.client
 import json
 import os
 import re
@@ -700,6 +701,14 @@ def test_corrupt_count_adds_over_replies(tmp_path, ports, start_beamd, run_tool)
     assert st["input"]["frames"] == n
     assert re.search(r"served completely \(%d frames, %d corrupt\)" % (n, len(bad)),
                      b.stderr()), b.stderr()[-2000:]
+    time.sleep(0.3)  # /metrics is rendered at each heartbeat
+    c = http.client.HTTPConnection("127.0.0.1", ports.metrics, timeout=3)
+    c.request("GET", "/metrics")
+    body = c.getresponse().read().decode()
+    c.close()
+    val = {k: float(v) for k, v in re.findall(r"^(beamd_[a-z_]+) (\S+)$", body, re.M)}
+    assert val["beamd_input_corrupt_total"] == len(bad)
+    assert val["beamd_input_progress_frames"] == n and val["beamd_input_expected_frames"] == n
 
 
 @pytest.mark.parametrize("shm", ["off", "on", "map"])
