@@ -33,8 +33,13 @@ SANFLAGS  := -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 else ifeq ($(SANITIZER),address,undefined)
 BUILD     ?= build/san-asan-ubsan
 SANFLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+else ifeq ($(SANITIZER),fuzzer)
+# The libraries for `make fuzz` (clang): coverage for libFuzzer, ASan, UBSan.
+BUILD     ?= build/san-fuzzer
+SANFLAGS  := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+             -Wno-ignored-attributes # gcc-only target attributes (prefer-vector-width)
 else
-$(error SANITIZER must be address, undefined or address,undefined (got "$(SANITIZER)"))
+$(error SANITIZER must be address, undefined, address,undefined or fuzzer (got "$(SANITIZER)"))
 endif
 
 CUDA_HOME ?= /usr/local/cuda
@@ -247,13 +252,23 @@ bench: all
 	BEAMD_BUILD=$(BUILD) bench/run.sh
 
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_LIBS := build/san-fuzzer/libbeamd.a build/san-fuzzer/libbeam.a
+# Seeds beyond tests/fuzz/seeds, per target.
+FUZZ_SEEDS_fuzz_config := tests/configs/good tests/configs/bad
+# Every target links the daemon and pipeline libraries built by clang with
+# coverage, ASan and UBSan (SANITIZER=fuzzer), so a target can reach any
+# decoder or loader; each runs FUZZ_SECONDS.
+define fuzz_one
+clang -std=c11 -D_GNU_SOURCE -g -O1 -I. $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined $(2) \
+  $(FUZZ_LIBS) $(PKG_LIBS) -lm -pthread -fopenmp -o build/fuzz/$(1) && \
+mkdir -p build/fuzz/corpus-$(1) && \
+build/fuzz/$(1) -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 build/fuzz/corpus-$(1) \
+  tests/fuzz/seeds $(FUZZ_SEEDS_$(1))
+endef
 fuzz:
 	@mkdir -p build/fuzz
-	@set -e; for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
-	  clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined $$f proto/*.c daemon/curve.c -o build/fuzz/$$n -llz4 -lzstd -lzmq $(shell pkg-config --libs msgpack); \
-	  mkdir -p build/fuzz/corpus-$$n; \
-	  build/fuzz/$$n -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 build/fuzz/corpus-$$n tests/fuzz/seeds; \
-	done
+	$(MAKE) --no-print-directory CC=clang SANITIZER=fuzzer CUDA=0 OPT=-O1 $(FUZZ_LIBS)
+	@set -e; $(foreach f,$(FUZZ_SRC),$(call fuzz_one,$(basename $(notdir $(f))),$(f));)
 
 deps:
 	@true # done while reading this Makefile (see the top)
