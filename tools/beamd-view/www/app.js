@@ -54,6 +54,16 @@
     return v.toFixed(d === undefined ? (a >= 100 ? 1 : 3) : d);
   };
 
+  /* Fitted values: 4 significant digits (fmt's fixed 3 decimals would
+   * flatten a tau of 0.0451 s to 0.045); their errors: 2. */
+  const fmtP = (v, sig) => {
+    if (v === null || v === undefined || Number.isNaN(v)) return '–';
+    const a = Math.abs(v), k = sig || 4;
+    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(k - 1);
+    return String(+v.toPrecision(k));
+  };
+  const fmtPE = (v, e) => fmtP(v) + (e !== null && e !== undefined ? ' ± ' + fmtP(e, 2) : '');
+
   /* ---- colour maps: 10 anchors of matplotlib's maps, linearly interpolated */
   const ANCHORS = {
     viridis: ['440154', '482878', '3e4989', '31688e', '26828e', '1f9e89', '35b779', '6ece58', 'b5de2b', 'fde725'],
@@ -352,8 +362,8 @@
   }
   S.fitPixel = fitPixel;
   function readoutText(r) {
-    const parts = r.values.map((q) => q.name + ' ' + fmt(q.v) + (q.e !== null ? ' ± ' + fmt(q.e) : ''));
-    if (r.chi2 !== undefined) parts.push('χ² ' + fmt(r.chi2));
+    const parts = r.values.map((q) => q.name + ' ' + fmtPE(q.v, q.e));
+    if (r.chi2 !== undefined) parts.push('χ² ' + fmtP(r.chi2));
     if (r.status !== undefined) parts.push(r.status_name);
     return 'x ' + r.x + ', y ' + r.y + ': ' + parts.join(' · ');
   }
@@ -704,7 +714,9 @@
     p.canvas = el('canvas', 'view');
     p.canvas.width = 438; p.canvas.height = 340;
     p.table = el('table', 'fitparams');
-    p.root.append(p.controls, p.canvas, p.table);
+    const wrap = el('div', 'tablewrap');
+    wrap.append(p.table);
+    p.root.append(p.controls, p.canvas, wrap);
     p.fitIndex = 0;
   }
 
@@ -740,6 +752,9 @@
       if (st === stage && topic) return topic;
     }
     if (p.dataChoice !== undefined) return p.dataChoice || null;
+    /* A descriptor that names its input ("mt.g2+g2_err+lags") settles it. */
+    const inp = ((S.topics.get(p.name) || {}).desc || {}).input;
+    if (typeof inp === 'string' && /^[^.+]+\.[^+]+/.test(inp)) return inp.split('+')[0];
     return fitDataCandidates(p.name)[0] || null;
   }
   /* The message of topic of the same series and frame as m when one of the
@@ -799,12 +814,13 @@
       const cM = one ? CURVE_COLOURS[1] : cD;
       const ym = new Float32Array(np);
       for (let t = 0; t < np; t++) ym[t] = at(a, t, i);
+      /* The model first, so the data points are drawn on top of it. */
+      curves.push({ x: xv.x, y: ym, mode: 'model', colour: cM, name: one ? 'fit' : names[i] });
       if (dOk) {
         const yd = new Float32Array(np), ye = eOk ? new Float32Array(np) : null;
         for (let t = 0; t < np; t++) { yd[t] = at(dm.a, t, i); if (ye) ye[t] = at(em.a, t, i); }
         curves.push({ x: xv.x, y: yd, err: ye, mode: 'points', colour: cD, name: one ? names[i] + ' data' : '' });
       }
-      curves.push({ x: xv.x, y: ym, mode: 'model', colour: cM, name: one ? 'fit' : names[i] });
     }
     if (p.opts.logxAuto) p.opts.logx.checked = xv.log;
     plot(p.canvas, curves, { logx: p.opts.logx.checked, logy: p.opts.logy.checked, xlabel: xv.label,
@@ -830,12 +846,12 @@
       for (let j = 0; j < P; j++) {
         const v = pm.a[i * P + j], e = er && er.a && er.a.length === pm.a.length ? er.a[i * P + j] : null;
         row.values.push({ name: pnames[j], v, e });
-        tr.append(el('td', '', fmt(v) + (e !== null ? ' ± ' + fmt(e) : '')));
+        tr.append(el('td', '', fmtPE(v, e)));
       }
       row.chi2 = cm && cm.a ? cm.a[i] : null;
       row.status = sm && sm.a ? sm.a[i] : null;
       row.status_name = row.status !== null ? (slab[row.status] !== undefined ? slab[row.status] : String(row.status)) : null;
-      tr.append(el('td', '', fmt(row.chi2)), el('td', row.status > 1 ? 'err' : '', row.status_name || '–'));
+      tr.append(el('td', '', fmtP(row.chi2)), el('td', row.status > 1 ? 'err' : '', row.status_name || '–'));
       p.table.append(tr);
       rows.push(row);
     }
@@ -866,7 +882,7 @@
       const r = [String(i)];
       for (let j = 0; j < P; j++) {
         const e = em && em.a && em.a.length === m.a.length ? em.a[i * P + j] : null;
-        r.push(fmt(m.a[i * P + j]) + (e !== null ? ' ± ' + fmt(e) : ''));
+        r.push(fmtPE(m.a[i * P + j], e));
       }
       rows.push(r);
     }
