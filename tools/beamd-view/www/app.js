@@ -830,7 +830,7 @@
     const cm = sameFrame(stage + '.chi2', m), sm = sameFrame(stage + '.status', m);
     const pnames = ((S.topics.get(stage + '.params') || {}).desc || {}).labels || [];
     const slab = ((S.topics.get(stage + '.status') || {}).desc || {}).labels || [];
-    const P = pm && pm.a ? pm.a.length / nf : 0;
+    const P = pm && pm.a && pm.a.length % nf === 0 ? pm.a.length / nf : 0; // another fit count: none
     p.table.textContent = '';
     const hr = el('tr');
     hr.append(el('th', '', ''));
@@ -1128,25 +1128,30 @@
    * (params ± errors for the readout and table) and, for curves, the data
    * points with their errors and lags. */
   function fitNeeds() {
-    const need = new Set();
+    const need = new Set(), by = new Map();
     for (const p of S.panels.values()) {
       if (!p.fitStage) continue;
-      need.add(p.fitStage + '.');
+      const mine = [p.fitStage + '.'];
       if (p.kind === 'fit') {
         const d = fitDataTopic(p);
-        if (d) { need.add(d); need.add(d.split('.')[0] + '.lags'); }
+        if (d) mine.push(d, d.split('.')[0] + '.lags');
       }
+      for (const t of mine) need.add(t);
+      by.set(p.name, mine);
     }
+    /* Kept for onMessage: which topics to remember by frame, and whom they redraw. */
+    S.fitNeed = { all: Array.from(need), by };
     return need;
   }
   function sendSubscribe() {
+    const fit = fitNeeds();
     if (!S.ws || S.ws.readyState !== 1) return;
     const want = new Set();
     for (const name of S.panels.keys()) {
       want.add(name);
       want.add(name.split('.')[0] + '.lags'); // x values of lag curves
     }
-    for (const n of fitNeeds()) want.add(n);
+    for (const n of fit) want.add(n);
     /* Histories need every value, not only while shown. */
     for (const t of S.topics.values()) {
       const k = viewKind(t);
@@ -1184,15 +1189,18 @@
     m.fresh = true;
     S.latest.set(name, m);
     S.lastResultAt = nowMs();
-    /* Fit views pair data, parameters and curves by frame id. */
-    const fitTopics = fitNeeds();
-    if (Array.from(fitTopics).some((t) => name.startsWith(t))) {
+    /* Fit views pair data, parameters and curves by frame id, and redraw
+     * when one of the topics they read arrives. */
+    const fn = S.fitNeed;
+    if (fn && fn.all.some((t) => name.startsWith(t))) {
       const r = S.recent.get(name) || [];
       r.push(m);
       if (r.length > RECENT_N) r.shift();
       S.recent.set(name, r);
-      for (const q of S.panels.values())
-        if (q.fitStage && q.name !== name && q.last && !q.pending) q.pending = q.last;
+      for (const [pn, mine] of fn.by) {
+        const q = S.panels.get(pn);
+        if (q && pn !== name && q.last && !q.pending && mine.some((t) => name.startsWith(t))) q.pending = q.last;
+      }
     }
     if (name === 'beamd.series') onSeries(h);
     const p = S.panels.get(name);
