@@ -228,6 +228,106 @@ def test_browser_parameter_maps_synthetic(run_tool, pub):
         br.close()
 
 
+def test_browser_fit_curves_pair_data_by_frame(run_tool, pub):
+    """Hand-made g2, g2_err, lags and a fit of them: the fit view draws the
+    data of the fit's own frame id when newer data already arrived, finds
+    the data topic by shape (not the _err one), and the data select
+    switches it to another topic of that shape."""
+    v = View(run_tool, [pub.ep])
+    wait_joined(pub, v)
+    nl, nr = 20, 3
+    lags = np.geomspace(1e-3, 1.0, nl)
+    lags[0] = 0.0
+    rng = np.random.default_rng(2)
+
+    def g2_of(fid):
+        return (1 + 0.5 * np.exp(-2 * lags[:, None] * (5.0 * (1 + np.arange(nr)))) +
+                0.01 * fid + rng.normal(0, 0.003, (nl, nr))).astype(np.float32)
+    err = np.full((nl, nr), 0.01, np.float32)
+    err[5, 1] = np.nan
+    model = (1 + 0.5 * np.exp(-2 * lags[:, None] * (5.0 * (1 + np.arange(nr))))).astype(np.float64)
+    params = np.array([[0.5, 0.1 / (1 + i), 1.0] for i in range(nr)])
+    perr = params * 0.01
+    g2s = {fid: g2_of(fid) for fid in (1, 2, 3)}
+
+    def meta(topic, a, axes, kind, labels=None):
+        d = fit_desc(topic, a, axes, labels)
+        d["kind"] = kind
+        return d
+
+    def send_data(fid, topics=("mt.g2", "mt.g2_err", "mt.lags", "alt.g2")):
+        g = g2s[fid]
+        for t, a, axes in (("mt.g2", g, ["lag", "roi"]), ("mt.g2_err", err, ["lag", "roi"]),
+                           ("mt.lags", lags.astype(np.float32), ["lag"]),
+                           ("alt.g2", g + 1, ["lag", "roi"])):
+            if t in topics:
+                pub.result(t, a, frame_id=fid, meta=meta(t, a, axes, "xpcs_multitau"))
+
+    def send_fit(fid):
+        for t, a, axes, lab in (("g2fit.params", params, ["fit", "param"], ["a", "tau", "d"]),
+                                ("g2fit.errors", perr, ["fit", "param"], ["a", "tau", "d"]),
+                                ("g2fit.status", np.array([0, 1, 0], np.uint8), ["fit"], STATUS),
+                                ("g2fit.chi2", np.array([1.0, 1.1, 0.9]), ["fit"], None),
+                                ("g2fit.curves", model, ["point", "fit"], None)):
+            pub.result(t, a, frame_id=fid, meta=meta(t, a, axes, "fit", lab))
+    br = browser()
+    try:
+        br.goto("http://127.0.0.1:%d/?topics=g2fit.curves" % v.port)
+        br.wait("window.beamdView && beamdView.connected", 15, "the WebSocket to open")
+        t_end = time.monotonic() + 20
+        ok = False
+        while time.monotonic() < t_end and not ok:
+            send_data(1)
+            send_fit(1)
+            time.sleep(0.3)
+            ok = br.eval("(() => { const p = beamdView.panels.get('g2fit.curves');"
+                         " return !!(p && p.fit && p.fit.data == 'mt.g2' && p.fit.rows[0].values.length); })()")
+        assert ok, "the fit view never showed its data: %s" % br.eval(
+            "JSON.stringify({fit: (beamdView.panels.get('g2fit.curves') || {}).fit, err: beamdView.errors,"
+            " info: (beamdView.panels.get('g2fit.curves') || {info: {}}).info.textContent,"
+            " topics: Array.from(beamdView.topics.values()).map(t => [t.topic, t.shape])})")
+        # data of frame 2, the fit of frame 2, then newer data (frame 3)
+        send_data(2)
+        time.sleep(0.4)
+        send_fit(2)
+        time.sleep(0.4)
+        send_data(3, topics=("mt.g2",))
+        br.wait("beamdView.latest.get('mt.g2').h.frame_id == 3 && "
+                "beamdView.panels.get('g2fit.curves').last.h.frame_id == 2", 10, "frames 2 and 3")
+        br.wait("(() => { const p = beamdView.panels.get('g2fit.curves'); p.pending = p.last;"
+                " return true; })()", 5)
+        time.sleep(0.3)
+        f = br.eval("beamdView.panels.get('g2fit.curves').fit")
+        assert f["data"] == "mt.g2" and f["errors"] == "mt.g2_err" and f["data_frame"] == 2, f
+        np.testing.assert_array_equal(nan_list(f["data_y"]), g2s[2][:, 0])
+        np.testing.assert_allclose(f["model_y"], model[:, 0].astype(np.float32))
+        assert f["points"] == nl - 1 and f["bars"] == nl - 1 and f["model"] == nl - 1, f  # lag 0 off the log axis
+        assert f["names"] == ["roi 0", "roi 1", "roi 2"] and f["logx"] is True, f
+        # fit 1: its NaN error is no bar; status bound
+        br.eval("(() => { const p = beamdView.panels.get('g2fit.curves'); p.opts.fit.value = '1';"
+                " p.opts.fit.onchange(); })()")
+        br.wait("beamdView.panels.get('g2fit.curves').fit.rows[0].fit == 1", 10, "fit 1")
+        f = br.eval("beamdView.panels.get('g2fit.curves').fit")
+        assert f["bars"] == nl - 2 and f["rows"][0]["status_name"] == "bound", f
+        np.testing.assert_allclose([q["v"] for q in f["rows"][0]["values"]], params[1], rtol=1e-6)
+        np.testing.assert_allclose([q["e"] for q in f["rows"][0]["values"]], perr[1], rtol=1e-6)
+        # the candidates: both g2 topics, never the _err one; the select switches
+        opts = br.eval("Array.from(beamdView.panels.get('g2fit.curves').opts.data.options, o => o.value)")
+        assert opts[0] == "" and sorted(opts[1:]) == ["alt.g2", "mt.g2"], opts
+        br.eval("(() => { const p = beamdView.panels.get('g2fit.curves'); p.opts.data.value = 'alt.g2';"
+                " p.opts.data.onchange(); })()")
+        send_data(2)
+        send_fit(2)
+        br.wait("beamdView.panels.get('g2fit.curves').fit.data == 'alt.g2'", 10, "the other data topic")
+        f = br.eval("beamdView.panels.get('g2fit.curves').fit")
+        np.testing.assert_array_equal(nan_list(f["data_y"]), g2s[2][:, 1] + 1)
+        assert f["errors"] is None and f["bars"] == 0, f  # alt.g2 has no alt.g2_err
+        br.screenshot(os.path.join(ARTEFACTS, "view-fit-curves-synthetic.png"))
+        assert br.eval("beamdView.errors.length") == 0, br.eval("beamdView.errors")
+    finally:
+        br.close()
+
+
 # ---- the real daemon: source pixels (pump-probe maps) -------------------------------
 
 PH, PW, PN, T0 = 24, 24, 160, 0.5

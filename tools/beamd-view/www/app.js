@@ -722,9 +722,10 @@
 
   /* The upstream output a fit of curves consumed: the descriptor does not
    * name it, so it is found as a topic of another stage with the curves'
-   * published shape, not an error or x output (…_err, …lags), a lag axis
-   * and the fit's frame id preferred (the fit copies its input's frame
-   * id). ?fitdata=<fit stage>:<topic> or the panel's select overrides. */
+   * published shape, not an error or x output (…_err, …lags): a lag axis,
+   * then the fit's frame id (the fit copies its input's frame id), then an
+   * …_err sibling (weights) preferred. ?fitdata=<fit stage>:<topic> or the
+   * panel's select overrides. */
   const ERR_OUT = /(_err|_sigma|_std|_error|\.lags|\.tau|\.lag)$/;
   function fitDataCandidates(name) {
     const me = S.topics.get(name) || {}, shape = me.shape || [];
@@ -738,8 +739,9 @@
       if (ts.length !== shape.length || !ts.every((v, i) => v === shape[i])) continue;
       const d = t.desc || {};
       const l = S.latest.get(t.topic);
-      const score = ((d.axes || []).some(isLagAxis) ? 2 : 0) +
-        (l && lm && l.h.frame_id === lm.h.frame_id && l.h.series_id === lm.h.series_id ? 1 : 0);
+      const score = ((d.axes || []).some(isLagAxis) ? 4 : 0) +
+        (l && lm && l.h.frame_id === lm.h.frame_id && l.h.series_id === lm.h.series_id ? 2 : 0) +
+        (S.topics.has(t.topic + '_err') ? 1 : 0);
       out.push([score, t.topic]);
     }
     out.sort((a, b) => b[0] - a[0] || (a[1] < b[1] ? -1 : 1));
@@ -857,7 +859,9 @@
     }
     let pts = 0, bars = 0, model = 0;
     for (const c of curves) { if (c.mode === 'points') { pts += c.drawn; bars += c.bars; } else model += c.drawn; }
+    const first = (mode) => { const c = curves.find((q) => q.mode === mode); return c ? Array.from(c.y) : null; };
     p.fit = { index: fsel.value, n_fits: nf, n_points: np, data: dOk ? dataTopic : null,
+      data_y: first('points'), model_y: first('model'),
       data_frame: dOk ? dm.h.frame_id : null, errors: eOk ? errTopic : null, points: pts, bars, model,
       logx: p.opts.logx.checked, rows, names, x: Array.from(xv.x) };
     p.curves = curves.length;
