@@ -9,6 +9,9 @@
   selectable by label, 1-99 % colour limits (numpy's percentiles), NaN in
   its own colour, status as categories with counts, the pixel readout of
   every parameter ± error, chi2 and status, on hover and pinned by a click.
+- the page with a hand-made fit of curves: data paired with the fit by
+  frame id when newer data already came, no bar for a NaN error, the data
+  topic found by shape (never the _err one) and switched from the select.
 - the real daemon, source pixels: beamd-sim --pattern pumpprobe -> fit
   (model dcos), the page draws the final params/errors/chi2/status maps with
   the values the daemon published.

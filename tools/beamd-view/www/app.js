@@ -333,8 +333,10 @@
    * .chi2, .status of the newest version received (of the same display
    * shape, so one index serves all). null when there is no params map. */
   function fitPixel(stage, x, y) {
+    /* Of the params' frame where the others of that frame are still at hand. */
+    const first = S.latest.get(stage + '.params') || S.latest.get(stage + '.chi2') || S.latest.get(stage + '.status');
     const get = (out) => {
-      const m = S.latest.get(stage + '.' + out);
+      const m = first ? sameFrame(stage + '.' + out, first) : null;
       return m && m.a && m.h.data && (m.h.data.shape || []).length === 2 ? m : null;
     };
     const pm = get('params'), em = get('errors'), cm = get('chi2'), sm = get('status');
