@@ -88,7 +88,6 @@
   /* NaN is drawn in a colour its map does not have: mid grey, magenta on gray. */
   const NAN_RGB = { gray: [255, 0, 255] };
   const nanRGB = (cmap) => NAN_RGB[cmap] || [128, 128, 128];
-  const NAN_RGBA = rgba(128, 128, 128);
   /* Categories (integer images whose descriptor labels name the values):
    * the fit status codes by name, anything else from the curve colours. */
   const STATUS_RGB = {
