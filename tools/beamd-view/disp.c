@@ -6,7 +6,15 @@
  * dimensions show their first plane (the last two axes). Images larger
  * than max_side are block-downsampled by one integer factor on both axes
  * (so the aspect ratio stays), curve-like 2-D arrays (one side <= 64) only
- * along their long side, so curves are never mixed together. */
+ * along their long side, so curves are never mixed together.
+ *
+ * Two forms follow the result descriptor, both made for the fit stage's
+ * maps but not tied to it: a labelled stack (3-D, the descriptor's labels
+ * name the planes, as a fit's params [param][y][x] are named by parameter)
+ * sends every plane, one array per label, so a browser can switch planes
+ * without asking; a categorical image (integer dtype whose labels are
+ * strings, as a fit's status codes) is downsampled by the block maximum
+ * whatever --downsample says, because a mean of codes is no code. */
 #include <complex.h>
 #include <math.h>
 #include <stdlib.h>
@@ -20,6 +28,8 @@
 #define CURVE_SIDE 64     /* 2-D arrays with a side this small are curves */
 #define CURVE_MAX 65536   /* longest curve sent as is */
 #define RAW_HEX_BYTES 64  /* bytes of a bad message shown in hex */
+#define STACK_MAX 16      /* a labelled stack of up to this many planes is sent whole, */
+#define STACK_VALUES (1u << 22) /* when its display form is at most this many values (16 MiB) */
 
 /* ---- messages -------------------------------------------------------------- */
 
@@ -280,6 +290,14 @@ view_msg_t *view_disp_build(const view_opts_t *opt, const char *topic, const bea
   }
   size_t n = h->ndim ? (size_t)dh * dw : 0;
   int cplx = h->dtype == BEAM_DT_C64 || h->dtype == BEAM_DT_C128;
+  /* A labelled stack: every plane goes, named by its label. */
+  json_t *labels = desc ? json_object_get(desc, "labels") : NULL;
+  int stack = h->ndim == 3 && !cplx && json_is_array(labels) && planes > 1 &&
+              planes <= STACK_MAX && json_array_size(labels) == planes;
+  int categorical = h->ndim == 2 && !cplx && h->dtype >= BEAM_DT_U8 && h->dtype <= BEAM_DT_I64 &&
+                    json_is_array(labels) && json_array_size(labels) > 0 &&
+                    json_is_string(json_array_get(labels, 0));
+  int use_max = opt->ds_max || categorical;
   uint32_t fy = 1, fx = 1;
   if (h->ndim == 1) {
     fx = (dw + CURVE_MAX - 1) / CURVE_MAX;
@@ -294,7 +312,10 @@ view_msg_t *view_disp_build(const view_opts_t *opt, const char *topic, const bea
   }
   uint32_t oh = (dh + fy - 1) / fy, ow = (dw + fx - 1) / fx;
   size_t on = h->ndim ? (size_t)oh * ow : 0;
-  unsigned nplanes = cplx ? 2 : 1;
+  if (stack && (uint64_t)oh * ow * planes > STACK_VALUES)
+    stack = 0; /* too big to send whole: plane 0, as any other stack */
+  /* nin planes of the source go in, nplanes arrays come out. */
+  unsigned nin = stack ? (unsigned)planes : 1, nplanes = cplx ? 2 : nin;
   float *tmp = NULL, *tmp2 = NULL;
   void *pay = NULL;
   view_msg_t *r = NULL;
@@ -309,17 +330,18 @@ view_msg_t *view_disp_build(const view_opts_t *opt, const char *topic, const bea
   json_object_set_new(view, "planes", json_integer((json_int_t)planes));
   json_object_set_new(view, "plane", json_integer(0));
   json_object_set_new(view, "complex", json_boolean(cplx));
-  json_object_set_new(view, "downsample", json_string(opt->ds_max ? "max" : "mean"));
+  json_object_set_new(view, "stack", json_boolean(stack));
+  json_object_set_new(view, "categorical", json_boolean(categorical));
+  json_object_set_new(view, "downsample", json_string(use_max ? "max" : "mean"));
 
   if (n && data) {
     int ds = fy > 1 || fx > 1;
+    /* One source plane at a time, so a stack costs one plane of scratch. */
     tmp = malloc(n * sizeof(float) * (cplx ? 2 : 1));
     if (!tmp)
       goto out;
     if (cplx)
       to_c32(data, (beam_dtype_t)h->dtype, 0, n, tmp, tmp + n);
-    else
-      to_f32(data, (beam_dtype_t)h->dtype, 0, n, tmp);
     json_object_set_new(o, "data", view);
     json_object_set_new(view, "arrays", arrays);
     view = arrays = NULL;
@@ -330,22 +352,41 @@ view_msg_t *view_disp_build(const view_opts_t *opt, const char *topic, const bea
       goto out;
     if (cplx) {
       if (ds) {
-        downsample_cplx(tmp, tmp + n, dh, dw, fy, fx, opt->ds_max, tmp2, tmp2 + on);
+        downsample_cplx(tmp, tmp + n, dh, dw, fy, fx, use_max, tmp2, tmp2 + on);
       } else {
         for (size_t i = 0; i < n; i++) {
           tmp2[i] = hypotf(tmp[i], tmp[n + i]);
           tmp2[on + i] = atan2f(tmp[n + i], tmp[i]);
         }
       }
-    } else if (ds) {
-      view_downsample(tmp, dh, dw, fy, fx, opt->ds_max, tmp2);
     } else {
-      memcpy(tmp2, tmp, n * sizeof(float));
+      for (unsigned k = 0; k < nin; k++) {
+        float *dst = tmp2 + k * on;
+        if (ds) {
+          to_f32(data, (beam_dtype_t)h->dtype, k * n, n, tmp);
+          view_downsample(tmp, dh, dw, fy, fx, use_max, dst);
+        } else {
+          to_f32(data, (beam_dtype_t)h->dtype, k * n, n, dst);
+        }
+      }
     }
     json_t *arr = json_object_get(json_object_get(o, "data"), "arrays");
-    json_array_append_new(arr, plane_stats(cplx ? "magnitude" : "value", tmp2, on));
-    if (cplx)
-      json_array_append_new(arr, plane_stats("phase", tmp2 + on, on));
+    if (stack) {
+      for (unsigned k = 0; k < nin; k++) {
+        json_t *l = json_array_get(labels, k);
+        char num[32];
+        const char *nm = json_string_value(l);
+        if (!nm) {
+          snprintf(num, sizeof num, "%g", json_is_number(l) ? json_number_value(l) : (double)k);
+          nm = num;
+        }
+        json_array_append_new(arr, plane_stats(nm, tmp2 + k * on, on));
+      }
+    } else {
+      json_array_append_new(arr, plane_stats(cplx ? "magnitude" : "value", tmp2, on));
+      if (cplx)
+        json_array_append_new(arr, plane_stats("phase", tmp2 + on, on));
+    }
     r = view_msg_alloc(o, on * sizeof(float) * nplanes, &pay);
     if (r)
       memcpy(pay, tmp2, on * sizeof(float) * nplanes);

@@ -6,6 +6,12 @@
  * per animation frame, so a burst of results never queues up here.
  * window.beamdView exposes the state (what was received and drawn, and the
  * latencies) for tests and benchmarks.
+ *
+ * Fit results (stage kind `fit`, docs/fit.md) have views of their own:
+ * parameter maps ([param, y, x], one labelled plane each) with robust
+ * colour limits and a per-pixel readout of every parameter ± its error,
+ * the status map as categories, and for fits of curves (source: result)
+ * the data points the fit consumed, with error bars, under the model.
  */
 'use strict';
 (function () {
@@ -14,12 +20,14 @@
   const STALE_S = 3;        // a topic silent this long (and 5 periods) is "stopped"
   const HIST_N = 600;       // points kept per scalar history
   const WINDOW = 2;         // results in flight to this page (see 'hello')
+  const RECENT_N = 8;       // messages kept per topic that a fit view pairs by frame id
 
   const S = {
     hello: null, status: null, statsDoc: null, topicsMsg: null,
     topics: new Map(),      // name -> entry from the topic list
     panels: new Map(),      // name -> panel
     latest: new Map(),      // name -> last {h, a} received
+    recent: new Map(),      // name -> last RECENT_N messages, of topics a fit view pairs by frame
     received: {}, drawn: {}, lastDrawn: {},
     latencies: [],          // ms, published -> drawn
     connected: false, unacked: 0, lastResultAt: 0, messages: 0, bytes: 0,
@@ -46,6 +54,16 @@
     return v.toFixed(d === undefined ? (a >= 100 ? 1 : 3) : d);
   };
 
+  /* Fitted values: 4 significant digits (fmt's fixed 3 decimals would
+   * flatten a tau of 0.0451 s to 0.045); their errors: 2. */
+  const fmtP = (v, sig) => {
+    if (v === null || v === undefined || Number.isNaN(v)) return '–';
+    const a = Math.abs(v), k = sig || 4;
+    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(k - 1);
+    return String(+v.toPrecision(k));
+  };
+  const fmtPE = (v, e) => fmtP(v) + (e !== null && e !== undefined ? ' ± ' + fmtP(e, 2) : '');
+
   /* ---- colour maps: 10 anchors of matplotlib's maps, linearly interpolated */
   const ANCHORS = {
     viridis: ['440154', '482878', '3e4989', '31688e', '26828e', '1f9e89', '35b779', '6ece58', 'b5de2b', 'fde725'],
@@ -66,7 +84,16 @@
     }
     LUTS[name] = lut;
   }
-  const NAN_RGBA = (255 << 24) | (60 << 16) | (0 << 8) | 60;
+  const rgba = (r, g, b) => ((255 << 24) | (b << 16) | (g << 8) | r) >>> 0; // little-endian RGBA
+  /* NaN is drawn in a colour its map does not have: mid grey, magenta on gray. */
+  const NAN_RGB = { gray: [255, 0, 255] };
+  const nanRGB = (cmap) => NAN_RGB[cmap] || [128, 128, 128];
+  /* Categories (integer images whose descriptor labels name the values):
+   * the fit status codes by name, anything else from the curve colours. */
+  const STATUS_RGB = {
+    converged: [67, 160, 71], bound: [253, 216, 53], max_iter: [251, 140, 0],
+    singular: [229, 57, 53], bad_input: [142, 36, 170], too_few: [120, 144, 156],
+  };
   const CURVE_COLOURS = ['#4f8cc9', '#f28e2b', '#59a14f', '#e15759', '#b07aa1', '#76b7b2',
     '#edc948', '#ff9da7', '#9c755f', '#bab0ac'];
 
@@ -92,6 +119,11 @@
     const d = t.desc || {};
     const axes = d.axes || [];
     if (shape.length === 0) return 'raw';
+    if (d.kind === 'fit') {
+      if (d.output === 'curves') return 'fit';
+      if (shape.length === 2 && axes[0] === 'fit') return 'fittable';
+      if (shape.length === 1 && axes[0] === 'fit') return 'table';
+    }
     if (n === 1) return 'scalar';
     if (shape.length === 1) {
       if (d.per_frame && n <= 16) return 'scalars';
@@ -158,7 +190,9 @@
     const info = el('div', 'info');
     root.append(title, info);
     const p = { name, kind, root, info, pending: null, drawn: 0, hist: null, opts: {} };
+    p.fitStage = (t.desc || {}).kind === 'fit' ? name.split('.')[0] : null;
     if (kind === 'image') buildImage(p);
+    else if (kind === 'fit') buildFit(p);
     else if (kind === 'curves' || kind === 'curve' || kind === 'scalar' || kind === 'scalars') buildPlot(p);
     else { p.pre = el('pre'); root.append(p.pre); }
     $('panels').append(root);
@@ -201,6 +235,16 @@
     part.append(new Option('magnitude', '0'), new Option('phase', '1'));
     p.opts.part = control(p, 'part', part);
     p.opts.part.parentNode.style.display = 'none';
+    /* Planes of a labelled stack (a fit's parameters), by label. */
+    const plane = el('select');
+    p.opts.plane = control(p, 'plane', plane);
+    p.opts.plane.parentNode.style.display = 'none';
+    /* Autoscale limits: min-max, or percentiles, which failed fits'
+     * outliers cannot stretch (the default for fit maps). */
+    const lim = el('select');
+    lim.append(new Option('min–max', '0'), new Option('1–99 %', '1'), new Option('0.1–99.9 %', '0.1'));
+    if (p.fitStage) lim.value = '1';
+    p.opts.limits = control(p, 'limits', lim);
     const reset = el('button', '', 'reset view');
     p.controls.append(reset);
     p.canvas = el('canvas', 'view');
@@ -209,11 +253,13 @@
     p.cbarLabels = el('div', 'cbarlabels');
     p.cbarLo = el('span'); p.cbarHi = el('span');
     p.cbarLabels.append(p.cbarLo, p.cbarHi);
-    p.root.append(p.controls, p.canvas, p.cbar, p.cbarLabels);
+    p.legend = el('div', 'legend');
+    p.readout = el('div', 'readout');
+    p.root.append(p.controls, p.canvas, p.cbar, p.cbarLabels, p.legend, p.readout);
     p.off = document.createElement('canvas');
     p.zoom = { s: 0, x: 0, y: 0 }; // s = 0: fit
     const redraw = () => { if (p.last) p.pending = p.last; };
-    for (const c of [cm, auto, lo, hi, logc, part]) c.onchange = () => {
+    for (const c of [cm, auto, lo, hi, logc, part, plane, lim]) c.onchange = () => {
       if (c === lo || c === hi) auto.checked = false;
       redraw();
     };
@@ -230,13 +276,21 @@
       p.zoom.s *= f;
       redraw();
     }, { passive: false });
-    let drag = null;
-    p.canvas.onmousedown = (ev) => { fitIfNeeded(p); drag = { x: ev.clientX, y: ev.clientY, zx: p.zoom.x, zy: p.zoom.y }; };
+    let drag = null, moved = 0;
+    p.canvas.onmousedown = (ev) => { fitIfNeeded(p); moved = 0; drag = { x: ev.clientX, y: ev.clientY, zx: p.zoom.x, zy: p.zoom.y }; };
     window.addEventListener('mouseup', () => { drag = null; });
+    /* A click (not a drag) pins the readout of that pixel below the image. */
+    p.canvas.addEventListener('click', (ev) => {
+      if (moved > 3) return;
+      const r = p.canvas.getBoundingClientRect();
+      const px = imagePixel(p, (ev.clientX - r.left) * p.canvas.width / r.width, (ev.clientY - r.top) * p.canvas.height / r.height);
+      if (px) { p.pin = px; showReadout(p); }
+    });
     p.canvas.addEventListener('mousemove', (ev) => {
       const r = p.canvas.getBoundingClientRect();
       const sx = p.canvas.width / r.width, sy = p.canvas.height / r.height;
       if (drag) {
+        moved = Math.max(moved, Math.abs(ev.clientX - drag.x) + Math.abs(ev.clientY - drag.y));
         p.zoom.x = drag.zx + (ev.clientX - drag.x) * sx;
         p.zoom.y = drag.zy + (ev.clientY - drag.y) * sy;
         redraw();
@@ -250,14 +304,107 @@
     const s = Math.min(p.canvas.width / p.img.w, p.canvas.height / p.img.h);
     p.zoom = { s, x: (p.canvas.width - p.img.w * s) / 2, y: (p.canvas.height - p.img.h * s) / 2 };
   }
-  function hover(p, cx, cy) {
-    if (!p.img || !p.zoom.s) return;
+  /* The display pixel under canvas point (cx, cy), or null. */
+  function imagePixel(p, cx, cy) {
+    if (!p.img || !p.zoom.s) return null;
     const ix = Math.floor((cx - p.zoom.x) / p.zoom.s), iy = Math.floor((cy - p.zoom.y) / p.zoom.s);
-    if (ix < 0 || iy < 0 || ix >= p.img.w || iy >= p.img.h) { p.hoverText = ''; return; }
+    if (ix < 0 || iy < 0 || ix >= p.img.w || iy >= p.img.h) return null;
+    return { ix, iy };
+  }
+  function hover(p, cx, cy) {
+    const px = imagePixel(p, cx, cy);
+    if (!px) { p.hoverText = ''; return; }
+    const { ix, iy } = px;
     const v = p.img.plane[iy * p.img.w + ix];
     const f = p.img.factor;
-    p.hoverText = 'x ' + ix * f[1] + ', y ' + iy * f[0] + ': ' + fmt(v);
+    const cat = p.img.categories;
+    p.hoverText = 'x ' + ix * f[1] + ', y ' + iy * f[0] + ': ' +
+      (cat && v === v && cat[v] !== undefined ? cat[v] + ' (' + v + ')' : fmt(v));
+    if (p.fitStage) {
+      const r = fitPixel(p.fitStage, ix * f[1], iy * f[0]);
+      if (r) p.hoverText = readoutText(r);
+    }
     p.info.textContent = p.infoText + '  |  ' + p.hoverText;
+  }
+
+  /* ---- fit maps: one pixel's parameters ± errors, chi2 and status ------------- */
+  /* x, y in original pixel coordinates; siblings <stage>.params, .errors,
+   * .chi2, .status of the newest version received (of the same display
+   * shape, so one index serves all). null when there is no params map. */
+  function fitPixel(stage, x, y) {
+    /* Of the params' frame where the others of that frame are still at hand. */
+    const first = S.latest.get(stage + '.params') || S.latest.get(stage + '.chi2') || S.latest.get(stage + '.status');
+    const get = (out) => {
+      const m = first ? sameFrame(stage + '.' + out, first) : null;
+      return m && m.a && m.h.data && (m.h.data.shape || []).length === 2 ? m : null;
+    };
+    const pm = get('params'), em = get('errors'), cm = get('chi2'), sm = get('status');
+    const base = pm || cm || sm;
+    if (!base) return null;
+    const [H, W] = base.h.data.shape, f = base.h.data.factor || [1, 1];
+    const ix = Math.floor(x / f[1]), iy = Math.floor(y / f[0]);
+    if (ix < 0 || iy < 0 || ix >= W || iy >= H) return null;
+    const same = (m) => m && m.h.data.shape[0] === H && m.h.data.shape[1] === W;
+    const i = iy * W + ix, n = H * W;
+    const r = { x, y, frame_id: base.h.frame_id, values: [] };
+    if (pm) {
+      const names = (pm.h.data.arrays || []).map((a) => a.name);
+      for (let j = 0; j < names.length && (j + 1) * n <= pm.a.length; j++)
+        r.values.push({ name: names[j], v: pm.a[j * n + i],
+          e: same(em) && em.a.length >= (j + 1) * n ? em.a[j * n + i] : null });
+    }
+    if (same(cm)) r.chi2 = cm.a[i];
+    if (same(sm)) {
+      r.status = sm.a[i];
+      const lab = ((S.topics.get(stage + '.status') || {}).desc || {}).labels;
+      r.status_name = Array.isArray(lab) && lab[r.status] !== undefined ? lab[r.status] : String(r.status);
+    }
+    return r;
+  }
+  S.fitPixel = fitPixel;
+  function readoutText(r) {
+    const parts = r.values.map((q) => q.name + ' ' + fmtPE(q.v, q.e));
+    if (r.chi2 !== undefined) parts.push('χ² ' + fmtP(r.chi2));
+    if (r.status !== undefined) parts.push(r.status_name);
+    return 'x ' + r.x + ', y ' + r.y + ': ' + parts.join(' · ');
+  }
+  function showReadout(p) {
+    if (!p.pin || !p.img) { p.readout.textContent = ''; return; }
+    const f = p.img.factor, x = p.pin.ix * f[1], y = p.pin.iy * f[0];
+    const r = p.fitStage ? fitPixel(p.fitStage, x, y) : null;
+    const v = p.img.plane[p.pin.iy * p.img.w + p.pin.ix];
+    p.readoutData = r || { x, y, value: v };
+    p.readout.textContent = 'pinned ' + (r ? readoutText(r) : 'x ' + x + ', y ' + y + ': ' + fmt(v));
+  }
+
+  /* Percentiles q0, q1 (0..1) of the finite values of a (linear between
+   * order statistics, as numpy's default); a sample of 65536 when larger. */
+  function percentiles(a, q0, q1, positive) {
+    const n = a.length, step = n > 65536 ? n / 65536 : 1;
+    const v = [];
+    for (let i = 0; i < n; i += step) {
+      const x = a[Math.floor(i)];
+      if (Number.isFinite(x) && (!positive || x > 0)) v.push(x);
+    }
+    if (!v.length) return [null, null];
+    const s = Float64Array.from(v).sort();
+    const at = (q) => {
+      const pos = q * (s.length - 1), k = Math.floor(pos), f = pos - k;
+      return k + 1 < s.length ? s[k] * (1 - f) + s[k + 1] * f : s[k];
+    };
+    return [at(q0), at(q1)];
+  }
+
+  /* The plane select of a labelled stack: options = labels, kept by name. */
+  function syncPlanes(p, names) {
+    const sel = p.opts.plane;
+    const have = Array.from(sel.options, (o) => o.textContent);
+    if (have.length === names.length && have.every((x, i) => x === names[i])) return;
+    const keep = sel.selectedIndex >= 0 ? have[sel.selectedIndex] : null;
+    sel.textContent = '';
+    names.forEach((nm, i) => sel.append(new Option(nm, String(i))));
+    const j = names.indexOf(keep);
+    sel.value = String(j >= 0 ? j : 0);
   }
 
   function drawImage(p, m) {
@@ -265,17 +412,30 @@
     const H = shape[0], W = shape[1];
     if (!m.a || !H || !W) { p.info.textContent = 'no data'; return false; }
     const arrays = data.arrays || [];
-    const cplx = arrays.length > 1;
+    const cplx = data.complex === undefined ? arrays.length > 1 : !!data.complex;
+    const stack = !cplx && arrays.length > 1;
+    const desc = h.desc || {};
+    const labels = Array.isArray(desc.labels) ? desc.labels : null;
+    const categories = data.categorical && labels ? labels : null;
     p.opts.part.parentNode.style.display = cplx ? '' : 'none';
-    const k = cplx ? +p.opts.part.value : 0;
+    p.opts.plane.parentNode.style.display = stack ? '' : 'none';
+    if (stack) syncPlanes(p, arrays.map((x) => x.name));
+    /* Colour-scale controls mean nothing for categories. */
+    for (const c of [p.opts.cmap, p.opts.auto, p.opts.lo, p.opts.hi, p.opts.log, p.opts.limits])
+      c.parentNode.style.display = categories ? 'none' : '';
+    p.cbar.style.display = p.cbarLabels.style.display = categories ? 'none' : '';
+    const k = cplx ? +p.opts.part.value : stack ? Math.min(+p.opts.plane.value || 0, arrays.length - 1) : 0;
+    if ((k + 1) * H * W > m.a.length) { p.info.textContent = 'short payload'; return false; }
     const plane = m.a.subarray(k * H * W, (k + 1) * H * W);
     const st = arrays[k] || {};
     let lo, hi;
-    const logs = p.opts.log.checked;
+    const logs = p.opts.log.checked && !categories;
+    const q = parseFloat(p.opts.limits.value) || 0;
     if (p.opts.auto.checked) {
       lo = st.min; hi = st.max;
-      if (k === 1) { lo = -Math.PI; hi = Math.PI; }
-      if (logs) {
+      if (cplx && k === 1) { lo = -Math.PI; hi = Math.PI; }
+      else if (q > 0) [lo, hi] = percentiles(plane, q / 100, 1 - q / 100, logs);
+      if (logs && !(q > 0)) {
         lo = Infinity;
         for (let i = 0; i < plane.length; i++) { const v = plane[i]; if (v > 0 && v < lo) lo = v; }
         if (!Number.isFinite(lo)) lo = 1;
@@ -286,8 +446,9 @@
       lo = parseFloat(p.opts.lo.value); hi = parseFloat(p.opts.hi.value);
     }
     if (!Number.isFinite(lo) || !Number.isFinite(hi)) { lo = 0; hi = 1; }
-    const cmap = k === 1 && p.opts.cmap.value === 'viridis' ? 'hsv' : p.opts.cmap.value;
+    const cmap = cplx && k === 1 && p.opts.cmap.value === 'viridis' ? 'hsv' : p.opts.cmap.value;
     const lut = LUTS[cmap];
+    const nan = nanRGB(cmap), nanPx = rgba(nan[0], nan[1], nan[2]);
     if (p.off.width !== W || p.off.height !== H) {
       p.off.width = W; p.off.height = H;
       p.imgData = null;
@@ -296,20 +457,38 @@
     const octx = p.off.getContext('2d');
     if (!p.imgData) p.imgData = octx.createImageData(W, H);
     const px = new Uint32Array(p.imgData.data.buffer);
-    let a = logs ? Math.log10(lo > 0 ? lo : 1e-30) : lo;
-    const b = logs ? Math.log10(hi > 0 ? hi : 1e-30) : hi;
-    const scale = b > a ? 255 / (b - a) : 0;
-    if (!(b > a)) a = a - 0.5;
-    for (let i = 0, n = W * H; i < n; i++) {
-      let v = plane[i];
-      if (v !== v) { px[i] = NAN_RGBA; continue; }
-      if (logs) v = v > 0 ? Math.log10(v) : a;
-      let j = (v - a) * scale;
-      j = j < 0 ? 0 : j > 255 ? 255 : j | 0;
-      px[i] = lut[j];
+    let counts = null, catPx = null;
+    if (categories) {
+      catPx = categories.map((nm, i) => {
+        const c = STATUS_RGB[nm] || CURVE_COLOURS[i % CURVE_COLOURS.length].match(/\w\w/g).map((x) => parseInt(x, 16));
+        return rgba(c[0], c[1], c[2]);
+      });
+      counts = new Array(categories.length + 1).fill(0); // the last: any other value
+      for (let i = 0, n = W * H; i < n; i++) {
+        const v = plane[i];
+        if (v !== v) { px[i] = nanPx; continue; }
+        const j = v >= 0 && v < categories.length && v === Math.floor(v) ? v : -1;
+        if (j < 0) { px[i] = rgba(255, 255, 255); counts[categories.length]++; continue; }
+        px[i] = catPx[j];
+        counts[j]++;
+      }
+    } else {
+      let a = logs ? Math.log10(lo > 0 ? lo : 1e-30) : lo;
+      const b = logs ? Math.log10(hi > 0 ? hi : 1e-30) : hi;
+      const scale = b > a ? 255 / (b - a) : 0;
+      if (!(b > a)) a = a - 0.5;
+      for (let i = 0, n = W * H; i < n; i++) {
+        let v = plane[i];
+        if (v !== v) { px[i] = nanPx; continue; }
+        if (logs) v = v > 0 ? Math.log10(v) : a;
+        let j = (v - a) * scale;
+        j = j < 0 ? 0 : j > 255 ? 255 : j | 0;
+        px[i] = lut[j];
+      }
     }
     octx.putImageData(p.imgData, 0, 0);
-    p.img = { w: W, h: H, plane, factor: data.factor || [1, 1] };
+    p.img = { w: W, h: H, plane, factor: data.factor || [1, 1], categories, counts,
+      plane_name: stack ? st.name : null, limits: categories ? null : [lo, hi], nan_rgb: nan };
     fitIfNeeded(p);
     const ctx = p.canvas.getContext('2d');
     ctx.setTransform(1, 0, 0, 1, 0, 0);
@@ -317,19 +496,39 @@
     ctx.fillRect(0, 0, p.canvas.width, p.canvas.height);
     ctx.imageSmoothingEnabled = false;
     ctx.drawImage(p.off, p.zoom.x, p.zoom.y, W * p.zoom.s, H * p.zoom.s);
-    const cb = p.cbar.getContext('2d');
-    const cbd = cb.createImageData(256, 1);
-    new Uint32Array(cbd.data.buffer).set(lut);
-    cb.putImageData(cbd, 0, 0);
-    const u = ((h.desc || {}).units) || '';
-    p.cbarLo.textContent = fmt(lo) + (logs ? ' (log)' : '');
-    p.cbarHi.textContent = fmt(hi) + (u ? ' ' + u : '');
+    /* Legend: the categories with their counts, or the NaN colour. */
+    p.legend.textContent = '';
+    const swatch = (c, text) => {
+      const sp = el('span', 'item');
+      const sw = el('span', 'swatch');
+      sw.style.background = 'rgb(' + c.join(',') + ')';
+      sp.append(sw, text);
+      p.legend.append(sp);
+    };
+    if (categories) {
+      categories.forEach((nm, i) => {
+        const c = catPx[i];
+        swatch([c & 255, (c >>> 8) & 255, (c >>> 16) & 255], nm + ' ' + counts[i]);
+      });
+      if (counts[categories.length]) swatch([255, 255, 255], 'other ' + counts[categories.length]);
+    } else {
+      const cb = p.cbar.getContext('2d');
+      const cbd = cb.createImageData(256, 1);
+      new Uint32Array(cbd.data.buffer).set(lut);
+      cb.putImageData(cbd, 0, 0);
+      const u = desc.units || '';
+      p.cbarLo.textContent = fmt(lo) + (logs ? ' (log)' : '') + (q > 0 && p.opts.auto.checked ? ' (' + q + ' %)' : '');
+      p.cbarHi.textContent = fmt(hi) + (u ? ' ' + u : '');
+    }
+    if (st.nonfinite) swatch(nan, 'NaN/Inf ' + st.nonfinite);
     const f = data.factor || [1, 1];
     p.infoText = 'series ' + h.series_id + ' frame ' + h.frame_id + ' · ' + (h.shape || []).join('×') +
       (f[0] > 1 || f[1] > 1 ? ' shown ' + W + '×' + H + ' (' + data.downsample + ' of ' + f[0] + '×' + f[1] + ')' : '') +
-      (data.planes > 1 ? ' · plane 0 of ' + data.planes : '') +
+      (stack ? ' · ' + st.name : data.planes > 1 ? ' · plane 0 of ' + data.planes : '') +
+      (h.flags & 16 ? ' · final' : h.flags & 8 ? ' · partial' : '') +
       (st.nonfinite ? ' · ' + st.nonfinite + ' NaN/Inf' : '') + (h.desc ? '' : ' · no descriptor (raw)');
     p.info.textContent = p.infoText + (p.hoverText ? '  |  ' + p.hoverText : '');
+    showReadout(p);
     return true;
   }
 
@@ -347,7 +546,11 @@
     p.root.append(p.controls, p.canvas);
   }
 
-  /* Line plot of curves [{x, y, name}] with axes; log axes drop values <= 0. */
+  /* Line plot of curves [{x, y, name, mode?, err?, colour?}] with axes; log
+   * axes drop values <= 0. mode 'line' (default: a line, and a dot per
+   * point up to 64 points), 'model' (line only) or 'points' (dots, with
+   * vertical bars y ± err where err is given). Each curve gets drawn (points
+   * on the canvas) and bars (error bars drawn). */
   function plot(canvas, curves, o) {
     const ctx = canvas.getContext('2d');
     const W = canvas.width, H = canvas.height, L = 62, R = 10, T = 10, B = 36;
@@ -398,22 +601,45 @@
     }
     ctx.fillText(o.xlabel || '', W / 2 - 20, H - 6);
     ctx.fillText(o.ylabel || '', L + 4, T + 12);
-    let drawnPts = 0;
+    let drawnPts = 0, leg = 0;
+    ctx.save();
+    ctx.beginPath(); ctx.rect(L, T, W - L - R, H - T - B); ctx.clip();
     curves.forEach((c, k) => {
-      ctx.strokeStyle = CURVE_COLOURS[k % CURVE_COLOURS.length];
+      ctx.strokeStyle = c.colour || CURVE_COLOURS[k % CURVE_COLOURS.length];
       ctx.fillStyle = ctx.strokeStyle;
       ctx.lineWidth = 1.5;
+      const mode = c.mode || 'line';
+      c.drawn = 0; c.bars = 0;
       ctx.beginPath();
       let pen = false;
       for (let i = 0; i < c.y.length; i++) {
         const xv = tx(c.x[i]), yv = ty(c.y[i]);
         if (!Number.isFinite(xv) || !Number.isFinite(yv)) { pen = false; continue; }
+        c.drawn++; drawnPts++;
+        if (mode === 'points') {
+          ctx.fillRect(X(xv) - 2.5, Y(yv) - 2.5, 5, 5);
+          const e = c.err ? c.err[i] : NaN;
+          if (e > 0 && Number.isFinite(e)) {
+            const top = ty(c.y[i] + e), bot = ty(c.y[i] - e);
+            const yb = Number.isFinite(bot) ? Y(bot) : H - B, yt = Number.isFinite(top) ? Y(top) : T;
+            ctx.moveTo(X(xv), yb); ctx.lineTo(X(xv), yt);
+            ctx.moveTo(X(xv) - 2, yb); ctx.lineTo(X(xv) + 2, yb);
+            ctx.moveTo(X(xv) - 2, yt); ctx.lineTo(X(xv) + 2, yt);
+            c.bars++;
+          }
+          continue;
+        }
         if (pen) ctx.lineTo(X(xv), Y(yv)); else ctx.moveTo(X(xv), Y(yv));
-        pen = true; drawnPts++;
-        if (c.y.length <= 64) ctx.fillRect(X(xv) - 1.5, Y(yv) - 1.5, 3, 3);
+        pen = true;
+        if (mode === 'line' && c.y.length <= 64) ctx.fillRect(X(xv) - 1.5, Y(yv) - 1.5, 3, 3);
       }
       ctx.stroke();
-      if (curves.length > 1 || c.name) ctx.fillText(c.name || '', W - R - 110, T + 12 + 13 * k);
+    });
+    ctx.restore();
+    curves.forEach((c, k) => {
+      if (!(curves.length > 1 || c.name) || (c.name === '' && c.mode)) return;
+      ctx.fillStyle = c.colour || CURVE_COLOURS[k % CURVE_COLOURS.length];
+      ctx.fillText(c.name || '', W - R - 110, T + 12 + 13 * leg++);
     });
     return drawnPts;
   }
@@ -468,6 +694,207 @@
     return n > 0;
   }
 
+  /* ---- fits of curves (source: result): data points under the model ---------- */
+  function buildFit(p) {
+    p.controls = el('div', 'controls');
+    const fitSel = el('select');
+    fitSel.append(new Option('all', 'all'));
+    p.opts.fit = control(p, 'fit', fitSel);
+    const dataSel = el('select');
+    p.opts.data = control(p, 'data', dataSel);
+    const lx = el('input'); lx.type = 'checkbox';
+    const ly = el('input'); ly.type = 'checkbox';
+    p.opts.logx = control(p, 'log x', lx);
+    p.opts.logy = control(p, 'log y', ly);
+    p.opts.logxAuto = true;
+    const redraw = () => { if (p.last) p.pending = p.last; };
+    lx.onchange = () => { p.opts.logxAuto = false; redraw(); };
+    ly.onchange = redraw;
+    fitSel.onchange = redraw;
+    dataSel.onchange = () => { p.dataChoice = dataSel.value; sendSubscribe(); redraw(); };
+    p.canvas = el('canvas', 'view');
+    p.canvas.width = 438; p.canvas.height = 340;
+    p.table = el('table', 'fitparams');
+    const wrap = el('div', 'tablewrap');
+    wrap.append(p.table);
+    p.root.append(p.controls, p.canvas, wrap);
+    p.fitIndex = 0;
+  }
+
+  /* The upstream output a fit of curves consumed: the descriptor does not
+   * name it, so it is found as a topic of another stage with the curves'
+   * published shape, not an error or x output (…_err, …lags): a lag axis,
+   * then the fit's frame id (the fit copies its input's frame id), then an
+   * …_err sibling (weights) preferred. ?fitdata=<fit stage>:<topic> or the
+   * panel's select overrides. */
+  const ERR_OUT = /(_err|_sigma|_std|_error|\.lags|\.tau|\.lag)$/;
+  function fitDataCandidates(name) {
+    const me = S.topics.get(name) || {}, shape = me.shape || [];
+    const stage = name.split('.')[0];
+    const lm = S.latest.get(name);
+    const out = [];
+    for (const t of S.topics.values()) {
+      const st = t.topic.split('.')[0];
+      if (st === stage || st === 'beamd' || !t.ok || ERR_OUT.test(t.topic)) continue;
+      const ts = t.shape || [];
+      if (ts.length !== shape.length || !ts.every((v, i) => v === shape[i])) continue;
+      const d = t.desc || {};
+      const l = S.latest.get(t.topic);
+      const score = ((d.axes || []).some(isLagAxis) ? 4 : 0) +
+        (l && lm && l.h.frame_id === lm.h.frame_id && l.h.series_id === lm.h.series_id ? 2 : 0) +
+        (S.topics.has(t.topic + '_err') ? 1 : 0);
+      out.push([score, t.topic]);
+    }
+    out.sort((a, b) => b[0] - a[0] || (a[1] < b[1] ? -1 : 1));
+    return out.map((x) => x[1]);
+  }
+  function fitDataTopic(p) {
+    const stage = p.name.split('.')[0];
+    for (const w of (params.get('fitdata') || '').split(',')) {
+      const [st, topic] = w.split(':');
+      if (st === stage && topic) return topic;
+    }
+    if (p.dataChoice !== undefined) return p.dataChoice || null;
+    /* A descriptor that names its input ("mt.g2+g2_err+lags") settles it. */
+    const inp = ((S.topics.get(p.name) || {}).desc || {}).input;
+    if (typeof inp === 'string' && /^[^.+]+\.[^+]+/.test(inp)) return inp.split('+')[0];
+    return fitDataCandidates(p.name)[0] || null;
+  }
+  /* The message of topic of the same series and frame as m when one of the
+   * last few received is, else the newest. */
+  function sameFrame(topic, m) {
+    const r = S.recent.get(topic) || [];
+    for (let i = r.length - 1; i >= 0; i--)
+      if (r[i].h.frame_id === m.h.frame_id && r[i].h.series_id === m.h.series_id) return r[i];
+    return S.latest.get(topic) || null;
+  }
+
+  function drawFit(p, m) {
+    const h = m.h, a = m.a, data = h.data || {}, shape = data.shape || [];
+    if (!a || !shape.length) { p.info.textContent = 'no data'; return false; }
+    const stage = h.topic.split('.')[0];
+    const axes = (h.desc || {}).axes || [];
+    /* Curves as [point][fit] or [fit][point] (axis names from the stage). */
+    const fitAx = shape.length === 1 ? -1 : axes.indexOf('fit') >= 0 ? axes.indexOf('fit') : 1;
+    const nf = fitAx < 0 ? 1 : shape[fitAx], np = fitAx < 0 ? shape[0] : shape[1 - fitAx];
+    const at = (arr, t, i) => fitAx < 0 ? arr[t] : fitAx === 1 ? arr[t * nf + i] : arr[i * np + t];
+    /* The data points and their errors. */
+    const cands = fitDataCandidates(h.topic);
+    const dataTopic = fitDataTopic(p);
+    const sel = p.opts.data;
+    const want = [''].concat(cands);
+    if (dataTopic && !want.includes(dataTopic)) want.push(dataTopic);
+    if (Array.from(sel.options, (o) => o.value).join('|') !== want.join('|')) {
+      sel.textContent = '';
+      for (const c of want) sel.append(new Option(c || 'none', c));
+    }
+    sel.value = dataTopic || '';
+    const dm = dataTopic ? sameFrame(dataTopic, m) : null;
+    const dOk = dm && dm.a && (dm.h.data.shape || []).join('x') === shape.join('x');
+    const errTopic = dataTopic ? dataTopic + '_err' : null;
+    const em = dOk && S.latest.has(errTopic) ? sameFrame(errTopic, dm) : null;
+    const eOk = em && em.a && (em.h.data.shape || []).join('x') === shape.join('x');
+    const dAxes = dOk ? (dm.h.desc || {}).axes || [] : [];
+    const xAxis = dOk ? dAxes[fitAx < 0 ? 0 : 1 - fitAx] : axes[fitAx < 0 ? 0 : 1 - fitAx];
+    const xv = xValues(dOk ? dataTopic : h.topic, xAxis, np);
+    const names = dOk ? curveNames(dataTopic, dAxes[fitAx] || 'fit', nf) : curveNames(h.topic, 'fit', nf);
+    /* The fit select: all, or one fit by name. */
+    const fsel = p.opts.fit;
+    if (fsel.options.length !== nf + 1) {
+      const keep = p.fitBuilt ? fsel.value : '0';
+      p.fitBuilt = true;
+      fsel.textContent = '';
+      fsel.append(new Option('all', 'all'));
+      names.forEach((nm, i) => fsel.append(new Option(nm, String(i))));
+      fsel.value = keep === 'all' || +keep < nf ? keep : '0';
+      if (!fsel.value) fsel.value = '0';
+    }
+    const which = fsel.value === 'all' ? Array.from({ length: nf }, (_, i) => i) : [Math.min(+fsel.value || 0, nf - 1)];
+    const curves = [];
+    for (const i of which) {
+      const one = which.length === 1;
+      const cD = one ? CURVE_COLOURS[0] : CURVE_COLOURS[i % CURVE_COLOURS.length];
+      const cM = one ? CURVE_COLOURS[1] : cD;
+      const ym = new Float32Array(np);
+      for (let t = 0; t < np; t++) ym[t] = at(a, t, i);
+      /* The model first, so the data points are drawn on top of it. */
+      curves.push({ x: xv.x, y: ym, mode: 'model', colour: cM, name: one ? 'fit' : names[i] });
+      if (dOk) {
+        const yd = new Float32Array(np), ye = eOk ? new Float32Array(np) : null;
+        for (let t = 0; t < np; t++) { yd[t] = at(dm.a, t, i); if (ye) ye[t] = at(em.a, t, i); }
+        curves.push({ x: xv.x, y: yd, err: ye, mode: 'points', colour: cD, name: one ? names[i] + ' data' : '' });
+      }
+    }
+    if (p.opts.logxAuto) p.opts.logx.checked = xv.log;
+    plot(p.canvas, curves, { logx: p.opts.logx.checked, logy: p.opts.logy.checked, xlabel: xv.label,
+      ylabel: dOk ? dataTopic.split('.')[1] + (eOk ? ' ± ' + errTopic.split('.')[1] : '') : 'model' });
+    /* The parameters of the fits shown, ± errors, chi2 and status. */
+    const pm = sameFrame(stage + '.params', m), er = sameFrame(stage + '.errors', m);
+    const cm = sameFrame(stage + '.chi2', m), sm = sameFrame(stage + '.status', m);
+    const pnames = ((S.topics.get(stage + '.params') || {}).desc || {}).labels || [];
+    const slab = ((S.topics.get(stage + '.status') || {}).desc || {}).labels || [];
+    const P = pm && pm.a && pm.a.length % nf === 0 ? pm.a.length / nf : 0; // another fit count: none
+    p.table.textContent = '';
+    const hr = el('tr');
+    hr.append(el('th', '', ''));
+    for (let j = 0; j < P; j++) hr.append(el('th', '', pnames[j] !== undefined ? pnames[j] : 'p' + j));
+    hr.append(el('th', '', 'χ²'), el('th', '', 'status'));
+    p.table.append(hr);
+    const rows = [];
+    for (const i of which) {
+      const tr = el('tr');
+      tr.dataset.fit = i;
+      tr.append(el('td', '', names[i]));
+      const row = { fit: i, name: names[i], values: [] };
+      for (let j = 0; j < P; j++) {
+        const v = pm.a[i * P + j], e = er && er.a && er.a.length === pm.a.length ? er.a[i * P + j] : null;
+        row.values.push({ name: pnames[j], v, e });
+        tr.append(el('td', '', fmtPE(v, e)));
+      }
+      row.chi2 = cm && cm.a ? cm.a[i] : null;
+      row.status = sm && sm.a ? sm.a[i] : null;
+      row.status_name = row.status !== null ? (slab[row.status] !== undefined ? slab[row.status] : String(row.status)) : null;
+      tr.append(el('td', '', fmtP(row.chi2)), el('td', row.status > 1 ? 'err' : '', row.status_name || '–'));
+      p.table.append(tr);
+      rows.push(row);
+    }
+    let pts = 0, bars = 0, model = 0;
+    for (const c of curves) { if (c.mode === 'points') { pts += c.drawn; bars += c.bars; } else model += c.drawn; }
+    const first = (mode) => { const c = curves.find((q) => q.mode === mode); return c ? Array.from(c.y) : null; };
+    p.fit = { index: fsel.value, n_fits: nf, n_points: np, data: dOk ? dataTopic : null,
+      data_y: first('points'), model_y: first('model'),
+      data_frame: dOk ? dm.h.frame_id : null, errors: eOk ? errTopic : null, points: pts, bars, model,
+      logx: p.opts.logx.checked, rows, names, x: Array.from(xv.x) };
+    p.curves = curves.length;
+    p.points = pts + model;
+    p.infoText = nf + ' fits × ' + np + ' points · series ' + h.series_id + ' frame ' + h.frame_id +
+      (h.flags & 16 ? ' · final' : h.flags & 8 ? ' · partial' : '') +
+      (dOk ? ' · data ' + dataTopic + (dm.h.frame_id !== h.frame_id ? ' (frame ' + dm.h.frame_id + ')' : '')
+        : ' · no data points' + (dataTopic ? ' (' + dataTopic + ' has another shape)' : ' (no topic of shape ' + shape.join('×') + ')'));
+    p.info.textContent = p.infoText;
+    return pts + model > 0;
+  }
+
+  /* A fit's [fit][param] result as a table: value ± error per parameter. */
+  function fitTable(p, m) {
+    const h = m.h, d = h.desc || {}, shape = h.shape || [];
+    const stage = h.topic.split('.')[0];
+    const nf = shape[0], P = shape[1];
+    const pnames = Array.isArray(d.labels) ? d.labels : [];
+    const em = d.output === 'params' ? sameFrame(stage + '.errors', m) : null;
+    const rows = [['fit'].concat(Array.from({ length: P }, (_, j) => pnames[j] !== undefined ? pnames[j] : 'p' + j))];
+    for (let i = 0; i < nf && i < 256; i++) {
+      const r = [String(i)];
+      for (let j = 0; j < P; j++) {
+        const e = em && em.a && em.a.length === m.a.length ? em.a[i * P + j] : null;
+        r.push(fmtPE(m.a[i * P + j], e));
+      }
+      rows.push(r);
+    }
+    const wid = rows[0].map((_, j) => Math.max(...rows.map((r) => r[j].length)) + 2);
+    return rows.map((r) => r.map((c, j) => c.padEnd(wid[j])).join('')).join('\n');
+  }
+
   function drawText(p, m) {
     const h = m.h;
     if (h.type === 'raw') {
@@ -477,11 +904,18 @@
     } else if (h.type === 'doc') {
       p.pre.textContent = JSON.stringify(h.doc, null, 1);
       p.info.textContent = (h.msg_type || '') + ' series ' + h.series_id;
+    } else if (p.kind === 'fittable' && m.a) {
+      p.pre.textContent = fitTable(p, m);
+      p.info.textContent = 'series ' + h.series_id + ' frame ' + h.frame_id;
     } else {
       const d = h.desc || {};
       const lab = Array.isArray(d.labels) ? d.labels : null;
+      /* A fit's status [fit]: the labels name the values, not the rows. */
+      const cat = d.kind === 'fit' && d.output === 'status' && lab;
       const rows = [];
-      for (let i = 0; m.a && i < m.a.length && i < 256; i++) rows.push(String(lab ? lab[i] : i).padEnd(14) + fmt(m.a[i]));
+      for (let i = 0; m.a && i < m.a.length && i < 256; i++)
+        rows.push(String(lab && !cat ? lab[i] : i).padEnd(14) +
+          (cat && lab[m.a[i]] !== undefined ? lab[m.a[i]] : fmt(m.a[i])));
       p.pre.textContent = rows.join('\n');
       p.info.textContent = 'series ' + h.series_id + ' frame ' + h.frame_id + (h.desc ? '' : ' · no descriptor (raw)');
     }
@@ -498,6 +932,7 @@
       let ok = false;
       try {
         if (p.kind === 'image') ok = drawImage(p, m);
+        else if (p.kind === 'fit') ok = drawFit(p, m);
         else if (p.canvas) ok = drawPlot(p, m);
         else ok = drawText(p, m);
       } catch (e) {
@@ -566,7 +1001,7 @@
   /* The panels opened without asking: images, lag curves, histories. */
   function autoOpen() {
     const want = params.get('topics');
-    const order = { image: 0, curves: 1, scalars: 2, scalar: 3, curve: 4, table: 5 };
+    const order = { image: 0, fit: 0.5, curves: 1, fittable: 1.5, scalars: 2, scalar: 3, curve: 4, table: 5 };
     const cands = [];
     for (const t of S.topics.values()) {
       if (S.autoDone.has(t.topic)) continue;
@@ -597,6 +1032,7 @@
     autoOpen();
     renderTopics();
     updateStream();
+    sendSubscribe(); // a fit view's data topic may have appeared
   }
 
   function updateStream() {
@@ -693,19 +1129,43 @@
   }
 
   /* ---- connection --------------------------------------------------------------- */
+  /* Topics a fit view reads besides its own: the fit stage's outputs
+   * (params ± errors for the readout and table) and, for curves, the data
+   * points with their errors and lags. */
+  function fitNeeds() {
+    const need = new Set(), by = new Map();
+    for (const p of S.panels.values()) {
+      if (!p.fitStage) continue;
+      const mine = [p.fitStage + '.'];
+      if (p.kind === 'fit') {
+        const d = fitDataTopic(p);
+        if (d) mine.push(d, d.split('.')[0] + '.lags');
+      }
+      for (const t of mine) need.add(t);
+      by.set(p.name, mine);
+    }
+    /* Kept for onMessage: which topics to remember by frame, and whom they redraw. */
+    S.fitNeed = { all: Array.from(need), by };
+    return need;
+  }
   function sendSubscribe() {
+    const fit = fitNeeds();
     if (!S.ws || S.ws.readyState !== 1) return;
     const want = new Set();
     for (const name of S.panels.keys()) {
       want.add(name);
       want.add(name.split('.')[0] + '.lags'); // x values of lag curves
     }
+    for (const n of fit) want.add(n);
     /* Histories need every value, not only while shown. */
     for (const t of S.topics.values()) {
       const k = viewKind(t);
       if (k === 'scalar' || k === 'scalars') want.add(t.topic);
     }
-    S.ws.send(JSON.stringify({ subscribe: Array.from(want) }));
+    const msg = JSON.stringify({ subscribe: Array.from(want).sort() });
+    if (msg === S.lastSubscribe && S.ws === S.lastSubscribeWs) return;
+    S.lastSubscribe = msg; S.lastSubscribeWs = S.ws;
+    S.ws.send(msg);
   }
 
   function onMessage(ev) {
@@ -734,6 +1194,19 @@
     m.fresh = true;
     S.latest.set(name, m);
     S.lastResultAt = nowMs();
+    /* Fit views pair data, parameters and curves by frame id, and redraw
+     * when one of the topics they read arrives. */
+    const fn = S.fitNeed;
+    if (fn && fn.all.some((t) => name.startsWith(t))) {
+      const r = S.recent.get(name) || [];
+      r.push(m);
+      if (r.length > RECENT_N) r.shift();
+      S.recent.set(name, r);
+      for (const [pn, mine] of fn.by) {
+        const q = S.panels.get(pn);
+        if (q && pn !== name && q.last && !q.pending && mine.some((t) => name.startsWith(t))) q.pending = q.last;
+      }
+    }
     if (name === 'beamd.series') onSeries(h);
     const p = S.panels.get(name);
     if (p) p.pending = m;
