@@ -656,8 +656,13 @@ void beam_fits_batch(const beam_fits_t *s, beam_fit_batch_t *b) {
 static void finish(beam_frame_t *f, const beam_fits_t *s, uint32_t flags) {
   if (s->conf.source == BEAM_FITS_RESULT)
     beam_frame_copy_ident(f, &s->ident);
+  /* Pixel maps come from many frames: the scan position (flag POS) of the
+   * frame that triggered a preview (its ident is copied) is not theirs. */
+  uint32_t pos = s->conf.source == BEAM_FITS_PIXELS ? BEAM_FLAG_POS : 0;
+  if (pos)
+    memset(f->pos, 0, sizeof f->pos);
   f->flags = (f->flags & ~(uint32_t)(BEAM_FLAG_META | BEAM_FLAG_PARTIAL | BEAM_FLAG_FINAL |
-                                     BEAM_FLAG_BAD | BEAM_FLAG_CORRUPT | BEAM_FLAG_ANOMALY)) |
+                                     BEAM_FLAG_BAD | BEAM_FLAG_CORRUPT | BEAM_FLAG_ANOMALY | pos)) |
              flags;
 }
 
