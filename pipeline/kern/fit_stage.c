@@ -284,7 +284,9 @@ int beam_fits_conf_load(beam_fits_conf_t *c, const beam_cnode_t *cfg, beam_diag_
     return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": source pixels reads one input, not \"%s\"", in);
   const char *wn = beam_cfg_str(cfg, "weights");
   if (c->source == BEAM_FITS_RESULT) {
-    if (!strcmp(xs, "index")) {
+    /* "frame_index" is the schema's default (the pixels' spelling): for a
+     * result it is the point index, not an output to look for. */
+    if (!strcmp(xs, "index") || !strcmp(xs, "frame_index")) {
       c->x = BEAM_FITS_X_INDEX;
     } else {
       c->x = BEAM_FITS_X_OUTPUT;
