@@ -4,9 +4,10 @@
  * loop: SERIES_START, FRAMEs paced on absolute deadlines, SERIES_END, for
  * each series, with optional malformed messages spread over the run. The
  * pixel patterns live in bank.c (xpcs speckle in xpcs.c, the pca pattern
- * in pca.c) and the wire
+ * in pca.c, pumpprobe in pumpprobe.c) and the wire
  * encoding in tx.c; --protocol dectris1|dectris2 hands the run to the
- * DECTRIS stream emitters in dectris.c instead. Usage is in
+ * DECTRIS stream emitters in dectris.c instead, and --write-h5 to the
+ * file writers (ptycho_h5.c, pumpprobe_h5.c). Usage is in
  * docs/tools.md and --help. Exit codes: 0 done, 1 runtime error (bind,
  * send), 2 bad command line.
  */
