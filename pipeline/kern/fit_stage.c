@@ -284,7 +284,9 @@ int beam_fits_conf_load(beam_fits_conf_t *c, const beam_cnode_t *cfg, beam_diag_
     return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": source pixels reads one input, not \"%s\"", in);
   const char *wn = beam_cfg_str(cfg, "weights");
   if (c->source == BEAM_FITS_RESULT) {
-    if (!strcmp(xs, "index")) {
+    /* "frame_index" is the schema's default (the pixels' spelling): for a
+     * result it is the point index, not an output to look for. */
+    if (!strcmp(xs, "index") || !strcmp(xs, "frame_index")) {
       c->x = BEAM_FITS_X_INDEX;
     } else {
       c->x = BEAM_FITS_X_OUTPUT;
@@ -656,8 +658,13 @@ void beam_fits_batch(const beam_fits_t *s, beam_fit_batch_t *b) {
 static void finish(beam_frame_t *f, const beam_fits_t *s, uint32_t flags) {
   if (s->conf.source == BEAM_FITS_RESULT)
     beam_frame_copy_ident(f, &s->ident);
+  /* Pixel maps come from many frames: the scan position (flag POS) of the
+   * frame that triggered a preview (its ident is copied) is not theirs. */
+  uint32_t pos = s->conf.source == BEAM_FITS_PIXELS ? BEAM_FLAG_POS : 0;
+  if (pos)
+    memset(f->pos, 0, sizeof f->pos);
   f->flags = (f->flags & ~(uint32_t)(BEAM_FLAG_META | BEAM_FLAG_PARTIAL | BEAM_FLAG_FINAL |
-                                     BEAM_FLAG_BAD | BEAM_FLAG_CORRUPT | BEAM_FLAG_ANOMALY)) |
+                                     BEAM_FLAG_BAD | BEAM_FLAG_CORRUPT | BEAM_FLAG_ANOMALY | pos)) |
              flags;
 }
 

@@ -36,7 +36,7 @@ typedef enum { BEAM_FITS_RESULT = 0, BEAM_FITS_PIXELS } beam_fits_source_t;
 
 /* Where the x of a point comes from. */
 typedef enum {
-  BEAM_FITS_X_INDEX = 0, /* frame index (pixels: arrival order) / point index */
+  BEAM_FITS_X_INDEX = 0, /* pixels: the frame id; result: the point index */
   BEAM_FITS_X_TIME,      /* pixels: frame_index x the series frame_time */
   BEAM_FITS_X_POS,       /* pixels: the frame's pos[x_pos_axis] (flag POS) */
   BEAM_FITS_X_META,      /* pixels: series metadata list x_key[frame_id] */

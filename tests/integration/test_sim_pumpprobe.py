@@ -19,6 +19,8 @@ Checks:
   [frame][pixel] and calls the same engine, so they agree to float32
   rounding of the published maps (rtol 1e-6).
 - a series that lost frames is published INCOMPLETE.
+- --write-h5 writes the streamed series (same frames, same delays) with the
+  truth maps beside it; other patterns refuse it.
 """
 import json
 import os
@@ -172,3 +174,33 @@ def test_lost_frames_flag_incomplete(tmp_path, ports, zctx, start_beamd, receive
                      stages=[fit_stage(max_frames=100)])
     assert res["status"][0].flags & proto.FLAG_INCOMPLETE
     assert res["params"][0].flags & proto.FLAG_FINAL
+
+
+def test_write_h5_holds_the_streamed_series(tmp_path):
+    """--write-h5: the frames and delays a streamed series has, the truth
+    maps (the --pp-truth content) beside them, no socket."""
+    import h5py
+    args = sim_args(tmp_path / "t.npy") + ["--frames", "12"]
+    path = tmp_path / "pp.h5"
+    r = subprocess.run([SIM, "--quiet"] + args + ["--write-h5", str(path),
+                                                  "--pp-truth", str(tmp_path / "t2.npy")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    meta, frames = receive(args)
+    with h5py.File(str(path), "r") as f:
+        data = f["/entry/data/data"]
+        assert data.shape == (12, H, W) and data.dtype == np.uint16 and data.chunks == (1, H, W)
+        np.testing.assert_array_equal(data[()], frames)
+        d = f["/entry/data/delay"]
+        assert d.dtype == np.float64 and d.attrs["units"] == "ps"
+        np.testing.assert_array_equal(d[()], np.array(meta["delay"]))
+        t = f["/entry/truth/params"]
+        np.testing.assert_array_equal(t[()], np.load(tmp_path / "t2.npy"))
+        assert [x.decode() if isinstance(x, bytes) else x for x in t.attrs["parameters"]] == \
+            ["a", "b", "tau", "f", "c"]
+        g = f["/entry/truth"].attrs
+        assert g["t0"] == T0 and g["mean"] == MEAN and g["seed"] == 3
+        assert f["/entry/data"].attrs["signal"] == "data"
+    r = subprocess.run([SIM, "--pattern", "poisson", "--write-h5", str(tmp_path / "x.h5")],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 2 and "ptycho or pumpprobe" in r.stderr

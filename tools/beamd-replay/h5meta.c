@@ -136,3 +136,105 @@ json_t *rp_meta_build(rp_src_t *s) {
   json_object_set_new(m, "source", src);
   return m;
 }
+
+/* A string attribute "units" of ds into buf; 1 when found. */
+static int units_attr(hid_t ds, char *buf, size_t len) {
+  buf[0] = '\0';
+  if (H5Aexists(ds, "units") <= 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return 0;
+  }
+  hid_t a = H5Aopen(ds, "units", H5P_DEFAULT);
+  hid_t t = a >= 0 ? H5Aget_type(a) : -1;
+  if (t >= 0 && H5Tget_class(t) == H5T_STRING) {
+    hid_t mt = H5Tcopy(H5T_C_S1);
+    H5Tset_cset(mt, H5Tget_cset(t));
+    if (H5Tis_variable_str(t) > 0) {
+      H5Tset_size(mt, H5T_VARIABLE);
+      char *v = NULL;
+      if (H5Aread(a, mt, &v) >= 0 && v) {
+        snprintf(buf, len, "%s", v);
+        H5free_memory(v);
+      }
+    } else {
+      size_t n = H5Tget_size(t);
+      char *v = calloc(1, n + 1);
+      H5Tset_size(mt, n + 1);
+      if (v && H5Aread(a, mt, v) >= 0)
+        snprintf(buf, len, "%s", v);
+      free(v);
+    }
+    H5Tclose(mt);
+  }
+  if (t >= 0)
+    H5Tclose(t);
+  if (a >= 0)
+    H5Aclose(a);
+  H5Eclear2(H5E_DEFAULT);
+  return buf[0] != '\0';
+}
+
+int rp_meta_lists(json_t *m, rp_src_t *s, const char *const *specs, unsigned n,
+                  beam_diag_t *d) {
+  for (unsigned i = 0; i < n; i++) {
+    const char *eq = strchr(specs[i], '=');
+    const char *path = eq ? eq + 1 : specs[i];
+    char key[256], why[512];
+    if (eq)
+      snprintf(key, sizeof key, "%.*s", (int)(eq - specs[i]), specs[i]);
+    else
+      snprintf(key, sizeof key, "%s", strrchr(path, '/') + 1);
+    if (!key[0])
+      return BEAM_DIAG(d, BEAM_EINVAL, "--meta-list %s: no key (give KEY=DSET)", specs[i]);
+    if (!beam_h5_exists(s->file, path))
+      return BEAM_DIAG(d, BEAM_EINVAL, "--meta-list: file %s dataset %s: no such dataset",
+                       s->path, path);
+    hid_t ds = H5Dopen2(s->file, path, H5P_DEFAULT);
+    if (ds < 0)
+      return BEAM_DIAG(d, BEAM_EIO, "--meta-list: file %s dataset %s: cannot open: %s", s->path,
+                       path, rp_h5_reason(why, sizeof why));
+    hid_t sp = H5Dget_space(ds), t = H5Dget_type(ds);
+    H5T_class_t cls = H5Tget_class(t);
+    int nd = H5Sget_simple_extent_ndims(sp);
+    hsize_t dims[1] = {0};
+    if (nd == 1)
+      H5Sget_simple_extent_dims(sp, dims, NULL);
+    H5Tclose(t);
+    H5Sclose(sp);
+    int rc = 0;
+    double *v = NULL;
+    if (cls != H5T_INTEGER && cls != H5T_FLOAT)
+      rc = BEAM_DIAG(d, BEAM_ESHAPE, "--meta-list: file %s dataset %s: not numbers", s->path, path);
+    else if (nd != 1 || dims[0] != s->nframes)
+      rc = BEAM_DIAG(d, BEAM_ESHAPE, "--meta-list: file %s dataset %s: expected one value per "
+                     "frame, %llu values (1-D); it has %d dimensions, %llu values", s->path, path,
+                     (unsigned long long)s->nframes, nd, (unsigned long long)dims[0]);
+    else if (!(v = malloc(s->nframes * sizeof *v)))
+      rc = BEAM_DIAG(d, BEAM_ENOMEM, "--meta-list %s", specs[i]);
+    else if (H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)
+      rc = BEAM_DIAG(d, BEAM_EIO, "--meta-list: file %s dataset %s: %s", s->path, path,
+                     rp_h5_reason(why, sizeof why));
+    char units[64];
+    int have_units = rc == 0 && units_attr(ds, units, sizeof units);
+    H5Dclose(ds);
+    json_t *a = rc == 0 ? json_array() : NULL;
+    if (rc == 0 && !a)
+      rc = BEAM_DIAG(d, BEAM_ENOMEM, "--meta-list %s", specs[i]);
+    /* JSON has no NaN or Inf: such a frame gets null (no value). */
+    for (uint64_t k = 0; rc == 0 && k < s->nframes; k++)
+      if (json_array_append_new(a, isfinite(v[k]) ? json_real(v[k]) : json_null()) < 0)
+        rc = BEAM_DIAG(d, BEAM_ENOMEM, "--meta-list %s", specs[i]);
+    free(v);
+    if (rc < 0) {
+      json_decref(a);
+      return rc;
+    }
+    json_object_set_new(m, key, a);
+    if (have_units) {
+      char uk[300];
+      snprintf(uk, sizeof uk, "%s_units", key);
+      json_object_set_new(m, uk, json_string(units));
+    }
+  }
+  return 0;
+}

@@ -43,6 +43,10 @@ static void usage(FILE *f) {
 "                       frame travels inside the reply (section 13.6)\n"
 "  --no-map             never let a consumer read chunks in place from the file;\n"
 "                       every payload is read here (section 13.8)\n"
+"  --meta-list [KEY=]DSET  a 1-D dataset of the file with one number per frame\n"
+"                       (e.g. /entry/data/delay) into the series metadata as\n"
+"                       KEY: [...] (default KEY: the dataset's name), KEY_units\n"
+"                       from its units attribute; repeatable (at most 8)\n"
 "  --quiet              no start-up lines and no progress line\n"
 "  --stats-json         print one JSON line of totals on stdout at exit\n"
 TOOL_CURVE_USAGE
@@ -52,6 +56,7 @@ TOOL_CURVE_USAGE
 enum {
   OPT_BIND = 256, OPT_DATASET, OPT_FIRST, OPT_LAST, OPT_STRIDE, OPT_RATE, OPT_LOOP,
   OPT_SERIES_ID, OPT_MAX_BYTES, OPT_NO_SHM, OPT_NO_MAP, OPT_QUIET, OPT_STATS, OPT_HELP,
+  OPT_META_LIST,
 };
 
 static const struct option long_opts[] = {
@@ -66,6 +71,7 @@ static const struct option long_opts[] = {
   {"max-bytes", required_argument, 0, OPT_MAX_BYTES},
   {"no-shm", no_argument, 0, OPT_NO_SHM},
   {"no-map", no_argument, 0, OPT_NO_MAP},
+  {"meta-list", required_argument, 0, OPT_META_LIST},
   {"quiet", no_argument, 0, OPT_QUIET},
   {"stats-json", no_argument, 0, OPT_STATS},
   TOOL_CURVE_LONGOPTS,
@@ -107,6 +113,17 @@ static int parse_args(int argc, char **argv, rp_opts_t *o) {
       break;
     case OPT_NO_SHM: o->no_shm = 1; break;
     case OPT_NO_MAP: o->no_map = 1; break;
+    case OPT_META_LIST: {
+      const char *eq = strchr(optarg, '=');
+      const char *ds = eq ? eq + 1 : optarg;
+      if (ds[0] != '/' || (eq && eq == optarg))
+        return tool_bad("meta-list", optarg, "[KEY=]DSET with an absolute HDF5 path, e.g. "
+                        "delay=/entry/data/delay");
+      if (o->n_meta_list == RP_META_LISTS_MAX)
+        return tool_bad("meta-list", optarg, "at most 8 lists");
+      o->meta_list[o->n_meta_list++] = optarg;
+      break;
+    }
     case OPT_QUIET: o->quiet = 1; break;
     case OPT_STATS: o->stats_json = 1; break;
     case OPT_HELP: return 1;

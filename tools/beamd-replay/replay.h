@@ -29,6 +29,7 @@
 #define RP_DEFAULT_MAX_BYTES (256ull << 20)
 #define RP_REASON_MAX 768 /* bytes of a corrupt frame's {"error": ...} */
 #define RP_SHM_NAME BEAM_SHM_MEMFD_NAME
+#define RP_META_LISTS_MAX 8 /* --meta-list options */
 
 /* One stack of frames in one HDF5 dataset: the dataset itself, or one data
  * file of a master. */
@@ -133,6 +134,14 @@ const char *rp_h5_reason(char *buf, size_t len);
  * filled in by the server. Returns a new object or NULL (ENOMEM). */
 json_t *rp_meta_build(rp_src_t *src);
 
+/* --meta-list [KEY=]DSET: each 1-D numeric dataset DSET of the file given
+ * (one value per frame of the file, indexed like frame ids) goes into m as
+ * KEY: [...] (KEY default: DSET's last path component), non-finite values
+ * as null, and its "units" attribute, when it has one, as KEY_units.
+ * Returns 0, or < 0 with d naming the file and dataset. */
+int rp_meta_lists(json_t *m, rp_src_t *src, const char *const *specs, unsigned n,
+                  beam_diag_t *d);
+
 /* A reference-counted buffer replies are built in and sent from zero-copy:
  * the server holds one reference and every ZeroMQ message one more; the
  * last release frees it, so a peer that keeps messages cannot make the
@@ -156,6 +165,8 @@ typedef struct rp_opts_s {
   int quiet, stats_json, progress;
   int no_shm;         /* refuse shared-memory payloads (section 13.6) */
   int no_map;         /* refuse to name files for reading in place (section 13.8) */
+  const char *meta_list[RP_META_LISTS_MAX]; /* --meta-list [KEY=]DSET */
+  unsigned n_meta_list;
 } rp_opts_t;
 
 typedef struct rp_stats_s {

@@ -140,6 +140,9 @@ int rp_server_init(rp_server_t *self, void *sock, rp_src_t *src, const rp_opts_t
   self->shm.fd = -1;
   if (!self->meta || !self->recs || !self->slots || !self->gs || !self->locs || !self->loc_ok)
     return BEAM_DIAG(d, BEAM_ENOMEM, "server tables");
+  int mrc = rp_meta_lists(self->meta, src, o->meta_list, o->n_meta_list, d);
+  if (mrc < 0)
+    return mrc;
   json_object_set_new(self->meta, "nframes", json_integer((json_int_t)self->T));
   /* JSON carries UTF-8 only: a path that is not would fail every reply. */
   json_t *probe = json_string(src->path);

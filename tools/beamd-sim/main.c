@@ -4,9 +4,10 @@
  * loop: SERIES_START, FRAMEs paced on absolute deadlines, SERIES_END, for
  * each series, with optional malformed messages spread over the run. The
  * pixel patterns live in bank.c (xpcs speckle in xpcs.c, the pca pattern
- * in pca.c) and the wire
+ * in pca.c, pumpprobe in pumpprobe.c) and the wire
  * encoding in tx.c; --protocol dectris1|dectris2 hands the run to the
- * DECTRIS stream emitters in dectris.c instead. Usage is in
+ * DECTRIS stream emitters in dectris.c instead, and --write-h5 to the
+ * file writers (ptycho_h5.c, pumpprobe_h5.c). Usage is in
  * docs/tools.md and --help. Exit codes: 0 done, 1 runtime error (bind,
  * send), 2 bad command line.
  */
@@ -76,6 +77,8 @@ static void usage(FILE *f) {
 "  --pp-tau-min/--pp-tau-max PS       damping map along y (default 2, 6)\n"
 "  --pp-amplitude A       amplitude / mean at the centre (default 0.5)\n"
 "  --pp-truth FILE        write the truth maps, float32 .npy [5][H][W]: a b tau f c\n"
+"  --write-h5 FILE        write the series as HDF5 instead of sending it: frames,\n"
+"                         /entry/data/delay (ps), truth /entry/truth/params\n"
 "  ptycho (docs/ptycho.md; --frames = scan points, --shape defaults to n x n):\n"
 "  --ptycho-n N           diffraction pattern side, even (default min(H,W) or 64)\n"
 "  --energy EV            photon energy (default 8000)\n"
@@ -93,6 +96,7 @@ static void usage(FILE *f) {
 "  --defocus M            sample distance from the focus (default 1.1e-3)\n"
 "  --ptycho-object F[:/D] object from HDF5 (complex or real 2-D; centre used)\n"
 "  --write-h5 FILE        write the scan as an NXmx file with the truth, no socket\n"
+"                         (also pumpprobe, above)\n"
 "  DECTRIS streams (docs/tools.md; a bound PUSH, one series per --series):\n"
 "  --protocol P           beamd|dectris1|dectris2 (default beamd); dectris1\n"
 "                         binds tcp://127.0.0.1:9999, dectris2 :31001 by default\n"
@@ -249,20 +253,32 @@ static int parse_pca_noise(const char *s, sim_opts_t *o) {
                            &o->pca_sigma);
 }
 
-/* --write-h5: the scan as a file, no socket. Exit code 0 or 1. */
-static int sim_ptycho_file(const sim_opts_t *o) {
+/* --write-h5: the ptycho scan or the pump-probe series as a file, no
+ * socket. Exit code 0 or 1. */
+static int sim_write_file(const sim_opts_t *o) {
   beam_diag_t d;
   beam_diag_clear(&d);
   sim_ptycho_t *p = NULL;
-  int rc = sim_ptycho_new(&p, o, &d);
-  if (rc == 0)
-    rc = sim_ptycho_write_h5(p, o, o->write_h5, &d);
+  sim_pp_t *pp = NULL;
+  int rc;
+  if (o->pattern == SIM_PAT_PUMPPROBE) {
+    rc = sim_pp_new(&pp, o, &d);
+    if (rc == 0 && o->pp_truth_file)
+      rc = sim_pp_write_truth(pp, o->pp_truth_file, &d);
+    if (rc == 0)
+      rc = sim_pp_write_h5(pp, o, o->write_h5, &d);
+  } else {
+    rc = sim_ptycho_new(&p, o, &d);
+    if (rc == 0)
+      rc = sim_ptycho_write_h5(p, o, o->write_h5, &d);
+  }
   if (rc < 0)
     fprintf(stderr, "beamd-sim: %s\n", d.msg);
   else if (!o->quiet)
     fprintf(stderr, "beamd-sim: wrote %s (%llu frames)\n", o->write_h5,
             (unsigned long long)o->frames);
   sim_ptycho_destroy(&p);
+  sim_pp_destroy(&pp);
   json_decref(o->meta);
   return rc < 0 ? 1 : 0;
 }
@@ -401,7 +417,8 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
       if (c >= SIM_PTY_OPT_BASE && c < SIM_PTY_OPT_END) {
         if (sim_ptycho_opt(c, optarg, o))
           return -1;
-        pty_opt = argv[optind - 1];
+        if (c != SIM_PTY_WRITE_H5) /* ptycho and pumpprobe both write files */
+          pty_opt = argv[optind - 1];
         break;
       }
       if (c >= SIM_DX_OPT_BASE && c < SIM_DX_OPT_END) {
@@ -437,6 +454,14 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
   }
   if (pca_opt && o->pattern != SIM_PAT_PCA) {
     fprintf(stderr, "beamd-sim: %s applies to --pattern pca only\n", pca_opt);
+    return -1;
+  }
+  if (o->write_h5 && o->pattern != SIM_PAT_PTYCHO && o->pattern != SIM_PAT_PUMPPROBE) {
+    fprintf(stderr, "beamd-sim: --write-h5 applies to --pattern ptycho or pumpprobe only\n");
+    return -1;
+  }
+  if (o->write_h5 && o->pattern == SIM_PAT_PUMPPROBE && o->frames < 2) {
+    fprintf(stderr, "beamd-sim: --write-h5: --frames must be at least 2 (one delay each)\n");
     return -1;
   }
   if (pty_opt && o->pattern != SIM_PAT_PTYCHO) {
@@ -585,7 +610,7 @@ int main(int argc, char **argv) {
   }
   tool_catch_stop(); /* blocking sends see EINTR and the flag */
   if (o.write_h5)
-    return sim_ptycho_file(&o);
+    return sim_write_file(&o);
 
   beam_diag_t d;
   beam_diag_clear(&d);

@@ -12,7 +12,8 @@
  *   phi = 2π·(x + y)/(W + H) - π/2
  *   c   = mean
  * --pp-truth FILE writes them as float32 [5][H][W] in the order a, b, tau,
- * f, c (the engine's parameter order); the metadata names the file. */
+ * f, c (the engine's parameter order); the metadata names the file.
+ * --write-h5 FILE writes the series to a file instead (pumpprobe_h5.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,6 +117,8 @@ int sim_pp_write_truth(const sim_pp_t *s, const char *path, beam_diag_t *d) {
   uint32_t shape[3] = {5, s->h, s->w};
   return beam_npy_write(path, BEAM_DT_F32, 3, shape, s->truth, 5 * s->npix * sizeof(float), d);
 }
+
+const float *sim_pp_truth(const sim_pp_t *s) { return s->truth; }
 
 void sim_pp_destroy(sim_pp_t **self) {
   if (!self || !*self)

@@ -230,6 +230,12 @@ void sim_pp_render(sim_pp_t *s, uint64_t series_id, uint64_t frame_id, void *dst
 /* The "pumpprobe" metadata object (parameters, model, "delays"); new ref. */
 json_t *sim_pp_meta(const sim_pp_t *s, const sim_opts_t *o);
 int sim_pp_write_truth(const sim_pp_t *s, const char *path, beam_diag_t *d);
+/* The truth maps, float32 [5][H][W] in the order a b tau f c. */
+const float *sim_pp_truth(const sim_pp_t *s);
+/* --write-h5 with --pattern pumpprobe: the series as an HDF5 file (frames,
+ * /entry/data/delay, the truth maps) in the layout beamd-replay serves and
+ * beamd-fit reads (pumpprobe_h5.c). Returns 0 or < 0 with d set. */
+int sim_pp_write_h5(sim_pp_t *s, const sim_opts_t *o, const char *path, beam_diag_t *d);
 void sim_pp_destroy(sim_pp_t **self);
 
 /* Pre-generated pixels. Static patterns (poisson, flat, counter) hand out
