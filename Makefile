@@ -255,12 +255,14 @@ FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_LIBS := build/san-fuzzer/libbeamd.a build/san-fuzzer/libbeam.a
 # Seeds beyond tests/fuzz/seeds, per target.
 FUZZ_SEEDS_fuzz_config := tests/configs/good tests/configs/bad
+# Sources beyond the libraries, per target (tool code).
+FUZZ_EXTRA_fuzz_replay_json := tools/beamd-replay/request.c
 # Every target links the daemon and pipeline libraries built by clang with
 # coverage, ASan and UBSan (SANITIZER=fuzzer), so a target can reach any
 # decoder or loader; each runs FUZZ_SECONDS.
 define fuzz_one
 clang -std=c11 -D_GNU_SOURCE -g -O1 -I. $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined $(2) \
-  $(FUZZ_LIBS) $(PKG_LIBS) -lm -pthread -fopenmp -o build/fuzz/$(1) && \
+  $(FUZZ_EXTRA_$(1)) $(FUZZ_LIBS) $(PKG_LIBS) -lm -pthread -fopenmp -o build/fuzz/$(1) && \
 mkdir -p build/fuzz/corpus-$(1) && \
 build/fuzz/$(1) -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 build/fuzz/corpus-$(1) \
   tests/fuzz/seeds $(FUZZ_SEEDS_$(1))

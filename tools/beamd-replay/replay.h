@@ -217,6 +217,26 @@ typedef struct rp_server_s {
   uint8_t *loc_ok;
 } rp_server_t;
 
+/* One decoded request (PROTOCOL.md section 13): "info", or "get" with its
+ * credit, byte cap, start flag, optional shared-memory landing area and
+ * in-place flag. */
+typedef struct rp_req_s {
+  json_int_t id;        /* "id" to echo, -1 = none */
+  int info;             /* 1: op "info"; 0: op "get" */
+  uint64_t next, credit, max_bytes;
+  int start;
+  char *shm_path;       /* NULL: payloads inline; owned (free) */
+  uint64_t shm_size, shm_slot_bytes, nslots; /* slot numbers in the caller's array */
+  int map;              /* the consumer can read payloads in place */
+} rp_req_t;
+
+/* Parses one request part (request.c; pure, no sockets). slots: room for
+ * RP_CREDIT_MAX slot numbers. Returns NULL, or the reason to send back
+ * (q->id is set either way, as far as it could be read; nothing is left
+ * to free on error). */
+const char *rp_request_parse(const void *buf, size_t len, rp_req_t *q, uint32_t *slots,
+                             char *why, size_t wl);
+
 int rp_server_init(rp_server_t *self, void *sock, rp_src_t *src, const rp_opts_t *o,
                    beam_diag_t *d);
 void rp_server_destroy(rp_server_t *self);

@@ -441,18 +441,10 @@ static int serve_info(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_
   return send_json(self, j, 0, stop, d);
 }
 
-/* Decoded "get" request. */
-typedef struct req_s {
-  uint64_t next, credit, max_bytes;
-  int start;
-  const char *shm_path; /* NULL: payloads inline */
-  uint64_t shm_size, shm_slot_bytes, nslots; /* slot numbers in self->slots */
-  int map;              /* the consumer can read payloads in place */
-} req_t;
 
 /* Whether this reply can put payloads in the consumer's landing area:
  * returns its base, or NULL with why (sent back as shm_error). */
-static uint8_t *shm_for(rp_server_t *self, const req_t *q, char *why, size_t wl) {
+static uint8_t *shm_for(rp_server_t *self, const rp_req_t *q, char *why, size_t wl) {
   if (self->o->no_shm) {
     snprintf(why, wl, "the server was started with --no-shm");
     return NULL;
@@ -495,7 +487,7 @@ static int map_file(json_t *files, int *fds, int *nfd, const rp_loc_t *loc) {
   return (*nfd)++;
 }
 
-static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *stop,
+static int serve_get(rp_server_t *self, const rp_req_t *q, volatile sig_atomic_t *stop,
                      beam_diag_t *d) {
   const rp_opts_t *o = self->o;
   uint64_t T = self->T, k = q->next;
@@ -645,59 +637,7 @@ static int serve_get(rp_server_t *self, const req_t *q, volatile sig_atomic_t *s
   return 0;
 }
 
-/* ---- requests ------------------------------------------------------------------ */
-
-static const char *get_uint(json_t *o, const char *key, int required, uint64_t lo,
-                            uint64_t hi, uint64_t *out, char *why, size_t wl) {
-  json_t *v = json_object_get(o, key);
-  if (!v) {
-    if (!required)
-      return NULL;
-    snprintf(why, wl, "missing \"%s\"", key);
-    return why;
-  }
-  if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-      (uint64_t)json_integer_value(v) < lo || (uint64_t)json_integer_value(v) > hi) {
-    snprintf(why, wl, "\"%s\" must be an integer in %llu..%llu", key, (unsigned long long)lo,
-             (unsigned long long)hi);
-    return why;
-  }
-  *out = (uint64_t)json_integer_value(v);
-  return NULL;
-}
-
-/* The optional "shm" object of a get (section 13.6): path, size,
- * slot_bytes and one slot number per frame the reply may carry. */
-static const char *get_shm(rp_server_t *self, json_t *o, req_t *q, char *why, size_t wl) {
-  if (!o)
-    return NULL;
-  if (!json_is_object(o))
-    return "\"shm\" must be an object";
-  json_t *path = json_object_get(o, "path"), *slots = json_object_get(o, "slots");
-  if (!json_is_string(path) || !json_is_array(slots))
-    return "\"shm\" needs \"path\" (a string) and \"slots\" (an array)";
-  const char *e = get_uint(o, "size", 1, 1, (uint64_t)INT64_MAX, &q->shm_size, why, wl);
-  if (!e)
-    e = get_uint(o, "slot_bytes", 1, 1, q->shm_size, &q->shm_slot_bytes, why, wl);
-  if (e)
-    return e;
-  size_t n = json_array_size(slots);
-  if (n < 1 || n > RP_CREDIT_MAX)
-    return "\"shm\".\"slots\" must hold 1..4096 slot numbers";
-  uint64_t nslot = q->shm_size / q->shm_slot_bytes;
-  for (size_t i = 0; i < n; i++) {
-    json_t *v = json_array_get(slots, i);
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || (uint64_t)json_integer_value(v) >= nslot) {
-      snprintf(why, wl, "\"shm\".\"slots\"[%zu] must be a slot number in 0..%llu", i,
-               (unsigned long long)(nslot - 1));
-      return why;
-    }
-    self->slots[i] = (uint32_t)json_integer_value(v);
-  }
-  q->nslots = n;
-  q->shm_path = json_string_value(path);
-  return NULL;
-}
+/* ---- requests (parsed by request.c) -------------------------------------------------- */
 
 int rp_server_handle(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_t *d) {
   zmq_msg_t m;
@@ -721,59 +661,23 @@ int rp_server_handle(rp_server_t *self, volatile sig_atomic_t *stop, beam_diag_t
     nparts++;
   }
   char why[256];
-  json_error_t jerr;
-  json_t *req = NULL;
   const char *err = NULL;
+  rp_req_t q = {.id = -1};
   if (nparts != 1) {
     snprintf(why, sizeof why, "a request is one part, got %d", nparts);
     err = why;
   } else {
-    req = json_loadb(zmq_msg_data(&m), zmq_msg_size(&m), 0, &jerr);
-    if (!req) {
-      snprintf(why, sizeof why, "request is not valid JSON: %s", jerr.text);
-      err = why;
-    } else if (!json_is_object(req)) {
-      err = "request is not a JSON object";
-    }
+    err = rp_request_parse(zmq_msg_data(&m), zmq_msg_size(&m), &q, self->slots, why, sizeof why);
   }
   zmq_msg_close(&m);
+  self->req_id = q.id;
   int rc;
-  if (err) {
-    rc = send_error(self, err, stop, d);
-    json_decref(req);
-    return rc < 0 ? -1 : 1;
-  }
-  json_t *id = json_object_get(req, "id");
-  self->req_id = json_is_integer(id) && json_integer_value(id) >= 0 ? json_integer_value(id) : -1;
-  json_t *op = json_object_get(req, "op");
-  const char *ops = json_is_string(op) ? json_string_value(op) : NULL;
-  req_t q = {0};
-  if (!ops || (strcmp(ops, "get") && strcmp(ops, "info"))) {
-    err = "\"op\" must be \"get\" or \"info\"";
-  } else if (!strcmp(ops, "get")) {
-    json_t *st = json_object_get(req, "start");
-    err = get_uint(req, "next", 1, 0, (uint64_t)INT64_MAX, &q.next, why, sizeof why);
-    if (!err)
-      err = get_uint(req, "credit", 1, 1, RP_CREDIT_MAX, &q.credit, why, sizeof why);
-    if (!err)
-      err = get_uint(req, "max_bytes", 0, 1, (uint64_t)INT64_MAX, &q.max_bytes, why,
-                     sizeof why);
-    if (!err && st && !json_is_boolean(st))
-      err = "\"start\" must be true or false";
-    q.start = st && json_is_true(st);
-    if (!err)
-      err = get_shm(self, json_object_get(req, "shm"), &q, why, sizeof why);
-    json_t *mp = json_object_get(req, "map");
-    if (!err && mp && !json_is_boolean(mp))
-      err = "\"map\" must be true or false";
-    q.map = mp && json_is_true(mp);
-  }
   if (err)
     rc = send_error(self, err, stop, d);
-  else if (!strcmp(ops, "info"))
+  else if (q.info)
     rc = serve_info(self, stop, d);
   else
     rc = serve_get(self, &q, stop, d);
-  json_decref(req);
+  free(q.shm_path);
   return rc < 0 ? -1 : 1;
 }
