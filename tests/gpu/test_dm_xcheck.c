@@ -35,6 +35,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -371,5 +373,5 @@ static void test_dm_cuda_too_big(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_dm_xcheck),
                                      cmocka_unit_test(test_dm_cuda_too_big)};
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return beam_run_tests(tests, setup, teardown);
 }

@@ -3,6 +3,7 @@
  * float), so the tolerance is exact. Skips without a GPU. */
 #include "pipeline/kern/kinds.h"
 #include "tests/gpu/xcheck.h"
+#include "tests/common/runner.h"
 
 static const char *mode = "sum";
 
@@ -40,5 +41,5 @@ static void test_xcheck_bin(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_xcheck_bin)};
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@
  * series so the per-series tables are rebuilt. Skips without a GPU. */
 #include "pipeline/kern/kinds.h"
 #include "tests/gpu/xcheck.h"
+#include "tests/common/runner.h"
 
 enum { H = 257, W = 509, N = H * W };
 static char dark_p[256], flat_p[256], mask_p[256];
@@ -20,7 +21,10 @@ static beam_cnode_t *cfg_of(void) {
   return c;
 }
 
-static void test_xcheck_correct(void **state) {
+/* The dark, flat and mask files both tests read: a group setup, so that
+ * either test runs alone (tests/run-unit.sh runs each in its own process). */
+static int write_files(void **state) {
+  (void)state;
   static float dark[N], flat[N];
   static uint8_t mask[N];
   uint64_t s = 99;
@@ -36,9 +40,15 @@ static void test_xcheck_correct(void **state) {
   snprintf(dark_p, sizeof dark_p, "%s/d.npy", bh_tmpdir());
   snprintf(flat_p, sizeof flat_p, "%s/f.npy", bh_tmpdir());
   snprintf(mask_p, sizeof mask_p, "%s/m.npy", bh_tmpdir());
-  assert_int_equal(bh_write_npy(dark_p, "<f4", 2, shp, dark, sizeof dark), 0);
-  assert_int_equal(bh_write_npy(flat_p, "<f4", 2, shp, flat, sizeof flat), 0);
-  assert_int_equal(bh_write_npy(mask_p, "|u1", 2, shp, mask, sizeof mask), 0);
+  if (bh_write_npy(dark_p, "<f4", 2, shp, dark, sizeof dark) ||
+      bh_write_npy(flat_p, "<f4", 2, shp, flat, sizeof flat) ||
+      bh_write_npy(mask_p, "|u1", 2, shp, mask, sizeof mask))
+    return -1;
+  return 0;
+}
+
+static void test_xcheck_correct(void **state) {
+  uint32_t shp[2] = {H, W};
   if (!bh_gpu_available())
     xcheck_expect_no_device(&beam_correct_cuda_ops, beam_correct_params, cfg_of);
   static const beam_dtype_t dts[] = {BEAM_DT_U16, BEAM_DT_U32, BEAM_DT_F32};
@@ -152,5 +162,5 @@ static void test_xcheck_correct_series(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_xcheck_correct),
                                      cmocka_unit_test(test_xcheck_correct_series)};
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, write_files, NULL);
 }

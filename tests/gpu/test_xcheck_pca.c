@@ -30,6 +30,7 @@
 #include "pipeline/kern/kinds.h"
 #include "pipeline/kern/pca.h"
 #include "tests/gpu/xcheck.h"
+#include "tests/common/runner.h"
 
 typedef struct pca_case_s {
   const char *name;
@@ -280,5 +281,5 @@ static void test_xcheck_pca_robust_small(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_xcheck_pca), cmocka_unit_test(test_xcheck_pca_robust),
                                      cmocka_unit_test(test_xcheck_pca_robust_small)};
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

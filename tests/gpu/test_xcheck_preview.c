@@ -3,6 +3,7 @@
  * frame at series end. Skips without a GPU. */
 #include "pipeline/kern/kinds.h"
 #include "tests/gpu/xcheck.h"
+#include "tests/common/runner.h"
 
 static beam_cnode_t *cfg_of(void) {
   beam_cnode_t *c = bh_stage_cfg("preview");
@@ -34,5 +35,5 @@ static void test_xcheck_preview(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_xcheck_preview)};
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

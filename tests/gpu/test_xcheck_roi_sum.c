@@ -8,6 +8,7 @@
 #include "pipeline/kern/kinds.h"
 #include "pipeline/kern/roi_sum.h"
 #include "tests/gpu/xcheck.h"
+#include "tests/common/runner.h"
 
 enum { H = 256, W = 256 };
 static char wpath[256];
@@ -142,5 +143,5 @@ int main(void) {
       cmocka_unit_test(test_geometry_f32),
       cmocka_unit_test(test_weights_f64),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include "pipeline/kern/kinds.h"
 #include "pipeline/kern/xpcs_multitau.h"
 #include "tests/gpu/xcheck.h"
+#include "tests/common/runner.h"
 
 enum { H = 96, W = 128, N = 150 };
 static char lpath[256];
@@ -132,5 +133,5 @@ int main(void) {
       cmocka_unit_test(test_per_pixel_u16),
       cmocka_unit_test(test_per_pixel_f32),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

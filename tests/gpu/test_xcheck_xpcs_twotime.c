@@ -8,6 +8,7 @@
 #include "pipeline/kern/kinds.h"
 #include "pipeline/kern/xpcs_twotime.h"
 #include "tests/gpu/xcheck.h"
+#include "tests/common/runner.h"
 
 enum { H = 96, W = 128 };
 static char lpath[256];
@@ -126,5 +127,5 @@ int main(void) {
       cmocka_unit_test(test_window_f32),
       cmocka_unit_test(test_full_f32_precision32),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <hdf5.h>
 #include <stdio.h>
 #include <string.h>
@@ -166,5 +168,5 @@ int main(void) {
       cmocka_unit_test(test_npy_rejects),
       cmocka_unit_test(test_h5),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -534,5 +536,5 @@ int main(void) {
       cmocka_unit_test(test_reject_misc),
       cmocka_unit_test(test_msg_payload_compressed),
   };
-  return cmocka_run_group_tests_name("codec", tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -202,5 +204,5 @@ int main(void) {
       cmocka_unit_test(test_bad_configs),
       cmocka_unit_test(test_good_configs),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

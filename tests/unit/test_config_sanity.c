@@ -25,6 +25,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -490,5 +492,5 @@ int main(void) {
       cmocka_unit_test(test_reference_documents_schema),
       cmocka_unit_test(test_checker_catches_drift),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,5 +189,5 @@ int main(void) {
       cmocka_unit_test(test_good_curve_config),
       cmocka_unit_test(test_long_form_schema),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return beam_run_tests(tests, setup, teardown);
 }

@@ -10,6 +10,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -359,5 +361,5 @@ int main(void) {
       cmocka_unit_test(test_no_handler_fails_closed),
       cmocka_unit_test(test_zap_missing_dir),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return beam_run_tests(tests, setup, teardown);
 }

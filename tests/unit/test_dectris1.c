@@ -15,6 +15,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1039,5 +1041,5 @@ int main(void) {
       cmocka_unit_test(test_js_numbers),
       cmocka_unit_test(test_js_strings),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

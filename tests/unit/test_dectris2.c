@@ -19,6 +19,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -2092,5 +2094,5 @@ int main(void) {
       cmocka_unit_test(test_meta_json_misc),
       cmocka_unit_test(test_meta_json_typed),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

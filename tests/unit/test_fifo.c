@@ -6,6 +6,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include "daemon/fifo.h"
 
 static void test_order_across_growth(void **state) {
@@ -41,5 +43,5 @@ static void test_order_across_growth(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_order_across_growth)};
-  return cmocka_run_group_tests_name("fifo", tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -154,5 +156,5 @@ int main(void) {
       cmocka_unit_test(test_truncated_file_reads_zeros),
       cmocka_unit_test(test_foreign_sigbus_still_kills),
   };
-  return cmocka_run_group_tests_name("filemap", tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

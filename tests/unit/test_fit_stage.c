@@ -24,6 +24,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -590,5 +592,5 @@ int main(void) {
       cmocka_unit_test(test_threads_bitwise), cmocka_unit_test(test_result_x_and_weights),
       cmocka_unit_test(test_result_weights_are_weight),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

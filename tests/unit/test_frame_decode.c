@@ -14,6 +14,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -370,5 +372,5 @@ int main(void) {
       cmocka_unit_test(test_decode_waits_for_loan),
       cmocka_unit_test(test_raw_frame_untouched),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

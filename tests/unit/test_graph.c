@@ -8,6 +8,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
@@ -838,5 +840,5 @@ int main(void) {
       cmocka_unit_test(test_graph_idle_stops),
       cmocka_unit_test(test_graph_pin_auto),
   };
-  return cmocka_run_group_tests_name("graph", tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

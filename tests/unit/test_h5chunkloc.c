@@ -15,6 +15,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <hdf5.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -373,5 +375,5 @@ int main(void) {
       cmocka_unit_test(test_other_driver),  cmocka_unit_test(test_read_only),
       cmocka_unit_test(test_external_link), cmocka_unit_test(test_two_threads),
   };
-  return cmocka_run_group_tests(tests, setup, NULL);
+  return beam_run_tests(tests, setup, NULL);
 }

@@ -16,6 +16,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -535,5 +537,5 @@ int main(void) {
       cmocka_unit_test(test_msgpack_check), cmocka_unit_test(test_protocol_10),
       cmocka_unit_test(test_module_number), cmocka_unit_test(test_stack),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

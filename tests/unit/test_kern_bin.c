@@ -7,6 +7,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -153,5 +155,5 @@ int main(void) {
       cmocka_unit_test(test_random_all_dtypes), cmocka_unit_test(test_rejects),
       cmocka_unit_test(test_corrupt),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -730,5 +732,5 @@ int main(void) {
       cmocka_unit_test(test_gap_value_schema), cmocka_unit_test(test_random_series_u16),
       cmocka_unit_test(test_random_series_u32), cmocka_unit_test(test_random_series_f32),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

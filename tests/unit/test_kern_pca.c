@@ -21,6 +21,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <lapacke.h>
 #include <math.h>
 #include <stdio.h>
@@ -1010,5 +1012,5 @@ int main(void) {
       cmocka_unit_test(test_robust_glitch_frames), cmocka_unit_test(test_robust_helpers),
       cmocka_unit_test(test_update_matches_reference),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

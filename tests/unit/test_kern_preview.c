@@ -7,6 +7,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <string.h>
 
 #include "pipeline/kern/kinds.h"
@@ -127,5 +129,5 @@ int main(void) {
       cmocka_unit_test(test_rate),
       cmocka_unit_test(test_rejects),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

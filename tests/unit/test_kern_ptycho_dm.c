@@ -25,6 +25,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <complex.h>
 #include <fftw3.h>
 #include <math.h>
@@ -630,5 +632,5 @@ int main(void) {
       cmocka_unit_test(test_divergence_stops),
       cmocka_unit_test(test_empty_series),
   };
-  return cmocka_run_group_tests(tests, setup, NULL);
+  return beam_run_tests(tests, setup, NULL);
 }

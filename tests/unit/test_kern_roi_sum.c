@@ -11,6 +11,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -648,5 +650,5 @@ int main(void) {
       cmocka_unit_test(test_fast_thin_rings), cmocka_unit_test(test_fast_labels),
       cmocka_unit_test(test_fast_weights),  cmocka_unit_test(test_exact_large),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

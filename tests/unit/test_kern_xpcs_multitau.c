@@ -12,6 +12,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -878,5 +880,5 @@ int main(void) {
       cmocka_unit_test(test_threads_u16),   cmocka_unit_test(test_threads_f32),
       cmocka_unit_test(test_threads_per_pixel), cmocka_unit_test(test_per_pixel_zero_pixels),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

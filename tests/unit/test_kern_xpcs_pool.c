@@ -9,6 +9,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <string.h>
 
 #include "pipeline/kern/xpcs_pool.h"
@@ -80,5 +82,5 @@ int main(void) {
       cmocka_unit_test(test_create_destroy),
       cmocka_unit_test(test_bad_sizes),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -570,5 +572,5 @@ int main(void) {
       cmocka_unit_test(test_rows_full),       cmocka_unit_test(test_rows_band),
       cmocka_unit_test(test_rows_window),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

@@ -16,6 +16,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -247,5 +249,5 @@ int main(void) {
       cmocka_unit_test(test_split_matches_reference),
       cmocka_unit_test(test_pool_size_same_bits),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -729,5 +731,5 @@ int main(void) {
       cmocka_unit_test(test_topics_limits),
       cmocka_unit_test(test_golden_messages),
   };
-  return cmocka_run_group_tests_name("proto", tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <complex.h>
 #include <math.h>
 #include <stdlib.h>
@@ -817,5 +819,5 @@ int main(void) {
       cmocka_unit_test(test_prep_frame),       cmocka_unit_test(test_place),
       cmocka_unit_test(test_probes),           cmocka_unit_test(test_rel_error),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }

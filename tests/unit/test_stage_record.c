@@ -12,6 +12,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <hdf5.h>
 #include <lz4.h>
 #include <pthread.h>
@@ -724,5 +726,5 @@ int main(void) {
       cmocka_unit_test(test_passthrough_check_framing),
       cmocka_unit_test(test_passthrough_concurrent_decoder),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }
