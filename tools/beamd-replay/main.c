@@ -47,6 +47,10 @@ static void usage(FILE *f) {
 "                       (e.g. /entry/data/delay) into the series metadata as\n"
 "                       KEY: [...] (default KEY: the dataset's name), KEY_units\n"
 "                       from its units attribute; repeatable (at most 8)\n"
+"  --bad-frames LIST    serve these frames (dataset indices, e.g. 3,7,10-20)\n"
+"                       flagged BAD: stages leave them out (XPCS skips their pairs)\n"
+"  --bad-dataset DSET   the same from a 1-D dataset of the file, one value per\n"
+"                       frame, nonzero (or NaN) = bad; both may be given\n"
 "  --quiet              no start-up lines and no progress line\n"
 "  --stats-json         print one JSON line of totals on stdout at exit\n"
 TOOL_CURVE_USAGE
@@ -56,7 +60,7 @@ TOOL_CURVE_USAGE
 enum {
   OPT_BIND = 256, OPT_DATASET, OPT_FIRST, OPT_LAST, OPT_STRIDE, OPT_RATE, OPT_LOOP,
   OPT_SERIES_ID, OPT_MAX_BYTES, OPT_NO_SHM, OPT_NO_MAP, OPT_QUIET, OPT_STATS, OPT_HELP,
-  OPT_META_LIST,
+  OPT_META_LIST, OPT_BAD_FRAMES, OPT_BAD_DATASET,
 };
 
 static const struct option long_opts[] = {
@@ -72,6 +76,8 @@ static const struct option long_opts[] = {
   {"no-shm", no_argument, 0, OPT_NO_SHM},
   {"no-map", no_argument, 0, OPT_NO_MAP},
   {"meta-list", required_argument, 0, OPT_META_LIST},
+  {"bad-frames", required_argument, 0, OPT_BAD_FRAMES},
+  {"bad-dataset", required_argument, 0, OPT_BAD_DATASET},
   {"quiet", no_argument, 0, OPT_QUIET},
   {"stats-json", no_argument, 0, OPT_STATS},
   TOOL_CURVE_LONGOPTS,
@@ -124,6 +130,12 @@ static int parse_args(int argc, char **argv, rp_opts_t *o) {
       o->meta_list[o->n_meta_list++] = optarg;
       break;
     }
+    case OPT_BAD_FRAMES: o->bad_frames = optarg; break;
+    case OPT_BAD_DATASET:
+      if (optarg[0] != '/')
+        return tool_bad("bad-dataset", optarg, "an absolute HDF5 path, e.g. /entry/data/bad");
+      o->bad_dataset = optarg;
+      break;
     case OPT_QUIET: o->quiet = 1; break;
     case OPT_STATS: o->stats_json = 1; break;
     case OPT_HELP: return 1;
@@ -193,13 +205,14 @@ static void print_stats(const rp_server_t *srv) {
   double fspan = (double)(st->t_last_frame_ns - st->t_first_frame_ns) * 1e-9;
   double rate = st->frames >= 2 && fspan > 0 ? (double)st->frames / fspan : 0.0;
   printf("{\"requests\":%llu,\"bad_requests\":%llu,\"info_requests\":%llu,"
-         "\"frames_served\":%llu,\"corrupt_served\":%llu,\"forwarded\":%llu,\"decoded\":%llu,"
+         "\"frames_served\":%llu,\"corrupt_served\":%llu,\"bad_served\":%llu,\"forwarded\":%llu,\"decoded\":%llu,"
          "\"series_started\":%llu,\"series_ended\":%llu,\"payload_bytes\":%llu,\"bytes\":%llu,"
          "\"arena_allocs\":%llu,\"arena_bytes\":%llu,\"shm_frames\":%llu,\"shm_refused\":%llu,"
          "\"map_frames\":%llu,\"map_refused\":%llu,\"seconds\":%.6f,\"rate\":%.3f,\"next\":%llu,\"total\":%llu}\n",
          (unsigned long long)st->requests, (unsigned long long)st->bad_requests,
          (unsigned long long)st->info_requests, (unsigned long long)st->frames,
-         (unsigned long long)st->corrupt, (unsigned long long)srv->src->forwarded,
+         (unsigned long long)st->corrupt, (unsigned long long)st->bad,
+         (unsigned long long)srv->src->forwarded,
          (unsigned long long)srv->src->decoded, (unsigned long long)st->series_started,
          (unsigned long long)st->series_ended, (unsigned long long)st->payload_bytes,
          (unsigned long long)st->bytes, (unsigned long long)st->arena_allocs,
@@ -218,6 +231,10 @@ static void print_start(const rp_server_t *srv, const rp_opts_t *o) {
           s->w, beam_dtype_name(s->dtype), (unsigned long long)srv->T,
           (unsigned long long)o->first, (unsigned long long)o->stride, o->loop ? ", looping" : "",
           o->endpoint);
+  if (srv->bad)
+    fprintf(stderr, "beamd-replay:   %llu frames of the file flagged BAD (%s%s%s)\n",
+            (unsigned long long)srv->nbad, o->bad_frames ? "--bad-frames" : "",
+            o->bad_frames && o->bad_dataset ? ", " : "", o->bad_dataset ? o->bad_dataset : "");
   for (size_t i = 0; i < s->nparts; i++)
     fprintf(stderr, "beamd-replay:   %s %s: %llu frames, %s\n", s->parts[i].file,
             s->parts[i].dataset, (unsigned long long)s->parts[i].nframes, s->parts[i].plan);

@@ -167,11 +167,13 @@ typedef struct rp_opts_s {
   int no_map;         /* refuse to name files for reading in place (section 13.8) */
   const char *meta_list[RP_META_LISTS_MAX]; /* --meta-list [KEY=]DSET */
   unsigned n_meta_list;
+  const char *bad_frames;  /* --bad-frames 3,7,10-20 (dataset indices) */
+  const char *bad_dataset; /* --bad-dataset DSET: nonzero = bad */
 } rp_opts_t;
 
 typedef struct rp_stats_s {
   uint64_t requests, bad_requests, info_requests;
-  uint64_t frames, corrupt, series_started, series_ended;
+  uint64_t frames, corrupt, bad, series_started, series_ended;
   uint64_t payload_bytes, bytes;
   uint64_t arena_allocs;   /* reply buffers allocated (reuse keeps this small) */
   uint64_t shm_frames, shm_refused; /* payloads put in a landing area; requests refused it */
@@ -212,6 +214,8 @@ typedef struct rp_server_s {
   rp_shm_t shm;
   json_int_t req_id;     /* the request's "id", echoed in its reply; -1 = none */
   uint32_t *slots;       /* RP_CREDIT_MAX slot numbers of the request being served */
+  uint8_t *bad;          /* per file frame: served flagged BAD; NULL: none */
+  uint64_t nbad;         /* frames marked in bad */
   uint64_t *gs;          /* RP_CREDIT_MAX frames of a reply, located together */
   rp_loc_t *locs;
   uint8_t *loc_ok;
@@ -239,6 +243,10 @@ const char *rp_request_parse(const void *buf, size_t len, rp_req_t *q, uint32_t 
 
 int rp_server_init(rp_server_t *self, void *sock, rp_src_t *src, const rp_opts_t *o,
                    beam_diag_t *d);
+/* The BAD table from --bad-frames and --bad-dataset (badframes.c): *out
+ * NULL when neither is given; errors name the option, file and dataset. */
+int rp_bad_frames(rp_src_t *s, const char *list, const char *dataset, uint8_t **out,
+                  uint64_t *nbad, beam_diag_t *d);
 void rp_server_destroy(rp_server_t *self);
 /* Receives one request (without blocking) and sends its one reply.
  * Returns 1 when a request was served, 0 when none was waiting, or -1 with

@@ -143,6 +143,8 @@ int rp_server_init(rp_server_t *self, void *sock, rp_src_t *src, const rp_opts_t
   int mrc = rp_meta_lists(self->meta, src, o->meta_list, o->n_meta_list, d);
   if (mrc < 0)
     return mrc;
+  if ((mrc = rp_bad_frames(src, o->bad_frames, o->bad_dataset, &self->bad, &self->nbad, d)) < 0)
+    return mrc;
   json_object_set_new(self->meta, "nframes", json_integer((json_int_t)self->T));
   /* JSON carries UTF-8 only: a path that is not would fail every reply. */
   json_t *probe = json_string(src->path);
@@ -165,6 +167,8 @@ void rp_server_destroy(rp_server_t *self) {
   self->meta = NULL;
   free(self->recs);
   self->recs = NULL;
+  free(self->bad);
+  self->bad = NULL;
   free(self->slots);
   self->slots = NULL;
   free(self->gs);
@@ -316,6 +320,10 @@ static int add_control(rp_server_t *self, rp_rec_t *r, unsigned type, uint64_t s
 static void frame_hdr(rp_server_t *self, beam_hdr_t *h, uint64_t series, uint64_t g) {
   const rp_src_t *s = self->src;
   hdr_common(self, h, BEAM_MSG_FRAME, series, g);
+  if (self->bad && self->bad[g]) {
+    h->flags |= BEAM_FLAG_BAD;
+    self->st.bad++;
+  }
   if (s->pos) {
     const double *p = &s->pos[g * 3];
     if (isfinite(p[0]) && isfinite(p[1]) && isfinite(p[2])) {
