@@ -4,7 +4,7 @@
 #   make CUDA=0          force a CPU-only build (gpu/stubs.c instead of gpu/*.cu)
 #   make check           unit tests (cmocka) + integration tests (pytest, loopback)
 #   make check-unit      unit tests only;  make check-gpu: GPU cross-checks only
-#   make SANITIZER=address|undefined check-unit
+#   make SANITIZER=address|undefined|thread check-unit
 #   make bench           benchmarks (figures, not pass/fail)
 #   make fuzz            run every decoder fuzzer (tests/fuzz/fuzz_*.c) for FUZZ_SECONDS each
 #   make deps            install the Debian packages everything here needs
@@ -33,13 +33,16 @@ SANFLAGS  := -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 else ifeq ($(SANITIZER),address,undefined)
 BUILD     ?= build/san-asan-ubsan
 SANFLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+else ifeq ($(SANITIZER),thread)
+BUILD     ?= build/san-thread
+SANFLAGS  := -fsanitize=thread -fno-omit-frame-pointer
 else ifeq ($(SANITIZER),fuzzer)
 # The libraries for `make fuzz` (clang): coverage for libFuzzer, ASan, UBSan.
 BUILD     ?= build/san-fuzzer
 SANFLAGS  := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
              -Wno-ignored-attributes # gcc-only target attributes (prefer-vector-width)
 else
-$(error SANITIZER must be address, undefined, address,undefined or fuzzer (got "$(SANITIZER)"))
+$(error SANITIZER must be address, undefined, address,undefined, thread or fuzzer (got "$(SANITIZER)"))
 endif
 
 CUDA_HOME ?= /usr/local/cuda
@@ -120,7 +123,7 @@ ALL_OBJ := $(LIB_OBJ) $(DAEMON_OBJ) $(BUILD)/daemon/main.o $(TEST_COMMON_OBJ) \
            $(UNIT_SRC:%.c=$(BUILD)/%.o) $(GPUT_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o) \
            $(TESTTOOL_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all check check-unit check-integration check-gpu check-gpu-emu bench fuzz deps demo install clean print-config
+.PHONY: all check check-unit check-integration check-tsan check-gpu check-gpu-emu bench fuzz deps demo install clean print-config
 all: $(BUILD)/beamd $(TOOL_BIN) $(UNIT_BIN) $(GPUT_BIN) $(BENCH_BIN) $(TESTTOOL_BIN)
 
 # Rebuild everything when flags change (Redis .make-settings idea).
@@ -140,7 +143,15 @@ $(BUILD)/pipeline/kern/%.o: CFLAGS += -O3
 $(BUILD)/pipeline/kern/fit_cpu.o: CFLAGS += -fno-math-errno -fno-trapping-math -ffp-contract=fast
 # The DM engine's per-view loops are OpenMP parallel (threads = conf.threads).
 # No errno from sqrt and no FP traps: lets the modulus loop vectorise.
-$(BUILD)/pipeline/ptycho/%.o: CFLAGS += -O3 -fopenmp -fno-math-errno -fno-trapping-math
+# Under ThreadSanitizer the DM engine is built without OpenMP (its
+# libgomp barriers are invisible to TSan): the pragmas are ignored and the
+# omp_get_* calls answer for one thread, so it runs serially.
+ifeq ($(SANITIZER),thread)
+OMP_CFLAGS := -Wno-unknown-pragmas
+else
+OMP_CFLAGS := -fopenmp
+endif
+$(BUILD)/pipeline/ptycho/%.o: CFLAGS += -O3 $(OMP_CFLAGS) -fno-math-errno -fno-trapping-math
 $(BUILD)/tools/beamd-ptycho/%.o: CFLAGS += $(MPI_CFLAGS)
 $(BUILD)/tools/beamd-fit/%.o: CFLAGS += $(MPI_CFLAGS)
 $(BUILD)/tools/beamd-view/%.o: CFLAGS += $(LWS_CFLAGS)
@@ -198,11 +209,28 @@ $(TESTTOOL_BIN): $(BUILD)/tests/tools/%: $(BUILD)/tests/tools/%.o $(LIBBEAMD) $(
 # ---- tests ------------------------------------------------------------------
 check: check-unit check-integration
 
+# Under ThreadSanitizer: libzmq suppressed (tests/tsan.supp says why),
+# OpenMP and OpenBLAS on one thread (their synchronisation is invisible).
+ifeq ($(SANITIZER),thread)
+TEST_ENV := TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+            OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+endif
+# The daemon integration tests that exercise threads: pull, replay, fan-out
+# (several outputs of one stage, several consumers), reload, drain.
+TSAN_ITESTS ?= tests/integration/test_daemon_flow.py tests/integration/test_daemon_replay.py \
+               tests/integration/test_daemon_reload.py tests/integration/test_daemon_control.py \
+               tests/integration/test_fit_stage.py
+
 check-unit: $(UNIT_BIN) $(GPUT_BIN) $(BUILD)/beamd
-	@tests/run-unit.sh $(UNIT_BIN) $(GPUT_BIN)
+	@$(TEST_ENV) tests/run-unit.sh $(UNIT_BIN) $(GPUT_BIN)
 
 check-integration: all
-	BEAMD_BUILD=$(BUILD) $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+	$(TEST_ENV) BEAMD_BUILD=$(BUILD) $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+
+# make SANITIZER=thread check-tsan: the unit tests and TSAN_ITESTS against
+# the TSan daemon; any report fails the daemon's exit and so the test.
+check-tsan: check-unit all
+	$(TEST_ENV) BEAMD_BUILD=$(BUILD) $(PYTHON) -m pytest -q -p no:cacheprovider $(TSAN_ITESTS)
 
 check-gpu: $(GPUT_BIN)
 	@BEAM_REQUIRE_GPU=1 tests/run-unit.sh $(GPUT_BIN)

@@ -12,6 +12,7 @@
  * NaN, and since (float)r is exact for uint16 and float32, v == gap_f
  * decides as (double)r == gap does. */
 #include <math.h>
+#include "proto/clones.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -101,7 +102,7 @@ static float exact_float(double x) {
  * the same bits. */
 #if !defined(CORRECT_CLONES) && defined(__x86_64__) && defined(__has_attribute)
 #if __has_attribute(target_clones) /* -DCORRECT_CLONES= builds SSE2 only */
-#define CORRECT_CLONES __attribute__((target_clones("avx2", "default")))
+#define CORRECT_CLONES BEAM_TARGET_CLONES("avx2", "default")
 #endif
 #endif
 #ifndef CORRECT_CLONES

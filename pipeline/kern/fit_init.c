@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "pipeline/kern/fit_int.h"
+#include "proto/clones.h"
 #include "pipeline/kern/fit_vmath.h"
 
 int beam__fit_gather(const fit_ctx_t *c, size_t i, int nl, int l, double *x, double *y,
@@ -100,7 +101,7 @@ static inline __attribute__((always_inline)) void lin_acc_body(size_t T, int nl,
 }
 
 /* The build is baseline x86-64; these loops are most of a guess's time. */
-#define FIT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define FIT_CLONES BEAM_TARGET_CLONES("arch=x86-64-v4", "arch=x86-64-v3", "default")
 #define LIN_ACC_N(n)                                                                         \
   FIT_CLONES static void lin_acc##n(size_t T, int nl, double *const *B, const double *y,     \
                                     const double *w, double *acc) {                          \

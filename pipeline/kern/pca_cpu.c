@@ -28,6 +28,7 @@
  * BLAS calls run on its own thread, threaded by OpenBLAS. Frames arrive
  * converted and centred in one pass (gather_centre). */
 #include <cblas.h>
+#include "proto/clones.h"
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -171,7 +172,7 @@ static inline float soft(float e, float t) {
  * step without sub_sums's optional operands: gcc 12 vectorises the float
  * to double sums of the AVX2 clone in this form (vcvtps2pd), and leaves
  * them scalar in sub_sums's. */
-__attribute__((target_clones("avx2", "default"))) static void y_sums(float *restrict x, const float *restrict s,
+BEAM_TARGET_CLONES("avx2", "default") static void y_sums(float *restrict x, const float *restrict s,
                                                                      size_t n, float *restrict acc, double *sum,
                                                                      double *sq) {
   double a[LANES] = {0}, q[LANES] = {0};
@@ -213,7 +214,7 @@ __attribute__((target_clones("avx2", "default"))) static void y_sums(float *rest
  * other chunk touches). Built for AVX2 as well as the baseline: the same
  * operations in the same order (no contraction in ISO C mode), so both
  * give the same bits. */
-__attribute__((target_clones("avx2", "default"))) static void rpass(cpu_t *c, size_t ci, size_t p0, size_t n,
+BEAM_TARGET_CLONES("avx2", "default") static void rpass(cpu_t *c, size_t ci, size_t p0, size_t n,
                                                                     size_t ld, float *Ec) {
   beam_pca_host_t *h = &c->h;
   size_t P = h->P, k = h->conf.k, nb = h->nb;
@@ -736,7 +737,7 @@ static size_t gather_direct(const cpu_t *c, beam_dtype_t dt, const void *in, flo
  * centre_in. Measured on 256^2 uint16 frames from a bank larger than the
  * cache: the two passes 63-104 us per frame, this one 18-22 us (baseline
  * SSE2 build) and 12-16 us (AVX2 clone). Returns the non-finite count. */
-__attribute__((target_clones("avx2", "default"))) static size_t gather_centre(const cpu_t *c, beam_dtype_t dt,
+BEAM_TARGET_CLONES("avx2", "default") static size_t gather_centre(const cpu_t *c, beam_dtype_t dt,
                                                                               const void *in,
                                                                               float *restrict row) {
   const beam_pca_host_t *h = &c->h;

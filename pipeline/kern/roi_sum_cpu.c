@@ -28,6 +28,7 @@
  * uint16 pixel and the lists 0.25 ns whatever the length (float32: runs
  * win from 3 pixels on), hence BEAM_ROI_RUN_MIN_MEAN. */
 #include <math.h>
+#include "proto/clones.h"
 #include <string.h>
 
 #include "pipeline/kern/kern_int.h"
@@ -156,7 +157,7 @@ static inline void prefetch_to(const beam_roi_runs_t *r, const char *base, size_
  * order and give identical sums. */
 #if !defined(ROI_CLONES) && defined(__x86_64__) && defined(__has_attribute)
 #if __has_attribute(target_clones) /* -DROI_CLONES= builds SSE2 only */
-#define ROI_CLONES __attribute__((target_clones("avx2", "default")))
+#define ROI_CLONES BEAM_TARGET_CLONES("avx2", "default")
 #endif
 #endif
 #ifndef ROI_CLONES

@@ -44,6 +44,7 @@
  * (xpcs_multitau.h) needs the maxima of a level frame before its pairs,
  * so a per_pixel frame runs one phase per level it touches. */
 #include <math.h>
+#include "proto/clones.h"
 #include <string.h>
 
 #include "pipeline/kern/kern_int.h"
@@ -177,7 +178,7 @@ static void gather(const beam_xmt_t *x, const void *frame, void *dst, size_t p0,
 
 /* (Clones as for the dots below: the per-frame streams are the rest of
  * the time.) */
-__attribute__((target_clones("avx2", "default"))) static int64_t
+BEAM_TARGET_CLONES("avx2", "default") static int64_t
 gather16(const beam_xmt_t *x, const uint64_t *rpos, const tile_t *t, const void *frame, int16_t *restrict o) {
   const uint32_t *restrict idx = x->rois.idx;
   int64_t m = 0;
@@ -194,7 +195,7 @@ gather16(const beam_xmt_t *x, const uint64_t *rpos, const tile_t *t, const void 
 }
 
 /* Block sums of a tile. int16: one block's sum fits int32 (BLK * 32767). */
-__attribute__((target_clones("avx2", "default"))) static void sums16(const cpu_t *c, const tile_t *t,
+BEAM_TARGET_CLONES("avx2", "default") static void sums16(const cpu_t *c, const tile_t *t,
                                                                      const int16_t *v, acc_t *bs) {
   for (size_t b = t->b0; b < t->b1; b++) {
     int32_t u = 0;
@@ -233,7 +234,7 @@ static void sumsd(const cpu_t *c, const tile_t *t, const double *v, acc_t *bs) {
 }
 
 /* o = a + b over n narrow pixels; returns max |o|. */
-__attribute__((target_clones("avx2", "default"))) static uint64_t add16(const int16_t *restrict a,
+BEAM_TARGET_CLONES("avx2", "default") static uint64_t add16(const int16_t *restrict a,
                                                                         const int16_t *restrict b,
                                                                         int16_t *restrict o, size_t n) {
   int lo = 0, hi = 0;
@@ -249,7 +250,7 @@ __attribute__((target_clones("avx2", "default"))) static uint64_t add16(const in
 /* Dots of two narrow frames. int32 partials when n * max|a| * max|b| fits
  * (the caller checks): the pattern GCC turns into pmaddwd. The clones let
  * one portable binary use the widest vectors of the machine it runs on. */
-__attribute__((target_clones("avx2", "default"))) static int32_t
+BEAM_TARGET_CLONES("avx2", "default") static int32_t
 dot16_32(const int16_t *restrict a, const int16_t *restrict b, size_t n) {
   int32_t t = 0;
   for (size_t k = 0; k < n; k++)
@@ -257,7 +258,7 @@ dot16_32(const int16_t *restrict a, const int16_t *restrict b, size_t n) {
   return t;
 }
 
-__attribute__((target_clones("avx2", "default"))) static int64_t
+BEAM_TARGET_CLONES("avx2", "default") static int64_t
 dot16_64(const int16_t *restrict a, const int16_t *restrict b, size_t n) {
   int64_t t = 0;
   for (size_t k = 0; k < n; k++)

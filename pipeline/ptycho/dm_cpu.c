@@ -3,6 +3,7 @@
  * nothing. The arithmetic is in dm_cpu_impl.h, instantiated here for float
  * and double. */
 #include <fftw3.h>
+#include "proto/clones.h"
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
@@ -18,7 +19,7 @@
  * (the build targets baseline x86-64, FFTW picks its own SIMD the same way).
  * Not inlined: the clone is chosen per call. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define CLONES __attribute__((noinline, target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define CLONES __attribute__((noinline)) BEAM_TARGET_CLONES("arch=x86-64-v4", "arch=x86-64-v3", "default")
 #else
 #define CLONES __attribute__((noinline))
 #endif

@@ -496,6 +496,17 @@ def procs(request):
     yield reg
     for p in reg:
         p.kill()
+    # A sanitizer build (make SANITIZER=... check-integration, check-tsan)
+    # reports on stderr; any report fails the test that started the process.
+    for p in reg:
+        m = SANITIZER_REPORT.search(p.stderr())
+        if m:
+            err = p.stderr()
+            pytest.fail("%s: sanitizer report:\n%s" % (p.name, err[m.start():m.start() + 4000]))
+
+
+SANITIZER_REPORT = re.compile(r"WARNING: ThreadSanitizer|ERROR: AddressSanitizer|"
+                              r"ERROR: LeakSanitizer|: runtime error: ")
 
 
 @pytest.fixture
