@@ -102,7 +102,8 @@ TOOLS      := $(notdir $(patsubst %/,%,$(dir $(wildcard tools/*/main.c))))
 TOOL_COMMON_SRC := $(wildcard tools/common/*.c)
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 GPUT_SRC   := $(wildcard tests/gpu/test_*.c)
-TEST_COMMON := $(wildcard tests/common/*.c)
+# failalloc.c only links into the fault-injection sweep (FAILALLOC below).
+TEST_COMMON := $(filter-out tests/common/failalloc.c,$(wildcard tests/common/*.c))
 BENCH_SRC  := $(wildcard bench/*.c)
 # Small drivers the integration tests run (e.g. the DM engine on raw files).
 TESTTOOL_SRC := $(wildcard tests/tools/*.c)
@@ -119,7 +120,7 @@ TESTTOOL_BIN := $(TESTTOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%)
 TEST_COMMON_OBJ := $(TEST_COMMON:%.c=$(BUILD)/%.o)
 TOOL_COMMON_OBJ := $(TOOL_COMMON_SRC:%.c=$(BUILD)/%.o)
 
-ALL_OBJ := $(LIB_OBJ) $(DAEMON_OBJ) $(BUILD)/daemon/main.o $(TEST_COMMON_OBJ) \
+ALL_OBJ := $(LIB_OBJ) $(DAEMON_OBJ) $(BUILD)/daemon/main.o $(TEST_COMMON_OBJ) $(BUILD)/tests/common/failalloc.o \
            $(foreach f,$(wildcard tools/*/*.c),$(BUILD)/$(basename $(f)).o) \
            $(UNIT_SRC:%.c=$(BUILD)/%.o) $(GPUT_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o) \
            $(TESTTOOL_SRC:%.c=$(BUILD)/%.o)
@@ -192,6 +193,14 @@ $(TOOL_BIN): $(BUILD)/%: $$(foreach f,$$(wildcard tools/$$*/*.c),$(BUILD)/$$(bas
 
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(TEST_COMMON_OBJ) $(LIBBEAMD) $(LIBBEAM)
 	$(LINK) -lcmocka
+
+# The allocation-failure sweep: every allocation of beamd's own code in it
+# goes through tests/common/failalloc.c.
+FAILALLOC_LDFLAGS := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup \
+                     -Wl,--wrap=posix_memalign,--wrap=aligned_alloc
+$(BUILD)/tests/test_alloc_fail: $(BUILD)/tests/unit/test_alloc_fail.o $(BUILD)/tests/common/failalloc.o \
+                                $(TEST_COMMON_OBJ) $(LIBBEAMD) $(LIBBEAM)
+	$(LINK) $(FAILALLOC_LDFLAGS) -lcmocka
 
 $(GPUT_BIN): $(BUILD)/tests/%: $(BUILD)/tests/gpu/%.o $(TEST_COMMON_OBJ) $(LIBBEAMD) $(LIBBEAM)
 	$(LINK) -lcmocka

@@ -708,8 +708,8 @@ int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
   if (!g)
     return BEAM_DIAG(d, BEAM_ENOMEM, "graph: out of memory");
   g->hooks = *hooks;
-  g->n = n;
   g->nodes = calloc(n ? n : 1, sizeof *g->nodes);
+  g->n = g->nodes ? n : 0; /* destroy walks n nodes */
   int rc = 0;
   if (!g->nodes) {
     rc = BEAM_DIAG(d, BEAM_ENOMEM, "graph: out of memory");

@@ -85,11 +85,17 @@ static beam_frame_t *h_get(void *ctx, unsigned out) {
   if (out >= h->st.nouts)
     return NULL;
   const beam_outdesc_t *o = &h->st.outs[out];
+  /* Out of memory (the allocation-failure sweep): no slot, as a graph
+   * that is shutting down answers; stages must cope with NULL. */
   beam_frame_t *f = calloc(1, sizeof *f);
-  BEAM_ASSERT(f);
+  if (!f)
+    return NULL;
   f->cap = desc_bytes(o);
   f->data = malloc(f->cap ? f->cap : 1);
-  BEAM_ASSERT(f->data);
+  if (!f->data) {
+    free(f);
+    return NULL;
+  }
   memset(f->data, 0xA5, f->cap); /* garbage a stage must overwrite */
   if (h->cur) {
     beam_frame_copy_ident(f, h->cur);
@@ -115,10 +121,19 @@ static void h_put(void *ctx, beam_frame_t *f) {
   BEAM_ASSERT(nb <= f->cap);
   f->nbytes = nb;
   if (h->nres == h->cap) {
-    h->cap = h->cap ? 2 * h->cap : 16;
-    h->res = realloc(h->res, h->cap * sizeof *h->res);
-    h->res_out = realloc(h->res_out, h->cap * sizeof *h->res_out);
-    BEAM_ASSERT(h->res && h->res_out);
+    size_t cap = h->cap ? 2 * h->cap : 16;
+    beam_frame_t **r = realloc(h->res, cap * sizeof *r);
+    if (r)
+      h->res = r;
+    unsigned *ro = r ? realloc(h->res_out, cap * sizeof *ro) : NULL;
+    if (ro)
+      h->res_out = ro;
+    if (!r || !ro) { /* out of memory (the sweep): the result is lost */
+      h->outstanding--;
+      bh_frame_free(f);
+      return;
+    }
+    h->cap = cap;
   }
   h->res_out[h->nres] = (unsigned)atomic_load(&f->refs);
   h->res[h->nres++] = f;
@@ -155,7 +170,7 @@ beam_frame_t *bh_last(bh_t *h, unsigned out) {
   return NULL;
 }
 
-int bh_new(bh_t **out, const beam_stage_ops_t *ops, beam_cnode_t *cfg, beam_diag_t *d) {
+bh_t *bh_alloc(const beam_stage_ops_t *ops, beam_cnode_t *cfg) {
   bh_t *h = calloc(1, sizeof *h);
   BEAM_ASSERT(h);
   h->cfg = cfg;
@@ -166,9 +181,17 @@ int bh_new(bh_t **out, const beam_stage_ops_t *ops, beam_cnode_t *cfg, beam_diag
   h->emit.get = h_get;
   h->emit.put = h_put;
   h->emit.drop = h_drop;
-  *out = h;
+  return h;
+}
+
+int bh_init(bh_t *h, beam_diag_t *d) {
   h->inited = 1;
-  return ops->init(&h->st, d);
+  return h->st.ops->init(&h->st, d);
+}
+
+int bh_new(bh_t **out, const beam_stage_ops_t *ops, beam_cnode_t *cfg, beam_diag_t *d) {
+  *out = bh_alloc(ops, cfg);
+  return bh_init(*out, d);
 }
 
 int bh_start(bh_t *h, beam_dtype_t dt, uint32_t ndim, const uint32_t *shape, beam_diag_t *d) {

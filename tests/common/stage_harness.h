@@ -45,6 +45,10 @@ int bh_validate(beam_cnode_t *cfg, const beam_param_t *params, char *msg, size_t
 /* Takes cfg (freed by bh_free even on failure). Runs init; returns its rc
  * with the message in d. *out is set either way (destroy runs in bh_free). */
 int bh_new(bh_t **out, const beam_stage_ops_t *ops, beam_cnode_t *cfg, beam_diag_t *d);
+/* bh_new in two steps, for a test that must act between them (the
+ * allocation-failure sweep arms its counter after the harness's own). */
+bh_t *bh_alloc(const beam_stage_ops_t *ops, beam_cnode_t *cfg);
+int bh_init(bh_t *h, beam_diag_t *d);
 /* Validates cfg against params (a failure fails the test), runs bh_new and
  * fails the test unless init returned expect_rc and, when expect_msg is
  * given, its message contains expect_msg. */
