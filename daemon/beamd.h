@@ -218,6 +218,9 @@ struct beamd_s {
   uint64_t last_hb_ns, last_frames, last_results, last_bytes;
   double rate_fps, rate_rps, rate_mbps;
   double push_stalled_s; /* beamd_publish_stall at the last heartbeat */
+  /* The latest series that lost frames, and how many so far (loop thread;
+   * ingest.c writes, publish.c flags that series' results INCOMPLETE). */
+  uint64_t loss_series_id, loss_frames;
 };
 
 /* Lifecycle (daemon.c). */

@@ -24,11 +24,25 @@ static void bad(beamd_t *d, const char *what, const beam_hdr_t *h, const char *w
     beam_log_rl(&in->rl, LOG_WARNING, "input: %s: %s", what, why);
 }
 
-static void track_seq(beamd_ingest_t *in, uint64_t seq) {
+/* n frames of the open series will not reach the graph (dropped here or
+ * lost on the way): the series says so at its end, and every result of it
+ * published from now on is INCOMPLETE (publish.c). */
+static void series_lost(beamd_t *d, uint64_t n) {
+  if (!d->in.series || !n)
+    return;
+  d->in.series->missing_frames += n;
+  d->loss_series_id = d->in.series->series_id;
+  d->loss_frames = d->in.series->missing_frames;
+}
+
+static void track_seq(beamd_t *d, uint64_t seq) {
+  beamd_ingest_t *in = &d->in;
   if (in->have_seq) {
     if (seq > in->last_seq + 1) {
       atomic_fetch_add(&in->gaps, 1);
       atomic_fetch_add(&in->lost, seq - in->last_seq - 1);
+      /* Messages lost in transport: with a series open, frames of it. */
+      series_lost(d, seq - in->last_seq - 1);
     } else if (seq <= in->last_seq) {
       /* The sender restarted (or a second sender appeared): re-base. */
       atomic_fetch_add(&in->seq_resets, 1);
@@ -93,8 +107,7 @@ const beam_series_t *beamd_ingest_series(const beamd_t *d) { return d->in.series
 
 void beamd_ingest_missing(beamd_t *d, uint64_t n) {
   atomic_fetch_add(&d->in.missing, n);
-  if (d->in.series)
-    d->in.series->missing_frames += n;
+  series_lost(d, n);
 }
 
 void beamd_ingest_malformed(beamd_t *d, const char *what, const char *why) {
@@ -165,11 +178,13 @@ int beamd_ingest_frame(beamd_t *d, const beam_msg_t *m, uint64_t t_recv) {
   if (!corrupt && !same_geometry(in->series, h)) {
     atomic_fetch_add(&in->shape_mismatch, 1);
     bad(d, "frame geometry differs from its series", h, "dropped");
+    series_lost(d, 1);
     return 0;
   }
   if (h->raw_size > d->cfg->pool.frame_bytes) {
     atomic_fetch_add(&in->too_large, 1);
     bad(d, "frame larger than pool.frame_bytes", h, "dropped (raise pool.frame_bytes)");
+    series_lost(d, 1);
     return 0;
   }
   /* Live mode reads even when the graph is full (lossless modes pause
@@ -178,6 +193,7 @@ int beamd_ingest_frame(beamd_t *d, const beam_msg_t *m, uint64_t t_recv) {
   beam_frame_t *f = beam_graph_room(d->graph) ? beam_graph_input_slot(d->graph) : NULL;
   if (!f) {
     atomic_fetch_add(&in->dropped_busy, 1);
+    series_lost(d, 1);
     return 0;
   }
   const char *why = NULL;
@@ -190,6 +206,7 @@ int beamd_ingest_frame(beamd_t *d, const beam_msg_t *m, uint64_t t_recv) {
     atomic_fetch_add(&in->malformed, 1);
     bad(d, "undecodable payload", h, why ? why : "?");
     beam_frame_unref(f);
+    series_lost(d, 1);
     return 0;
   } else {
     f->nbytes = h->raw_size;
@@ -223,7 +240,7 @@ void beamd_ingest_parts(beamd_t *d, const beam_part_t *parts, size_t n) {
     bad(d, "malformed message", NULL, why ? why : "?");
     return;
   }
-  track_seq(in, m.hdr.seq);
+  track_seq(d, m.hdr.seq);
   switch (m.hdr.type) {
   case BEAM_MSG_SERIES_START: on_series_start(d, &m); break;
   case BEAM_MSG_FRAME: beamd_ingest_frame(d, &m, t_recv); break;

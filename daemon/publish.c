@@ -306,15 +306,39 @@ static int want_desc(beamd_t *d, const beam_frame_t *f, uint64_t now) {
   return 1;
 }
 
+/* The descriptor with "missing_frames": n added (a result of a series that
+ * lost frames), into buf; the descriptor itself when it does not fit. */
+static const char *desc_with_loss(const char *desc, uint64_t n, char *buf, size_t cap) {
+  size_t len = strlen(desc);
+  while (len && desc[len - 1] != '}')
+    len--;
+  if (!len)
+    return desc;
+  int k = snprintf(buf, cap, "%.*s%s\"missing_frames\":%llu}", (int)(len - 1), desc,
+                   len > 2 ? "," : "", (unsigned long long)n);
+  return k > 0 && (size_t)k < cap ? buf : desc;
+}
+
 void beamd_publish_result(beamd_t *d, beam_frame_t *f) {
   uint64_t now = beam_now_ns();
   const char *desc = beam_pool_desc(f->pool);
   omsg_t m = {0};
   snprintf(m.topic, sizeof m.topic, "%s", beam_pool_topic(f->pool));
-  int with_desc = desc && want_desc(d, f, now);
+  /* A result of a series that has lost frames is marked INCOMPLETE and
+   * says how many in its metadata: the descriptor goes with every such
+   * result, with "missing_frames" added. */
+  int lossy = d->loss_frames && f->series_id == d->loss_series_id;
+  char lossbuf[8192];
+  if (lossy) {
+    /* f may be shared with stages reading it: the flag goes in the header. */
+    if (desc)
+      desc = desc_with_loss(desc, d->loss_frames, lossbuf, sizeof lossbuf);
+  }
+  int with_desc = desc && (want_desc(d, f, now) || lossy);
   beam_hdr_t h = {0};
   h.type = BEAM_MSG_RESULT;
-  h.flags = (f->flags & ~(uint32_t)BEAM_FLAG_META) | (with_desc ? BEAM_FLAG_META : 0u);
+  h.flags = (f->flags & ~(uint32_t)BEAM_FLAG_META) | (with_desc ? BEAM_FLAG_META : 0u) |
+            (lossy ? BEAM_FLAG_INCOMPLETE : 0u);
   h.series_id = f->series_id;
   h.frame_id = f->frame_id;
   h.t_acq_ns = f->t_acq_ns;
@@ -357,8 +381,16 @@ void beamd_publish_series(beamd_t *d, const beam_series_t *s, int type, int abor
   memcpy(h.shape, s->shape, sizeof h.shape);
   h.raw_size = 0;
   h.flags = aborted ? BEAM_FLAG_ABORTED : 0;
-  if (type == BEAM_MSG_SERIES_END && s->missing_frames)
+  char endmeta[64];
+  if (type == BEAM_MSG_SERIES_END && s->missing_frames) {
     h.flags |= BEAM_FLAG_INCOMPLETE;
+    /* How many: the metadata part of an INCOMPLETE SERIES_END. */
+    m.meta_len = (size_t)snprintf(endmeta, sizeof endmeta, "{\"missing_frames\":%llu}",
+                                  (unsigned long long)s->missing_frames);
+    m.meta = endmeta;
+    h.flags |= BEAM_FLAG_META;
+    h.meta_size = (uint32_t)m.meta_len;
+  }
   if (type == BEAM_MSG_SERIES_START) {
     /* raw_size describes the series' frames; no payload part follows. */
     uint64_t n = beam_dtype_size(s->dtype);

@@ -126,6 +126,21 @@ def test_live_overload_counts_every_drop(ports, zctx, start_beamd, receivers):
     # Every accepted frame went through the pipeline.
     assert stage(st, "corr")["frames_in"] == inp["frames"]
     assert stage(st, "vd")["frames_out"] == inp["frames"]
+    # The losses are not silent: the SERIES_END is INCOMPLETE and says how
+    # many frames the series lost; results published after the first loss
+    # are INCOMPLETE and carry the count so far, which only grows.
+    end = rx.wait_series_end(sid, timeout=5)
+    lost = inp["dropped_busy"] + inp["lost"]
+    assert end[1].flags & proto.FLAG_INCOMPLETE, end[1]
+    assert end[3] == {"missing_frames": lost}, end[3]
+    res = [m for m in rx.snapshot("vd.sums") if m[1].series_id == sid]
+    flagged = [m for m in res if m[1].flags & proto.FLAG_INCOMPLETE]
+    assert flagged, "no vd.sums result of the lossy series is flagged INCOMPLETE"
+    counts = [m[3]["missing_frames"] for m in flagged]
+    assert all(isinstance(c, int) and 0 < c <= lost for c in counts), counts
+    assert counts == sorted(counts), counts
+    first = res.index(flagged[0])
+    assert all(m[1].flags & proto.FLAG_INCOMPLETE for m in res[first:])
 
     # Still alive and answering, and a gentle series afterwards is whole.
     assert b.ctl("ping") == {"ok": True}
@@ -143,6 +158,9 @@ def test_live_overload_counts_every_drop(ports, zctx, start_beamd, receivers):
                 timeout=5, what="vd.sums of the second series")
     ids = sorted(m[1].frame_id for m in rx.snapshot("vd.sums") if m[1].series_id == sid2)
     assert ids == list(range(n2))
+    assert not end[1].flags & proto.FLAG_INCOMPLETE  # the whole series after it
+    assert not any(m[1].flags & proto.FLAG_INCOMPLETE for m in rx.snapshot("vd.sums")
+                   if m[1].series_id == sid2)
     after = b.stats()["input"]
     assert after["frames"] - before["frames"] == n2
     assert after["dropped_total"] == before["dropped_total"]

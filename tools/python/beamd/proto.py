@@ -39,7 +39,7 @@ FLAG_FINAL = 1 << 4
 FLAG_CORRUPT = 1 << 5
 FLAG_ANOMALY = 1 << 6
 FLAG_ABORTED = 1 << 7
-FLAG_INCOMPLETE = 1 << 8  # SERIES_END: frames of the series never arrived
+FLAG_INCOMPLETE = 1 << 8  # frames of the series never reached the pipeline (SERIES_END, RESULT)
 
 # Wire code -> numpy name, in the order of beam_dtype_t.
 DTYPES = ["none", "uint8", "uint16", "uint32", "uint64", "int8", "int16",
