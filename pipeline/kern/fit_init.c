@@ -21,7 +21,10 @@
  *   poly       zeros: the exact step does the rest.
  * Lanes are innermost in every loop, so the SIMD path's 16 lanes
  * vectorise; the reference runs one lane. */
+#include <fftw3.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "pipeline/kern/fit_int.h"
@@ -73,7 +76,9 @@ int beam__fit_gather(const fit_ctx_t *c, size_t i, int nl, int l, double *x, dou
 
 size_t beam__fit_guess_scratch(int P, size_t T, int nl) {
   (void)P;
-  return (13 * T + 8) * (size_t)nl + 4 * T + 64 * (size_t)nl * (NRATE + 48) + 1024;
+  /* + 4T + 16: one lane's FFT input (2T - 2) and output (T complex),
+   * 64-byte aligned inside the scratch. */
+  return (13 * T + 8) * (size_t)nl + 8 * T + 64 * (size_t)nl * (NRATE + 48) + 1024 + 16;
 }
 
 /* Normal equations of y on ncol columns B[c] (lane-minor), weighted:
@@ -160,6 +165,7 @@ static double vertex(double a, double b, double c) {
 typedef struct scr_s {
   double *u, *yc, *e, *B[NCOL_MAX], *pw, *zr, *zi, *rr, *ri, *acc, *beta, *ss, *lane;
   double *sc, *ss_c, *zsr, *zsi; /* shared-x rotation */
+  double *fin, *fout;            /* FFT periodogram, one lane, 64-byte aligned */
 } scr_t;
 
 static void carve(scr_t *s, double *p, size_t T, int nl) {
@@ -178,6 +184,9 @@ static void carve(scr_t *s, double *p, size_t T, int nl) {
   s->ss_c = p, p += T;
   s->zsr = p, p += T;
   s->zsi = p, p += T;
+  p = (double *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
+  s->fin = p, p += 2 * T;
+  s->fout = p, p += 2 * T;
   s->acc = p, p += 32 * (size_t)nl;
   s->beta = p, p += 8 * (size_t)nl;
   s->lane = p, p += 16 * (size_t)nl;
@@ -258,6 +267,107 @@ FIT_CLONES static void periodogram(size_t T, int nl, int shared, int lref, size_
   }
 }
 
+/* The same periodogram by FFT, for a lane whose points are uniformly
+ * spaced with both ends used: then span = (T-1)·h and f_j·t_k =
+ * (j+1)·k/(2(T-1)) + a constant per j, so the powers are |Y_{j+1}|² of the
+ * length-M = 2(T-1) DFT of yc zero-padded (the constant only turns the
+ * phase). Equal to the direct sums to rounding; O(T log T) instead of
+ * O(T²). Plans: FFTW_ESTIMATE (deterministic, no measuring), one per M,
+ * made once under a mutex and kept for the process; every thread then runs
+ * fftw_execute_dft_r2c on its own (workspace) arrays, which FFTW allows.
+ * Each lane is one contiguous transform, so the reference (one lane) and
+ * the SIMD path (16) get bitwise the same powers. */
+#define FIT_FFT_PLANS 64
+static struct {
+  int M;
+  fftw_plan p;
+} fft_plans[FIT_FFT_PLANS];
+static int fft_nplans;
+static pthread_mutex_t fft_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t fft_once = PTHREAD_ONCE_INIT;
+static void fft_init_once(void) { fftw_make_planner_thread_safe(); }
+
+/* The plan for length M (in and out only give the alignment: FFTW_ESTIMATE
+ * does not touch them), or NULL. *tmp: a plan made for this call only
+ * (the cache is full), to be destroyed by the caller. */
+static fftw_plan fft_plan(int M, double *in, double *out, int *tmp) {
+  pthread_once(&fft_once, fft_init_once);
+  fftw_plan p = NULL;
+  *tmp = 0;
+  pthread_mutex_lock(&fft_mu);
+  for (int i = 0; i < fft_nplans && !p; i++)
+    if (fft_plans[i].M == M)
+      p = fft_plans[i].p;
+  if (!p) {
+    p = fftw_plan_dft_r2c_1d(M, in, (fftw_complex *)out, FFTW_ESTIMATE);
+    if (p && fft_nplans < FIT_FFT_PLANS) {
+      fft_plans[fft_nplans].M = M;
+      fft_plans[fft_nplans++].p = p;
+    } else if (p)
+      *tmp = 1;
+  }
+  pthread_mutex_unlock(&fft_mu);
+  return p;
+}
+
+/* The smallest T for which the FFT periodogram is used (measured,
+ * bench/README.md: below it the direct sums over 16 lanes are as fast). */
+#define FIT_FFT_MIN_T 48
+
+/* Per lane: 1 when its powers come from the FFT (or it has no data, whose
+ * powers are 0 either way), 0 when they need the direct sums. The x grid
+ * must be uniform to 4 float32 ulps of its largest |x| (x is float32 data:
+ * a rounded uniform grid), and both ends used by the lane whose span set
+ * the frequency step (itself, or lref for a shared x), so that this span
+ * is the grid's. */
+static void fft_lanes(size_t T, int nl, int shared, int lref, const double *x, const double *w,
+                      const double *sw, int *ok) {
+  for (int l = 0; l < nl; l++) {
+    ok[l] = 1;
+    if (!(sw[l] > 0))
+      continue; /* no data: yc = 0, power 0 by either path */
+    double x0 = x[l], x1 = x[(T - 1) * nl + l], h = (x1 - x0) / (double)(T - 1);
+    double tol = 4 * 0x1p-24 * (fabs(x0) > fabs(x1) ? fabs(x0) : fabs(x1));
+    int lw = shared ? lref : l;
+    int good = w[lw] > 0 && w[(T - 1) * nl + lw] > 0 && fabs(h) > 0;
+    for (size_t k = 1; k + 1 < T && good; k++)
+      good = fabs(x[k * nl + l] - (x0 + (double)k * h)) <= tol;
+    ok[l] = good;
+  }
+}
+
+static int periodogram_fft(size_t T, int nl, size_t nf, const int *ok, const double *sw,
+                           scr_t *s) {
+  int M = (int)(2 * (T - 1)), tmp;
+  fftw_plan p = fft_plan(M, s->fin, s->fout, &tmp);
+  if (!p)
+    return -1;
+  for (int l = 0; l < nl; l++) {
+    if (!ok[l])
+      continue;
+    if (!(sw[l] > 0)) {
+      for (size_t j = 0; j < nf; j++)
+        s->pw[j * nl + l] = 0;
+      continue;
+    }
+    for (size_t k = 0; k < T; k++)
+      s->fin[k] = s->yc[k * nl + l];
+    for (size_t k = T; k < (size_t)M; k++)
+      s->fin[k] = 0;
+    fftw_execute_dft_r2c(p, s->fin, (fftw_complex *)s->fout);
+    for (size_t j = 0; j < nf; j++) {
+      double re = s->fout[2 * (j + 1)], im = s->fout[2 * (j + 1) + 1];
+      s->pw[j * nl + l] = re * re + im * im;
+    }
+  }
+  if (tmp) {
+    pthread_mutex_lock(&fft_mu);
+    fftw_destroy_plan(p);
+    pthread_mutex_unlock(&fft_mu);
+  }
+  return 0;
+}
+
 /* cos and sin of 2πf·u per point and lane, in fp32 (fit_vmath.h): a
  * start needs no more, and libm's would be most of the guess's time. */
 FIT_CLONES static void osc(size_t T, int nl, const double *u, const double *f, double *co,
@@ -317,7 +427,21 @@ static void guess_dcos(const fit_ctx_t *c, size_t T, int nl, int shared, const d
   if (shared)
     for (int l = 0; l < nl; l++)
       df[l] = df[lref];
-  periodogram(T, nl, shared, lref, nf, df, s);
+  /* FFT where the grid allows it (not dcos_t0: its span starts at t0,
+   * off the grid), the direct sums for every other lane. */
+  int fok[FIT_L], ndir = 0;
+  if (!t0m && !c->guess_direct && T >= FIT_FFT_MIN_T)
+    fft_lanes(T, nl, shared, lref, x, w, sw, fok);
+  else
+    for (int l = 0; l < nl; l++)
+      fok[l] = 0;
+  for (int l = 0; l < nl; l++)
+    ndir += !fok[l];
+  if (ndir > 0)
+    periodogram(T, nl, shared, lref, nf, df, s);
+  /* A plan that cannot be made (never seen) leaves the direct sums. */
+  if (ndir < nl && periodogram_fft(T, nl, nf, fok, sw, s) < 0 && ndir == 0)
+    periodogram(T, nl, shared, lref, nf, df, s);
   for (int l = 0; l < nl; l++) {
     /* Up to the Nyquist frequency of the points used, (n-1)/(2 span):
      * above it a uniform grid repeats the spectrum. */

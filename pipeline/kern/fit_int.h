@@ -37,6 +37,9 @@ typedef struct fit_ctx_s {
   const beam_fit_opts_t *o;
   int P;
   double lo[FIT_MAXP], hi[FIT_MAXP];
+  /* Test knob (0 from beam__fit_ctx): 1 makes the dcos guess use the
+   * direct periodogram even where the FFT one applies (fit_init.c). */
+  int guess_direct;
 } fit_ctx_t;
 
 int beam__fit_ctx(fit_ctx_t *c, const beam_fit_batch_t *b, const beam_fit_opts_t *o,
