@@ -21,6 +21,10 @@
  *   poly       zeros: the exact step does the rest.
  * Lanes are innermost in every loop, so the SIMD path's 16 lanes
  * vectorise; the reference runs one lane. */
+/* As fit_cpu.o is built (Makefile): no FP traps and no errno let the
+ * selects in the fp32 basis loops (fit_vmath.h) vectorise. Neither
+ * changes a result (no contraction, no reassociation). */
+#pragma GCC optimize("no-trapping-math", "no-math-errno")
 #include <fftw3.h>
 #include <math.h>
 #include <pthread.h>
@@ -104,12 +108,47 @@ static inline __attribute__((always_inline)) void lin_acc_body(size_t T, int nl,
   }
 }
 
+/* The same for nl = FIT_L (the SIMD path's blocks), summed in a local
+ * array: a constant trip count and no aliasing let the lane loops
+ * vectorise; the per-lane order of operations, so every bit, is the
+ * generic loop's. */
+static inline __attribute__((always_inline)) void lin_acc_blk(size_t T, int ncol,
+                                                               double *const *B,
+                                                               const double *restrict y,
+                                                               const double *restrict w,
+                                                               double *restrict acc) {
+  enum { NL = FIT_L };
+  int nh = ncol * (ncol + 1) / 2;
+  double a[NCOL_MAX * (NCOL_MAX + 1) / 2 + NCOL_MAX + 1][NL];
+  const double *b[NCOL_MAX];
+  memset(a, 0, sizeof a);
+  for (int c = 0; c < ncol; c++)
+    b[c] = B[c];
+  for (size_t k = 0; k < T; k++) {
+    const double *yk = y + k * NL, *wk = w + k * NL;
+    int idx = 0;
+    for (int c = 0; c < ncol; c++)
+      for (int d = c; d < ncol; d++, idx++)
+        for (int l = 0; l < NL; l++)
+          a[idx][l] += wk[l] * b[c][k * NL + l] * b[d][k * NL + l];
+    for (int c = 0; c < ncol; c++)
+      for (int l = 0; l < NL; l++)
+        a[nh + c][l] += wk[l] * yk[l] * b[c][k * NL + l];
+    for (int l = 0; l < NL; l++)
+      a[nh + ncol][l] += wk[l] * yk[l] * yk[l];
+  }
+  memcpy(acc, a, sizeof(double) * (size_t)((nh + ncol + 1) * NL));
+}
+
 /* The build is baseline x86-64; these loops are most of a guess's time. */
 #define FIT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #define LIN_ACC_N(n)                                                                         \
   FIT_CLONES static void lin_acc##n(size_t T, int nl, double *const *B, const double *y,     \
                                     const double *w, double *acc) {                          \
-    lin_acc_body(T, nl, n, B, y, w, acc);                                                    \
+    if (nl == FIT_L)                                                                         \
+      lin_acc_blk(T, n, B, y, w, acc);                                                       \
+    else                                                                                     \
+      lin_acc_body(T, nl, n, B, y, w, acc);                                                  \
   }
 LIN_ACC_N(2)
 LIN_ACC_N(3)
@@ -380,6 +419,211 @@ FIT_CLONES static void osc(size_t T, int nl, const double *u, const double *f, d
     }
 }
 
+/* dcos_t0 at t0[l], f[l], decay rate g[l] per lane: the basis
+ * e^(-g u)·cos 2πfu, e^(-g u)·sin 2πfu, 1 at u = max(x - t0, 0), in fp32
+ * (fit_vmath.h) like osc. */
+static inline __attribute__((always_inline)) void basis_t0_body(
+    size_t T, int nl, const double *restrict x, const double *restrict t0,
+    const double *restrict f, const double *restrict g, double *restrict B0,
+    double *restrict B1, double *restrict B2) {
+  float wf[FIT_L], gf[FIT_L], t0f[FIT_L];
+  for (int l = 0; l < nl; l++)
+    wf[l] = (float)(2 * M_PI * f[l]), gf[l] = (float)-g[l], t0f[l] = (float)t0[l];
+  (void)t0f;
+  for (size_t k = 0; k < T; k++)
+    for (int l = 0; l < nl; l++) {
+      size_t q = k * nl + l;
+      double d = x[q] - t0[l];
+      float u = (float)(d > 0 ? d : 0), sv, cv, ev = fit_expf(gf[l] * u);
+      fit_sincosf(wf[l] * u, &sv, &cv);
+      B0[q] = ev * cv, B1[q] = ev * sv, B2[q] = 1;
+    }
+}
+/* The SIMD path's blocks are FIT_L lanes: a constant trip count. */
+FIT_CLONES static void basis_t0_l(size_t T, const double *x, const double *t0, const double *f,
+                                  const double *g, double *B0, double *B1, double *B2) {
+  basis_t0_body(T, FIT_L, x, t0, f, g, B0, B1, B2);
+}
+static void basis_t0(size_t T, int nl, const double *x, const double *t0, const double *f,
+                     const double *g, double *B0, double *B1, double *B2) {
+  if (nl == FIT_L)
+    basis_t0_l(T, x, t0, f, g, B0, B1, B2);
+  else
+    basis_t0_body(T, nl, x, t0, f, g, B0, B1, B2);
+}
+
+/* Residual sum of squares ss[l] and (a, b, c) in beta[l*3..] of the
+ * best linear fit at (t0, f, g) per lane. */
+static void eval_t0(size_t T, int nl, const double *x, const double *y, const double *w,
+                    const double *t0, const double *f, const double *g, scr_t *s, double *beta,
+                    double *ss) {
+  basis_t0(T, nl, x, t0, f, g, s->B[0], s->B[1], s->B[2]);
+  lin_acc(T, nl, 3, s->B, y, w, s->acc);
+  lin_solve(nl, 3, s->acc, beta, ss);
+}
+
+/* One 3-point step of v[l], which is one of t0, f, g (the others fixed):
+ * ss at v - st, v + st (mul: v / st, v·st); then v moves to the better
+ * end when an end beats cur (ss at v), else to the parabola vertex
+ * (mul: in log v), unless its ss is not below cur (then v stays). cur
+ * and bcur get ss and (a, b, c) at the final v. */
+static void refine1(size_t T, int nl, const double *x, const double *y, const double *w,
+                    const double *t0, double *f, double *g, double *v, const double *st,
+                    int mul, double *cur, double *bcur, scr_t *s) {
+  double vm[FIT_L], vp[FIT_L], v0[FIT_L], sm[FIT_L], sp[FIT_L], bt[FIT_L * 3];
+  for (int l = 0; l < nl; l++) {
+    v0[l] = v[l];
+    vm[l] = mul ? v[l] / st[l] : v[l] - st[l];
+    vp[l] = mul ? v[l] * st[l] : v[l] + st[l];
+  }
+  for (int side = 0; side < 2; side++) {
+    for (int l = 0; l < nl; l++)
+      v[l] = side ? vp[l] : vm[l];
+    eval_t0(T, nl, x, y, w, t0, f, g, s, bt, side ? sp : sm);
+  }
+  for (int l = 0; l < nl; l++) {
+    double lo = vm[l], hi = vp[l];
+    if (!(cur[l] <= sm[l] && cur[l] <= sp[l])) /* an end is best: move there */
+      v[l] = sm[l] < sp[l] ? lo : hi;
+    else {
+      double d = vertex(sm[l], cur[l], sp[l]);
+      v[l] = mul ? v0[l] * pow(st[l], d) : v0[l] + d * st[l];
+    }
+  }
+  double c0[FIT_L], b0[FIT_L * 3];
+  memcpy(c0, cur, sizeof(double) * (size_t)nl);
+  memcpy(b0, bcur, sizeof(double) * 3 * (size_t)nl);
+  eval_t0(T, nl, x, y, w, t0, f, g, s, bcur, cur);
+  for (int l = 0; l < nl; l++)
+    if (!(cur[l] <= c0[l])) { /* a vertex that came out worse: stay */
+      v[l] = v0[l], cur[l] = c0[l];
+      for (int a = 0; a < 3; a++)
+        bcur[l * 3 + a] = b0[l * 3 + a];
+    }
+}
+
+/* dcos_t0: the change point t0 (docs/fit.md, Initial guesses).
+ * Residual as a function of t0 (the other five fitted) has one shallow
+ * minimum per sample interval or two near the kink, a few per cent apart,
+ * and the coarse f (periodogram) and decay (factor-4 grid) of the search
+ * above tilt it towards a neighbouring one, where LM then stays. So, per
+ * lane, with ss(t0, f, g) the residual of the continuous two-segment model
+ * (flat at a + c before t0, damped cosine after; a, b, c exact, basis in
+ * fp32):
+ *  1. at the search's (t0, f, g) (g = 1/tau; g = 0 replaced by df/16):
+ *     two rounds of "refine g" (×/÷ 2, then √2) and "refine f" (± df/4,
+ *     then df/8), each a 3-point step: the best of v - s, v, v + s, or
+ *     the parabola vertex (within ±s/2) when the middle is best;
+ *  2. scan: t0 on n equal steps over [lo, hi] of t0 (unbounded: the best
+ *     ± 2 fine steps of the search), n = min(48, ceil(width / hs) + 1)
+ *     per lane with hs = half the mean sample spacing (x range / (T-1) / 2),
+ *     the largest n of the lanes used by all; ss at each, (f, g) of step 1;
+ *  3. candidates: c1 = the scan's minimum, c2 = the lowest local minimum
+ *     (≤ both neighbours) at least 2 steps from c1 (none: c1 again);
+ *  4. each candidate from (f, g) of step 1: three rounds r = 0, 1, 2 of
+ *     refine t0 (± step/2^(r+1)), refine g (×/÷ 2^(1/2^r)), refine f
+ *     (± df/2^(r+2)); the candidate with the lower final ss (c1 on a tie)
+ *     gives t0, f, tau = 1/g and a, b, c. */
+#define T0_SCAN_MAX 48
+#define T0_NCAND 2  /* basins refined after the scan */
+#define T0_NROUND 3 /* refinement rounds of (t0, rate, f) in each */
+static void refine_t0(const fit_ctx_t *c, size_t T, int nl, const double *x, const double *y,
+                      const double *w, const double *df, double *f, double *g, double *t0,
+                      const double *cstep, double *best, double *bbest, scr_t *s) {
+  double st[FIT_L], cur[FIT_L], bcur[FIT_L * 3], mn[FIT_L], mx[FIT_L], lo[FIT_L], step[FIT_L];
+  double tt[FIT_L], bts[FIT_L * 3], sst[FIT_L];
+  lane_range(T, nl, x, w, mn, mx);
+  for (int l = 0; l < nl; l++)
+    if (!(g[l] > 0))
+      g[l] = 2 * df[l] / 8 / 4; /* no decay won: start the rate search low */
+  eval_t0(T, nl, x, y, w, t0, f, g, s, bcur, cur);
+  for (int round = 0; round < 2; round++) {
+    for (int l = 0; l < nl; l++)
+      st[l] = round ? M_SQRT2 : 2;
+    refine1(T, nl, x, y, w, t0, f, g, g, st, 1, cur, bcur, s);
+    for (int l = 0; l < nl; l++)
+      st[l] = df[l] / (round ? 8 : 4);
+    refine1(T, nl, x, y, w, t0, f, g, f, st, 0, cur, bcur, s);
+  }
+  /* The change-point scan at that (f, rate); the residual of every
+   * candidate is kept (scan[ct*nl + l]) to find its two deepest minima. */
+  int fin = isfinite(c->lo[5]) && isfinite(c->hi[5]), n = 2;
+  for (int l = 0; l < nl; l++) {
+    double a = fin ? c->lo[5] : t0[l] - 2 * cstep[l];
+    double b = fin ? c->hi[5] : t0[l] + 2 * cstep[l];
+    double hs = 0.5 * (mx[l] - mn[l]) / (double)(T > 1 ? T - 1 : 1);
+    int nc = hs > 0 ? (int)fmin(ceil((b - a) / hs) + 1, T0_SCAN_MAX) : 2;
+    n = nc > n ? nc : n;
+    lo[l] = a, step[l] = b - a;
+  }
+  double *scan = s->ss; /* (NRATE + 48) x nl >= T0_SCAN_MAX x nl */
+  for (int l = 0; l < nl; l++)
+    step[l] /= (n - 1);
+  for (int ct = 0; ct < n; ct++) {
+    for (int l = 0; l < nl; l++)
+      tt[l] = lo[l] + ct * step[l];
+    eval_t0(T, nl, x, y, w, tt, f, g, s, bts, sst);
+    for (int l = 0; l < nl; l++)
+      scan[ct * nl + l] = sst[l];
+  }
+  /* Per lane: the deepest local minimum of the scan, and the deepest one
+   * at least 3 candidates away from it; each is refined in (rate, f) and
+   * the lower residual wins (its basin's own f and rate can reverse the
+   * order the scan saw). */
+  int c1[FIT_L], c2[FIT_L];
+  for (int l = 0; l < nl; l++) {
+    c1[l] = 0, c2[l] = -1;
+    for (int ct = 1; ct < n; ct++)
+      if (scan[ct * nl + l] < scan[c1[l] * nl + l])
+        c1[l] = ct;
+    for (int ct = 0; ct < n; ct++) {
+      double v = scan[ct * nl + l];
+      int sep = ct + 2 <= c1[l] || ct >= c1[l] + 2;
+      int pk = (ct == 0 || v <= scan[(ct - 1) * nl + l]) &&
+               (ct + 1 == n || v <= scan[(ct + 1) * nl + l]);
+      if (sep && pk && (c2[l] < 0 || v < scan[c2[l] * nl + l]))
+        c2[l] = ct;
+    }
+  }
+  double fk[FIT_L], gk[FIT_L], f0[FIT_L], g0[FIT_L];
+  for (int l = 0; l < nl; l++)
+    f0[l] = f[l], g0[l] = g[l];
+  for (int cand = 0; cand < T0_NCAND; cand++) {
+    for (int l = 0; l < nl; l++) {
+      int ct = cand ? (c2[l] >= 0 ? c2[l] : c1[l]) : c1[l];
+      tt[l] = lo[l] + ct * step[l];
+      fk[l] = f0[l], gk[l] = g0[l];
+    }
+    eval_t0(T, nl, x, y, w, tt, fk, gk, s, bts, sst);
+    for (int round = 0; round < T0_NROUND; round++) {
+      double tv[FIT_L];
+      for (int l = 0; l < nl; l++)
+        st[l] = step[l] / (2 << round), tv[l] = tt[l];
+      refine1(T, nl, x, y, w, tv, fk, gk, tv, st, 0, sst, bts, s);
+      for (int l = 0; l < nl; l++)
+        tt[l] = tv[l];
+      for (int l = 0; l < nl; l++)
+        st[l] = pow(2, 1.0 / (1 << round));
+      refine1(T, nl, x, y, w, tt, fk, gk, gk, st, 1, sst, bts, s);
+      for (int l = 0; l < nl; l++)
+        st[l] = df[l] / (4 << round);
+      refine1(T, nl, x, y, w, tt, fk, gk, fk, st, 0, sst, bts, s);
+    }
+    for (int l = 0; l < nl; l++)
+      if (cand == 0 || sst[l] < cur[l]) {
+        cur[l] = sst[l], t0[l] = tt[l], f[l] = fk[l], g[l] = gk[l];
+        for (int a = 0; a < 3; a++)
+          bcur[l * 3 + a] = bts[l * 3 + a];
+      }
+  }
+  for (int l = 0; l < nl; l++)
+    if (cur[l] < INFINITY) {
+      best[l] = cur[l];
+      for (int a = 0; a < 3; a++)
+        bbest[l * 3 + a] = bcur[l * 3 + a];
+    }
+}
+
 static void guess_dcos(const fit_ctx_t *c, size_t T, int nl, int shared, const double *x,
                        const double *y, const double *w, double *p0, scr_t *s) {
   int m = c->b->model, P = c->P, two = m == BEAM_FIT_DCOS2, t0m = m == BEAM_FIT_DCOS_T0;
@@ -539,6 +783,8 @@ static void guess_dcos(const fit_ctx_t *c, size_t T, int nl, int shared, const d
   }
   for (int l = 0; l < nl; l++)
     t0[l] = bt0[l];
+  if (t0m)
+    refine_t0(c, T, nl, x, y, w, df, f1, bg, t0, bstep, best, bbest, s);
   for (int l = 0; l < nl; l++) {
     double span = 1 / (2 * df[l]), tau = bg[l] > 0 ? 1 / bg[l] : 100 * span;
     double *p = p0 + l * P, *bl = bbest + l * ncol;
