@@ -21,7 +21,9 @@
 
 #include "pipeline/kern/fit_int.h"
 
-int beam__fit_chol_solve(int n, double *A, const double *b, double *x) {
+/* Cholesky factor L (lower, in place of A's lower triangle) of the n x n
+ * SPD matrix A; -1 when A is not positive definite. */
+static int chol_factor(int n, double *A) {
   for (int j = 0; j < n; j++) {
     double s = A[j * n + j];
     for (int k = 0; k < j; k++)
@@ -38,6 +40,11 @@ int beam__fit_chol_solve(int n, double *A, const double *b, double *x) {
       A[i * n + j] = t / r;
     }
   }
+  return 0;
+}
+
+/* x = (L Lᵀ)⁻¹ b for the factor of chol_factor. */
+static void chol_subst(int n, const double *A, const double *b, double *x) {
   for (int i = 0; i < n; i++) { /* L z = b */
     double t = b[i];
     for (int k = 0; k < i; k++)
@@ -50,6 +57,12 @@ int beam__fit_chol_solve(int n, double *A, const double *b, double *x) {
       t -= A[k * n + i] * x[k];
     x[i] = t / A[i * n + i];
   }
+}
+
+int beam__fit_chol_solve(int n, double *A, const double *b, double *x) {
+  if (chol_factor(n, A) != 0)
+    return -1;
+  chol_subst(n, A, b, x);
   return 0;
 }
 
@@ -239,13 +252,15 @@ void beam__fit_lm_finish(const fit_lm_t *s, const fit_ctx_t *c, int status, size
   /* curve_fit: pcov = inv(JᵀWJ) · χ²/(N-P) unless absolute_sigma; the
    * Poisson deviance's curvature is already the Fisher information. */
   double scale = s->est != BEAM_FIT_MLE && !c->o->absolute_sigma ? s->chi2 / dof : 1;
-  int sing = 0;
+  /* One factorisation, P substitutions (the numbers of P separate
+   * solves, bit for bit). */
+  memcpy(A, s->H, sizeof(double) * (size_t)(P * P));
+  int sing = chol_factor(P, A) != 0;
   for (int k = 0; k < P && !sing; k++) {
-    memcpy(A, s->H, sizeof(double) * (size_t)(P * P));
     for (int j = 0; j < P; j++)
       e[j] = j == k;
     double col[FIT_MAXP];
-    sing = beam__fit_chol_solve(P, A, e, col) != 0;
+    chol_subst(P, A, e, col);
     for (int j = 0; j < P; j++)
       cov[j * P + k] = col[j] * scale;
   }
