@@ -166,7 +166,9 @@ static void lin_acc(size_t T, int nl, int ncol, double *const *B, const double *
 
 /* Per lane: β from the accumulated normal equations, and the residual sum
  * of squares Σwy² - βᵀBᵀwy (+inf when singular). */
-static void lin_solve(int nl, int ncol, const double *acc, double *beta, double *ss) {
+static inline __attribute__((always_inline)) void lin_solve_body(int nl, int ncol,
+                                                                  const double *acc,
+                                                                  double *beta, double *ss) {
   int nh = ncol * (ncol + 1) / 2;
   for (int l = 0; l < nl; l++) {
     double A[NCOL_MAX * NCOL_MAX], r[NCOL_MAX], bt[NCOL_MAX];
@@ -179,7 +181,8 @@ static void lin_solve(int nl, int ncol, const double *acc, double *beta, double 
       A[a * ncol + a] *= 1 + 1e-12; /* a dead column must not stop the search */
     }
     double s = INFINITY;
-    if (beam__fit_chol_solve(ncol, A, r, bt) == 0) {
+    if (beam__fit_chol_factor(ncol, A) == 0) {
+      beam__fit_chol_subst(ncol, A, r, bt);
       s = acc[(nh + ncol) * nl + l];
       for (int a = 0; a < ncol; a++)
         s -= bt[a] * acc[(nh + a) * nl + l];
@@ -190,6 +193,15 @@ static void lin_solve(int nl, int ncol, const double *acc, double *beta, double 
       beta[l * ncol + a] = bt[a];
     ss[l] = isfinite(s) ? s : INFINITY;
   }
+}
+/* ncol is 2, 3 or 5: constant sizes unroll the 3x3 (...) solves. */
+static void lin_solve(int nl, int ncol, const double *acc, double *beta, double *ss) {
+  if (ncol == 2)
+    lin_solve_body(nl, 2, acc, beta, ss);
+  else if (ncol == 3)
+    lin_solve_body(nl, 3, acc, beta, ss);
+  else
+    lin_solve_body(nl, 5, acc, beta, ss);
 }
 
 /* Parabola vertex through (−1, a), (0, b), (1, c), within [−1/2, 1/2]. */
@@ -233,7 +245,8 @@ static void carve(scr_t *s, double *p, size_t T, int nl) {
 }
 
 /* Per lane: [min, max] of v over points with w > 0 (0, 1 if none). */
-static void lane_range(size_t T, int nl, const double *v, const double *w, double *mn,
+static inline __attribute__((always_inline)) void lane_range(size_t T, int nl, const double *v,
+                                                              const double *w, double *mn,
                        double *mx) {
   for (int l = 0; l < nl; l++)
     mn[l] = INFINITY, mx[l] = -INFINITY;
@@ -624,7 +637,8 @@ static void refine_t0(const fit_ctx_t *c, size_t T, int nl, const double *x, con
     }
 }
 
-static void guess_dcos(const fit_ctx_t *c, size_t T, int nl, int shared, const double *x,
+static inline __attribute__((always_inline)) void guess_dcos_body(
+    const fit_ctx_t *c, size_t T, int nl, int shared, const double *x,
                        const double *y, const double *w, double *p0, scr_t *s) {
   int m = c->b->model, P = c->P, two = m == BEAM_FIT_DCOS2, t0m = m == BEAM_FIT_DCOS_T0;
   double *mn = s->lane + 2 * nl, *mx = s->lane + 3 * nl, *df = s->lane + 4 * nl;
@@ -804,6 +818,21 @@ static void guess_dcos(const fit_ctx_t *c, size_t T, int nl, int shared, const d
     if (t0m)
       p[5] = t0[l];
   }
+}
+
+/* A block of the SIMD path (nl = FIT_L, a constant) with its loops
+ * compiled for the CPU's ISA (no FP contraction in this file, so every
+ * clone computes the same bits), and any other nl (the reference: 1). */
+FIT_CLONES static void guess_dcos_l(const fit_ctx_t *c, size_t T, int shared, const double *x,
+                                    const double *y, const double *w, double *p0, scr_t *s) {
+  guess_dcos_body(c, T, FIT_L, shared, x, y, w, p0, s);
+}
+static void guess_dcos(const fit_ctx_t *c, size_t T, int nl, int shared, const double *x,
+                       const double *y, const double *w, double *p0, scr_t *s) {
+  if (nl == FIT_L)
+    guess_dcos_l(c, T, shared, x, y, w, p0, s);
+  else
+    guess_dcos_body(c, T, nl, shared, x, y, w, p0, s);
 }
 
 static void guess_exp(const fit_ctx_t *c, size_t T, int nl, const double *x, const double *y,

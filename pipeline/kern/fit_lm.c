@@ -21,42 +21,9 @@
 
 #include "pipeline/kern/fit_int.h"
 
-/* Cholesky factor L (lower, in place of A's lower triangle) of the n x n
- * SPD matrix A; -1 when A is not positive definite. */
-static int chol_factor(int n, double *A) {
-  for (int j = 0; j < n; j++) {
-    double s = A[j * n + j];
-    for (int k = 0; k < j; k++)
-      s -= A[j * n + k] * A[j * n + k];
-    /* Relative pivot floor: an exactly dependent column rounds to ~ε·s. */
-    if (!(s > 1e-13 * fabs(A[j * n + j])) || !(s > 0))
-      return -1;
-    double r = sqrt(s);
-    A[j * n + j] = r;
-    for (int i = j + 1; i < n; i++) {
-      double t = A[i * n + j];
-      for (int k = 0; k < j; k++)
-        t -= A[i * n + k] * A[j * n + k];
-      A[i * n + j] = t / r;
-    }
-  }
-  return 0;
-}
-
-/* x = (L Lᵀ)⁻¹ b for the factor of chol_factor. */
+static int chol_factor(int n, double *A) { return beam__fit_chol_factor(n, A); }
 static void chol_subst(int n, const double *A, const double *b, double *x) {
-  for (int i = 0; i < n; i++) { /* L z = b */
-    double t = b[i];
-    for (int k = 0; k < i; k++)
-      t -= A[i * n + k] * x[k];
-    x[i] = t / A[i * n + i];
-  }
-  for (int i = n - 1; i >= 0; i--) { /* Lᵀ x = z */
-    double t = x[i];
-    for (int k = i + 1; k < n; k++)
-      t -= A[k * n + i] * x[k];
-    x[i] = t / A[i * n + i];
-  }
+  beam__fit_chol_subst(n, A, b, x);
 }
 
 int beam__fit_chol_solve(int n, double *A, const double *b, double *x) {
