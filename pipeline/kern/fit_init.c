@@ -372,19 +372,27 @@ static fftw_plan fft_plan(int M, double *in, double *out, int *tmp) {
  * a rounded uniform grid), and both ends used by the lane whose span set
  * the frequency step (itself, or lref for a shared x), so that this span
  * is the grid's. */
-static void fft_lanes(size_t T, int nl, int shared, int lref, const double *x, const double *w,
-                      const double *sw, int *ok) {
+static inline __attribute__((always_inline)) void fft_lanes(size_t T, int nl, int shared,
+                                                             int lref, const double *x,
+                                                             const double *w, const double *sw,
+                                                             int *ok) {
+  double x0[FIT_L], h[FIT_L], dev[FIT_L];
   for (int l = 0; l < nl; l++) {
-    ok[l] = 1;
-    if (!(sw[l] > 0))
-      continue; /* no data: yc = 0, power 0 by either path */
-    double x0 = x[l], x1 = x[(T - 1) * nl + l], h = (x1 - x0) / (double)(T - 1);
-    double tol = 4 * 0x1p-24 * (fabs(x0) > fabs(x1) ? fabs(x0) : fabs(x1));
+    x0[l] = x[l], h[l] = (x[(T - 1) * nl + l] - x[l]) / (double)(T - 1), dev[l] = 0;
+  }
+  /* The largest deviation from the line through the ends, per lane (no
+   * early exit: the lane loop vectorises). */
+  for (size_t k = 1; k + 1 < T; k++)
+    for (int l = 0; l < nl; l++) {
+      double d = fabs(x[k * nl + l] - (x0[l] + (double)k * h[l]));
+      dev[l] = d > dev[l] ? d : dev[l];
+    }
+  for (int l = 0; l < nl; l++) {
+    double x1 = x[(T - 1) * nl + l];
+    double tol = 4 * 0x1p-24 * (fabs(x0[l]) > fabs(x1) ? fabs(x0[l]) : fabs(x1));
     int lw = shared ? lref : l;
-    int good = w[lw] > 0 && w[(T - 1) * nl + lw] > 0 && fabs(h) > 0;
-    for (size_t k = 1; k + 1 < T && good; k++)
-      good = fabs(x[k * nl + l] - (x0 + (double)k * h)) <= tol;
-    ok[l] = good;
+    ok[l] = !(sw[l] > 0) || /* no data: yc = 0, power 0 by either path */
+            (w[lw] > 0 && w[(T - 1) * nl + lw] > 0 && fabs(h[l]) > 0 && dev[l] <= tol);
   }
 }
 

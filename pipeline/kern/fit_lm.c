@@ -21,9 +21,44 @@
 
 #include "pipeline/kern/fit_int.h"
 
-static int chol_factor(int n, double *A) { return beam__fit_chol_factor(n, A); }
+/* The Cholesky routines with n a constant for the usual sizes, so the
+ * loops unroll and the independent divisions overlap; the same operations
+ * in the same order as for a run-time n (the same bits). */
+#define CHOL_SIZES(X) X(3) X(4) X(5) X(6) X(9)
+static int chol_factor(int n, double *A) {
+  switch (n) {
+#define F_(k)                                                                                \
+  case k:                                                                                    \
+    return beam__fit_chol_factor(k, A);
+    CHOL_SIZES(F_)
+#undef F_
+  default:
+    return beam__fit_chol_factor(n, A);
+  }
+}
 static void chol_subst(int n, const double *A, const double *b, double *x) {
-  beam__fit_chol_subst(n, A, b, x);
+  switch (n) {
+#define S_(k)                                                                                \
+  case k:                                                                                    \
+    beam__fit_chol_subst(k, A, b, x);                                                        \
+    return;
+    CHOL_SIZES(S_)
+#undef S_
+  default:
+    beam__fit_chol_subst(n, A, b, x);
+  }
+}
+/* All P columns of (L Lᵀ)⁻¹ into cov (scaled), column by column as P
+ * chol_subst calls would compute them. */
+static void chol_inverse(int n, const double *A, double scale, double *cov) {
+  double e[FIT_MAXP], col[FIT_MAXP];
+  for (int k = 0; k < n; k++) {
+    for (int j = 0; j < n; j++)
+      e[j] = j == k;
+    chol_subst(n, A, e, col);
+    for (int j = 0; j < n; j++)
+      cov[j * n + k] = col[j] * scale;
+  }
 }
 
 int beam__fit_chol_solve(int n, double *A, const double *b, double *x) {
@@ -215,7 +250,7 @@ void beam__fit_lm_finish(const fit_lm_t *s, const fit_ctx_t *c, int status, size
     beam__fit_fail(c, status, i, s->n_used, r);
     return;
   }
-  double cov[FIT_MAXP * FIT_MAXP], A[FIT_MAXP * FIT_MAXP], e[FIT_MAXP];
+  double cov[FIT_MAXP * FIT_MAXP], A[FIT_MAXP * FIT_MAXP];
   /* curve_fit: pcov = inv(JᵀWJ) · χ²/(N-P) unless absolute_sigma; the
    * Poisson deviance's curvature is already the Fisher information. */
   double scale = s->est != BEAM_FIT_MLE && !c->o->absolute_sigma ? s->chi2 / dof : 1;
@@ -223,14 +258,8 @@ void beam__fit_lm_finish(const fit_lm_t *s, const fit_ctx_t *c, int status, size
    * solves, bit for bit). */
   memcpy(A, s->H, sizeof(double) * (size_t)(P * P));
   int sing = chol_factor(P, A) != 0;
-  for (int k = 0; k < P && !sing; k++) {
-    for (int j = 0; j < P; j++)
-      e[j] = j == k;
-    double col[FIT_MAXP];
-    chol_subst(P, A, e, col);
-    for (int j = 0; j < P; j++)
-      cov[j * P + k] = col[j] * scale;
-  }
+  if (!sing)
+    chol_inverse(P, A, scale, cov);
   if (sing) {
     status = BEAM_FIT_SINGULAR;
     for (int j = 0; j < P * P; j++)
