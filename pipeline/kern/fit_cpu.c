@@ -2,8 +2,10 @@
  * together, one lane each. Per pass over the data, every lane evaluates
  * its model and analytic Jacobian in fp32 with fit_vmath.h and adds
  * χ², Jᵀr and JᵀWJ in double; the LM control (fit_lm.c) then runs per
- * lane in double, exactly as in the reference. A lane that has finished
- * keeps computing (its numbers are ignored) until the block is done.
+ * lane in double, exactly as in the reference. A lane whose fit has
+ * finished takes the next staged fit before the next pass (fits are
+ * staged, checked and started 16 at a time, in the blocks a plain block
+ * loop would use); with nothing left it idles on harmless numbers.
  *
  * The pass is compiled three times (SSE2, AVX2+FMA, AVX-512) and picked
  * at run time with __builtin_cpu_supports, because the build targets
