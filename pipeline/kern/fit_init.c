@@ -536,9 +536,10 @@ static void refine1(size_t T, int nl, const double *x, const double *y, const do
  *     then df/8), each a 3-point step: the best of v - s, v, v + s, or
  *     the parabola vertex (within ±s/2) when the middle is best;
  *  2. scan: t0 on n equal steps over [lo, hi] of t0 (unbounded: the best
- *     ± 2 fine steps of the search), n = min(48, ceil(width / hs) + 1)
- *     per lane with hs = half the mean sample spacing (x range / (T-1) / 2),
- *     the largest n of the lanes used by all; ss at each, (f, g) of step 1;
+ *     ± 2 fine steps of the search), n = max(2, min(48, ceil(width / hs)
+ *     + 1)) per lane with hs = half the mean sample spacing (x range /
+ *     (T-1) / 2); ss at each, (f, g) of step 1 (lanes with a smaller n
+ *     repeat their last candidate: no lane depends on its neighbours);
  *  3. candidates: c1 = the scan's minimum, c2 = the lowest local minimum
  *     (≤ both neighbours) at least 2 steps from c1 (none: c1 again);
  *  4. each candidate from (f, g) of step 1: three rounds r = 0, 1, 2 of
@@ -568,21 +569,22 @@ static void refine_t0(const fit_ctx_t *c, size_t T, int nl, const double *x, con
   }
   /* The change-point scan at that (f, rate); the residual of every
    * candidate is kept (scan[ct*nl + l]) to find its two deepest minima. */
-  int fin = isfinite(c->lo[5]) && isfinite(c->hi[5]), n = 2;
+  /* Each lane its own count nc[l] (a lane's start must not depend on
+   * its neighbours); lanes with fewer repeat their last candidate. */
+  int fin = isfinite(c->lo[5]) && isfinite(c->hi[5]), n = 2, nc[FIT_L];
   for (int l = 0; l < nl; l++) {
     double a = fin ? c->lo[5] : t0[l] - 2 * cstep[l];
     double b = fin ? c->hi[5] : t0[l] + 2 * cstep[l];
     double hs = 0.5 * (mx[l] - mn[l]) / (double)(T > 1 ? T - 1 : 1);
-    int nc = hs > 0 ? (int)fmin(ceil((b - a) / hs) + 1, T0_SCAN_MAX) : 2;
-    n = nc > n ? nc : n;
-    lo[l] = a, step[l] = b - a;
+    nc[l] = hs > 0 ? (int)fmin(ceil((b - a) / hs) + 1, T0_SCAN_MAX) : 2;
+    nc[l] = nc[l] > 2 ? nc[l] : 2;
+    n = nc[l] > n ? nc[l] : n;
+    lo[l] = a, step[l] = (b - a) / (nc[l] - 1);
   }
   double *scan = s->ss; /* (NRATE + 48) x nl >= T0_SCAN_MAX x nl */
-  for (int l = 0; l < nl; l++)
-    step[l] /= (n - 1);
   for (int ct = 0; ct < n; ct++) {
     for (int l = 0; l < nl; l++)
-      tt[l] = lo[l] + ct * step[l];
+      tt[l] = lo[l] + (ct < nc[l] ? ct : nc[l] - 1) * step[l];
     eval_t0(T, nl, x, y, w, tt, f, g, s, bts, sst);
     for (int l = 0; l < nl; l++)
       scan[ct * nl + l] = sst[l];
@@ -593,15 +595,16 @@ static void refine_t0(const fit_ctx_t *c, size_t T, int nl, const double *x, con
    * order the scan saw). */
   int c1[FIT_L], c2[FIT_L];
   for (int l = 0; l < nl; l++) {
+    int nl_ = nc[l];
     c1[l] = 0, c2[l] = -1;
-    for (int ct = 1; ct < n; ct++)
+    for (int ct = 1; ct < nl_; ct++)
       if (scan[ct * nl + l] < scan[c1[l] * nl + l])
         c1[l] = ct;
-    for (int ct = 0; ct < n; ct++) {
+    for (int ct = 0; ct < nl_; ct++) {
       double v = scan[ct * nl + l];
       int sep = ct + 2 <= c1[l] || ct >= c1[l] + 2;
       int pk = (ct == 0 || v <= scan[(ct - 1) * nl + l]) &&
-               (ct + 1 == n || v <= scan[(ct + 1) * nl + l]);
+               (ct + 1 == nl_ || v <= scan[(ct + 1) * nl + l]);
       if (sep && pk && (c2[l] < 0 || v < scan[c2[l] * nl + l]))
         c2[l] = ct;
     }

@@ -254,6 +254,39 @@ static void test_guess_fft_vs_direct(void **st) {
       }
 }
 
+/* dcos_t0's start (the change-point scan) per lane: alone (the reference)
+ * bitwise where it is inside a 16-lane block, whatever its neighbours
+ * (the last block of 37 has 11 dead lanes). */
+static void test_guess_t0_lanes(void **st) {
+  (void)st;
+  enum { N = 37, T = 100 };
+  batch_t *t = make_batch(BEAM_FIT_DCOS_T0, N, T, noise_of(BEAM_FIT_DCOS_T0));
+  static double lo[6] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, 0.8};
+  static double hi[6] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, 1.2};
+  for (int bounded = 0; bounded < 2; bounded++) {
+    t->b.lo = bounded ? lo : NULL, t->b.hi = bounded ? hi : NULL;
+    beam_fit_opts_t o;
+    beam_fit_opts_default(&o);
+    fit_ctx_t c;
+    assert_int_equal(beam__fit_ctx(&c, &t->b, &o, NULL), 0);
+    int P = c.P;
+    double *xd = malloc(T * FIT_L * 8), *yd = malloc(T * FIT_L * 8), *wd = malloc(T * FIT_L * 8);
+    double *scr = malloc(beam__fit_guess_scratch(P, T, FIT_L) * 8);
+    double pb[FIT_L * FIT_MAXP], p1[FIT_MAXP];
+    for (size_t i0 = 0; i0 < N; i0 += FIT_L) {
+      guess_block(&c, i0, T, FIT_L, 0, pb, xd, yd, wd, scr);
+      for (int l = 0; l < FIT_L && i0 + l < N; l++) {
+        guess_block(&c, i0 + l, T, 1, 0, p1, xd, yd, wd, scr);
+        if (memcmp(p1, pb + l * P, sizeof(double) * P))
+          fail_msg("dcos_t0 %s fit %zu: one-lane start t0 %.9g differs from the block's %.9g",
+                   bounded ? "bounded" : "unbounded", i0 + l, p1[5], pb[l * P + 5]);
+      }
+    }
+    free(xd), free(yd), free(wd), free(scr);
+  }
+  free_batch(t);
+}
+
 static void test_statuses_and_isolation(void **st) {
   (void)st;
   enum { N = 40, T = 100, P = 5 };
@@ -371,6 +404,7 @@ int main(void) {
       cmocka_unit_test(test_jacobians),
       cmocka_unit_test(test_simd_vs_reference),
       cmocka_unit_test(test_guess_fft_vs_direct),
+      cmocka_unit_test(test_guess_t0_lanes),
       cmocka_unit_test(test_statuses_and_isolation),
       cmocka_unit_test(test_bad_arguments),
   };
