@@ -2,8 +2,10 @@
  * together, one lane each. Per pass over the data, every lane evaluates
  * its model and analytic Jacobian in fp32 with fit_vmath.h and adds
  * χ², Jᵀr and JᵀWJ in double; the LM control (fit_lm.c) then runs per
- * lane in double, exactly as in the reference. A lane that has finished
- * keeps computing (its numbers are ignored) until the block is done.
+ * lane in double, exactly as in the reference. A lane whose fit has
+ * finished takes the next staged fit before the next pass (fits are
+ * staged, checked and started 16 at a time, in the blocks a plain block
+ * loop would use); with nothing left it idles on harmless numbers.
  *
  * The pass is compiled three times (SSE2, AVX2+FMA, AVX-512) and picked
  * at run time with __builtin_cpu_supports, because the build targets
@@ -238,7 +240,8 @@ const char *beam_fit_isa_name(beam_fit_isa_t isa) {
 
 /* The workspace, carved at 64-byte alignment. */
 typedef struct cws_s {
-  float *x, *lx, *y, *w, *pt;
+  float *x, *lx, *y, *w, *pt;      /* the running lanes' data [T][L], trial points */
+  float *sx, *slx, *sy, *sw;       /* the staged block's data [T][L] */
   double *xd, *yd, *wd, *acc, *p0, *scr;
   fit_lm_t *lm;
 } cws_t;
@@ -255,6 +258,10 @@ static size_t carve(cws_t *c, void *base, size_t T, int P) {
   TAKE(y, float, T * L);
   TAKE(w, float, T * L);
   TAKE(pt, float, FIT_MAXP * L);
+  TAKE(sx, float, T * L);
+  TAKE(slx, float, T * L);
+  TAKE(sy, float, T * L);
+  TAKE(sw, float, T * L);
   TAKE(xd, double, T * L);
   TAKE(yd, double, T * L);
   TAKE(wd, double, T * L);
@@ -303,59 +310,89 @@ int beam_fit_cpu_range(const beam_fit_batch_t *b, const beam_fit_opts_t *o, size
   int shared = b->x_fit_stride == 0, stretch = b->model == BEAM_FIT_STRETCH ||
                                                 b->model == BEAM_FIT_STRETCH_XT;
   blk_t bk = {T, w.x, w.lx, w.y, w.w};
-  for (size_t base = i0; base < i1; base += L) {
-    int live = i1 - base < L ? (int)(i1 - base) : L, active[L], nu[L], st[L], any = 0;
+  /* Fits are staged 16 at a time, in blocks from i0 exactly as a plain
+   * block loop would take them (gather, checks, start), so the starts do
+   * not depend on the scheduling. A lane whose fit finishes takes the next
+   * staged fit at once (its data copied into the lane) instead of idling
+   * until the slowest lane of its block is done. Lanes never mix, so every
+   * fit's numbers are the same whichever lane and pass it runs in. */
+  int nu[L], st[L], active[L], staged = 0, pos = 0, any = 0;
+  size_t next = i0, sbase = i0, fit_of[L];
+  for (int l = 0; l < L; l++) {
+    active[l] = 0, fit_of[l] = 0;
+    for (int j = 0; j < P; j++)
+      w.pt[j * L + l] = 1.0f;
+  }
+  for (size_t q = 0; q < T * L; q++) /* idle lanes: harmless numbers */
+    w.x[q] = w.lx[q] = w.y[q] = w.w[q] = 0.0f;
+  for (;;) {
+    /* Fill every idle lane from the staged block, staging more as needed. */
     for (int l = 0; l < L; l++) {
-      nu[l] = 0;
-      st[l] = BEAM_FIT_BAD_INPUT;
-      if (l < live)
-        st[l] = beam__fit_gather(&c, base + l, L, l, w.xd, w.yd, w.wd, &nu[l]);
-      else /* a dead lane: the shared x (harmless finite numbers), no weight */
-        for (size_t k = 0; k < T; k++) {
-          w.xd[k * L + l] = w.xd[k * L];
-          w.yd[k * L + l] = w.wd[k * L + l] = 0;
+      while (!active[l]) {
+        if (pos == staged) {
+          if (next >= i1)
+            break;
+          int live = i1 - next < L ? (int)(i1 - next) : L;
+          for (int s2 = 0; s2 < L; s2++) {
+            nu[s2] = 0;
+            st[s2] = BEAM_FIT_BAD_INPUT;
+            if (s2 < live)
+              st[s2] = beam__fit_gather(&c, next + s2, L, s2, w.xd, w.yd, w.wd, &nu[s2]);
+            else /* a dead lane: the shared x (harmless finite numbers), no weight */
+              for (size_t k = 0; k < T; k++) {
+                w.xd[k * L + s2] = w.xd[k * L];
+                w.yd[k * L + s2] = w.wd[k * L + s2] = 0;
+              }
+          }
+          if (o->init == BEAM_FIT_INIT_GIVEN) {
+            for (int s2 = 0; s2 < L; s2++)
+              for (int j = 0; j < P; j++)
+                w.p0[s2 * P + j] = s2 < live ? b->p0[(next + s2) * P + j] : 1;
+          } else
+            beam__fit_guess(&c, T, L, shared, w.xd, w.yd, w.wd, w.p0, w.scr);
+          for (size_t q = 0; q < T * L; q++) {
+            w.sx[q] = (float)w.xd[q];
+            w.sy[q] = (float)w.yd[q];
+            w.sw[q] = (float)w.wd[q];
+            w.slx[q] = stretch && w.xd[q] > 0 ? (float)log(w.xd[q]) : 0.0f;
+          }
+          sbase = next, staged = live, pos = 0;
+          next += (size_t)live;
         }
-    }
-    if (o->init == BEAM_FIT_INIT_GIVEN) {
-      for (int l = 0; l < L; l++)
-        for (int j = 0; j < P; j++)
-          w.p0[l * P + j] = l < live ? b->p0[(base + l) * P + j] : 1;
-    } else
-      beam__fit_guess(&c, T, L, shared, w.xd, w.yd, w.wd, w.p0, w.scr);
-    for (size_t k = 0; k < T * L; k++) {
-      w.x[k] = (float)w.xd[k];
-      w.y[k] = (float)w.yd[k];
-      w.w[k] = (float)w.wd[k];
-      w.lx[k] = stretch && w.xd[k] > 0 ? (float)log(w.xd[k]) : 0.0f;
-    }
-    for (int l = 0; l < L; l++) {
-      active[l] = 0;
-      if (l < live && st[l] >= 0)
-        beam__fit_fail(&c, st[l], base + l, nu[l], r);
-      else if (l < live) {
-        beam__fit_lm_start(&w.lm[l], &c, w.p0 + l * P, nu[l]);
-        active[l] = 1;
-        any = 1;
-      }
-      for (int j = 0; j < P; j++)
-        w.pt[j * L + l] = 1.0f;
-    }
-    while (any) {
-      for (int l = 0; l < L; l++)
-        if (active[l])
-          for (int j = 0; j < P; j++)
-            w.pt[j * L + l] = (float)w.lm[l].pt[j];
-      pass(&bk, w.pt, w.acc);
-      any = 0;
-      for (int l = 0; l < L; l++) {
-        if (!active[l])
+        int s2 = pos++;
+        size_t fi = sbase + (size_t)s2;
+        if (st[s2] >= 0) {
+          beam__fit_fail(&c, st[s2], fi, nu[s2], r);
           continue;
-        int s = beam__fit_lm_next(&w.lm[l], &c, w.acc + l, L);
-        if (s >= 0) {
-          beam__fit_lm_finish(&w.lm[l], &c, s, base + l, r);
-          active[l] = 0;
-        } else
-          any = 1;
+        }
+        for (size_t k = 0; k < T; k++) {
+          w.x[k * L + l] = w.sx[k * L + s2];
+          w.lx[k * L + l] = w.slx[k * L + s2];
+          w.y[k * L + l] = w.sy[k * L + s2];
+          w.w[k * L + l] = w.sw[k * L + s2];
+        }
+        beam__fit_lm_start(&w.lm[l], &c, w.p0 + s2 * P, nu[s2]);
+        fit_of[l] = fi;
+        active[l] = 1;
+      }
+    }
+    any = 0;
+    for (int l = 0; l < L; l++)
+      any |= active[l];
+    if (!any)
+      break;
+    for (int l = 0; l < L; l++)
+      if (active[l])
+        for (int j = 0; j < P; j++)
+          w.pt[j * L + l] = (float)w.lm[l].pt[j];
+    pass(&bk, w.pt, w.acc);
+    for (int l = 0; l < L; l++) {
+      if (!active[l])
+        continue;
+      int sl = beam__fit_lm_next(&w.lm[l], &c, w.acc + l, L);
+      if (sl >= 0) {
+        beam__fit_lm_finish(&w.lm[l], &c, sl, fit_of[l], r);
+        active[l] = 0;
       }
     }
   }

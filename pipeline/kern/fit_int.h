@@ -37,6 +37,9 @@ typedef struct fit_ctx_s {
   const beam_fit_opts_t *o;
   int P;
   double lo[FIT_MAXP], hi[FIT_MAXP];
+  /* Test knob (0 from beam__fit_ctx): 1 makes the dcos guess use the
+   * direct periodogram even where the FFT one applies (fit_init.c). */
+  int guess_direct;
 } fit_ctx_t;
 
 int beam__fit_ctx(fit_ctx_t *c, const beam_fit_batch_t *b, const beam_fit_opts_t *o,
@@ -82,4 +85,45 @@ size_t beam__fit_ref_ws(int P, size_t T);
 /* Cholesky solve of the n x n SPD matrix A (row-major, destroyed) for b
  * into x; -1 when A is not positive definite. */
 int beam__fit_chol_solve(int n, double *A, const double *b, double *x);
+
+#include <math.h>
+/* The factor and the substitutions of beam__fit_chol_solve, inline so
+ * that a caller with a constant n gets them unrolled (the same operations
+ * in the same order: the same bits). A's lower triangle becomes L. */
+static inline __attribute__((always_inline)) int beam__fit_chol_factor(int n, double *A) {
+  for (int j = 0; j < n; j++) {
+    double s = A[j * n + j];
+    for (int k = 0; k < j; k++)
+      s -= A[j * n + k] * A[j * n + k];
+    /* Relative pivot floor: an exactly dependent column rounds to ~ε·s. */
+    if (!(s > 1e-13 * fabs(A[j * n + j])) || !(s > 0))
+      return -1;
+    double r = sqrt(s);
+    A[j * n + j] = r;
+    for (int i = j + 1; i < n; i++) {
+      double t = A[i * n + j];
+      for (int k = 0; k < j; k++)
+        t -= A[i * n + k] * A[j * n + k];
+      A[i * n + j] = t / r;
+    }
+  }
+  return 0;
+}
+/* x = (L Lᵀ)⁻¹ b for the factor of beam__fit_chol_factor. */
+static inline __attribute__((always_inline)) void beam__fit_chol_subst(int n, const double *A,
+                                                                        const double *b,
+                                                                        double *x) {
+  for (int i = 0; i < n; i++) { /* L z = b */
+    double t = b[i];
+    for (int k = 0; k < i; k++)
+      t -= A[i * n + k] * x[k];
+    x[i] = t / A[i * n + i];
+  }
+  for (int i = n - 1; i >= 0; i--) { /* Lᵀ x = z */
+    double t = x[i];
+    for (int k = i + 1; k < n; k++)
+      t -= A[k * n + i] * x[k];
+    x[i] = t / A[i * n + i];
+  }
+}
 #endif

@@ -21,35 +21,50 @@
 
 #include "pipeline/kern/fit_int.h"
 
+/* The Cholesky routines with n a constant for the usual sizes, so the
+ * loops unroll and the independent divisions overlap; the same operations
+ * in the same order as for a run-time n (the same bits). */
+#define CHOL_SIZES(X) X(3) X(4) X(5) X(6) X(9)
+static int chol_factor(int n, double *A) {
+  switch (n) {
+#define F_(k)                                                                                \
+  case k:                                                                                    \
+    return beam__fit_chol_factor(k, A);
+    CHOL_SIZES(F_)
+#undef F_
+  default:
+    return beam__fit_chol_factor(n, A);
+  }
+}
+static void chol_subst(int n, const double *A, const double *b, double *x) {
+  switch (n) {
+#define S_(k)                                                                                \
+  case k:                                                                                    \
+    beam__fit_chol_subst(k, A, b, x);                                                        \
+    return;
+    CHOL_SIZES(S_)
+#undef S_
+  default:
+    beam__fit_chol_subst(n, A, b, x);
+  }
+}
+/* All P columns of (L Lᵀ)⁻¹ into cov (scaled), column by column as P
+ * chol_subst calls would compute them. */
+static void chol_inverse(int n, const double *A, double scale, double *cov) {
+  double e[FIT_MAXP], col[FIT_MAXP];
+  for (int k = 0; k < n; k++) {
+    for (int j = 0; j < n; j++)
+      e[j] = j == k;
+    chol_subst(n, A, e, col);
+    for (int j = 0; j < n; j++)
+      cov[j * n + k] = col[j] * scale;
+  }
+}
+
 int beam__fit_chol_solve(int n, double *A, const double *b, double *x) {
-  for (int j = 0; j < n; j++) {
-    double s = A[j * n + j];
-    for (int k = 0; k < j; k++)
-      s -= A[j * n + k] * A[j * n + k];
-    /* Relative pivot floor: an exactly dependent column rounds to ~ε·s. */
-    if (!(s > 1e-13 * fabs(A[j * n + j])) || !(s > 0))
-      return -1;
-    double r = sqrt(s);
-    A[j * n + j] = r;
-    for (int i = j + 1; i < n; i++) {
-      double t = A[i * n + j];
-      for (int k = 0; k < j; k++)
-        t -= A[i * n + k] * A[j * n + k];
-      A[i * n + j] = t / r;
-    }
-  }
-  for (int i = 0; i < n; i++) { /* L z = b */
-    double t = b[i];
-    for (int k = 0; k < i; k++)
-      t -= A[i * n + k] * x[k];
-    x[i] = t / A[i * n + i];
-  }
-  for (int i = n - 1; i >= 0; i--) { /* Lᵀ x = z */
-    double t = x[i];
-    for (int k = i + 1; k < n; k++)
-      t -= A[k * n + i] * x[k];
-    x[i] = t / A[i * n + i];
-  }
+  if (chol_factor(n, A) != 0)
+    return -1;
+  chol_subst(n, A, b, x);
   return 0;
 }
 
@@ -235,20 +250,16 @@ void beam__fit_lm_finish(const fit_lm_t *s, const fit_ctx_t *c, int status, size
     beam__fit_fail(c, status, i, s->n_used, r);
     return;
   }
-  double cov[FIT_MAXP * FIT_MAXP], A[FIT_MAXP * FIT_MAXP], e[FIT_MAXP];
+  double cov[FIT_MAXP * FIT_MAXP], A[FIT_MAXP * FIT_MAXP];
   /* curve_fit: pcov = inv(JᵀWJ) · χ²/(N-P) unless absolute_sigma; the
    * Poisson deviance's curvature is already the Fisher information. */
   double scale = s->est != BEAM_FIT_MLE && !c->o->absolute_sigma ? s->chi2 / dof : 1;
-  int sing = 0;
-  for (int k = 0; k < P && !sing; k++) {
-    memcpy(A, s->H, sizeof(double) * (size_t)(P * P));
-    for (int j = 0; j < P; j++)
-      e[j] = j == k;
-    double col[FIT_MAXP];
-    sing = beam__fit_chol_solve(P, A, e, col) != 0;
-    for (int j = 0; j < P; j++)
-      cov[j * P + k] = col[j] * scale;
-  }
+  /* One factorisation, P substitutions (the numbers of P separate
+   * solves, bit for bit). */
+  memcpy(A, s->H, sizeof(double) * (size_t)(P * P));
+  int sing = chol_factor(P, A) != 0;
+  if (!sing)
+    chol_inverse(P, A, scale, cov);
   if (sing) {
     status = BEAM_FIT_SINGULAR;
     for (int j = 0; j < P * P; j++)

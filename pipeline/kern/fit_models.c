@@ -98,6 +98,7 @@ int beam__fit_ctx(fit_ctx_t *c, const beam_fit_batch_t *b, const beam_fit_opts_t
   c->b = b;
   c->o = o;
   c->P = P;
+  c->guess_direct = 0;
   for (int j = 0; j < P; j++) {
     c->lo[j] = b->lo ? b->lo[j] : -INFINITY;
     c->hi[j] = b->hi ? b->hi[j] : INFINITY;

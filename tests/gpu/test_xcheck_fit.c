@@ -95,7 +95,7 @@ static void xcheck(const char *what, const beam_fit_batch_t *b, const uint16_t *
     fail_msg("%s: cuda: %s", what, d.msg);
   if (b->model != BEAM_FIT_POLY)
     assert_int_equal(run.mapping, mapping ? mapping : b->n_points > 256 ? 2 : 1);
-  int ok = 0, maxdit = 0;
+  int ok = 0, maxdit = 0, nkink = 0;
   double worst = 0;
   for (size_t i = 0; i < N; i++) {
     if (g.status[i] != c.status[i] || g.n_used[i] != c.n_used[i])
@@ -110,11 +110,23 @@ static void xcheck(const char *what, const beam_fit_batch_t *b, const uint16_t *
     int scaled = o->estimator != BEAM_FIT_MLE && !o->absolute_sigma && c.chi2_red[i] > 0 &&
                  g.chi2_red[i] > 0;
     double sc = scaled ? sqrt(c.chi2_red[i]) : 1, sg = scaled ? sqrt(g.chi2_red[i]) : 1;
+    /* dcos_t0 converged with t0 on a sample (a minimum at the kink there):
+     * that point's ∂f/∂t0 is 0 on one side and not on the other, and the
+     * two paths' t0 differ in the 7th digit, so their H (errors, cov) may
+     * legitimately differ by that point's share. Parameters and χ² are
+     * still compared. */
+    int kink = 0;
+    if (b->model == BEAM_FIT_DCOS_T0)
+      for (size_t k = 0; k < b->n_points; k++) {
+        double xv = b->x[(ptrdiff_t)i * b->x_fit_stride + (ptrdiff_t)k * b->x_point_stride];
+        kink |= fabs(xv - c.params[i * P + 5]) <= 1e-5 * (fabs(xv) + 1);
+      }
+    nkink += kink;
     for (int j = 0; j < P; j++) {
       double cp = c.params[i * P + j], gp = g.params[i * P + j], ce = c.errors[i * P + j];
       double ge = g.errors[i * P + j] / sg * sc, fl = 2e-5 * (fabs(cp) + 0.01);
       double tp = (isfinite(ce) ? 0.05 * ce : 0) + fl;
-      if (!close_to(gp, cp, tp) || !close_to(ge, ce, 0.02 * ce + fl))
+      if (!close_to(gp, cp, tp) || (!kink && !close_to(ge, ce, 0.02 * ce + fl)))
         fail_msg("%s fit %zu (%s) param %s: cuda %.9g ± %.4g, cpu %.9g ± %.4g", what, i,
                  beam_fit_status_name(c.status[i]), beam_fit_model_info(b->model)->param_names[j],
                  gp, ge, cp, ce);
@@ -125,7 +137,7 @@ static void xcheck(const char *what, const beam_fit_batch_t *b, const uint16_t *
     if (!close_to(g.chi2[i], cc, 1e-4 * fabs(cc) + 1e-9) ||
         !close_to(g.chi2_red[i], c.chi2_red[i], 1e-4 * fabs(c.chi2_red[i]) + 1e-9))
       fail_msg("%s fit %zu: chi2 cuda %.9g cpu %.9g", what, i, g.chi2[i], cc);
-    for (int j = 0; j < P * P; j++) {
+    for (int j = 0; j < P * P && !kink; j++) {
       double cv = c.cov[i * P * P + j], gv = g.cov[i * P * P + j] / (sg * sg) * (sc * sc);
       double sd = sqrt(fabs(c.cov[i * P * P + (j / P) * (P + 1)] * c.cov[i * P * P + (j % P) * (P + 1)]));
       if (!close_to(gv, cv, 0.05 * sd + 1e-12))
@@ -133,7 +145,8 @@ static void xcheck(const char *what, const beam_fit_batch_t *b, const uint16_t *
     }
   }
   print_message("%-34s %4zu fits x %4zu pts, %3d fitted, mapping %d: worst |dp| %.3f sigma, "
-                "max |d iters| %d\n", what, N, b->n_points, ok, run.mapping, worst, maxdit);
+                "max |d iters| %d%s\n", what, N, b->n_points, ok, run.mapping, worst, maxdit,
+                nkink ? " (t0 on a sample: errors not compared for those)" : "");
   free(ws);
   res_free(&c);
   res_free(&g);

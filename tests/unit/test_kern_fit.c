@@ -176,6 +176,117 @@ static void test_simd_vs_reference(void **st) {
   }
 }
 
+/* The automatic dcos/dcos2 start: the FFT periodogram (uniform x) picks
+ * the same start as the direct sums it replaces, to rounding (same
+ * frequency bin and decay rate, frequency within 1e-7 relative); a
+ * non-uniform x keeps the direct sums (bitwise the same start as forcing
+ * them); and one lane alone (the reference) starts bitwise where the same
+ * fit starts in a 16-lane block (the SIMD path). */
+static void guess_block(fit_ctx_t *c, size_t i0, size_t T, int nl, int direct, double *p0,
+                        double *xd, double *yd, double *wd, double *scr) {
+  int nu;
+  for (int l = 0; l < nl; l++) {
+    if (i0 + l < c->b->n_fits)
+      beam__fit_gather(c, i0 + l, nl, l, xd, yd, wd, &nu);
+    else
+      for (size_t k = 0; k < T; k++) {
+        xd[k * nl + l] = xd[k * nl];
+        yd[k * nl + l] = wd[k * nl + l] = 0;
+      }
+  }
+  c->guess_direct = direct;
+  beam__fit_guess(c, T, nl, c->b->x_fit_stride == 0, xd, yd, wd, p0, scr);
+}
+
+static void test_guess_fft_vs_direct(void **st) {
+  (void)st;
+  enum { N = 37 };
+  static const size_t Ts[] = {64, 100, 333, 1000};
+  int models[] = {BEAM_FIT_DCOS, BEAM_FIT_DCOS2};
+  for (int mi = 0; mi < 2; mi++)
+    for (int ti = 0; ti < 4; ti++)
+      for (int jit = 0; jit < 2; jit++) {
+        int m = models[mi];
+        size_t T = Ts[ti];
+        batch_t *t = make_batch(m, N, T, noise_of(m));
+        if (jit) /* a non-uniform grid: the direct sums stay */
+          for (size_t k = 1; k + 1 < T; k++)
+            t->x[k] += (float)(0.3 * 10.0 / (T - 1) * sin((double)k));
+        beam_fit_opts_t o;
+        beam_fit_opts_default(&o);
+        fit_ctx_t c;
+        assert_int_equal(beam__fit_ctx(&c, &t->b, &o, NULL), 0);
+        int P = c.P;
+        double *xd = malloc(T * FIT_L * 8), *yd = malloc(T * FIT_L * 8), *wd = malloc(T * FIT_L * 8);
+        double *scr = malloc(beam__fit_guess_scratch(P, T, FIT_L) * 8);
+        double pf[FIT_L * FIT_MAXP], pd[FIT_L * FIT_MAXP], p1[FIT_MAXP];
+        int ndiff = 0; /* uniform x: the FFT ran, so some bits differ */
+        for (size_t i0 = 0; i0 < N; i0 += FIT_L) {
+          guess_block(&c, i0, T, FIT_L, 0, pf, xd, yd, wd, scr);
+          guess_block(&c, i0, T, FIT_L, 1, pd, xd, yd, wd, scr);
+          for (int l = 0; l < FIT_L && i0 + l < N; l++) {
+            double *a = pf + l * P, *b = pd + l * P;
+            if (jit) {
+              if (memcmp(a, b, sizeof(double) * P))
+                fail_msg("%s T=%zu non-uniform fit %zu: start differs from the direct one",
+                         beam_fit_model_info(m)->name, T, i0 + l);
+            } else
+              for (int j = 0; j < P; j++) {
+                ndiff += a[j] != b[j];
+                int fj = j == 3 || (m == BEAM_FIT_DCOS2 && j == 7);
+                int tj = j == 2 || (m == BEAM_FIT_DCOS2 && j == 6);
+                double bound = fj ? 1e-7 * fabs(b[j]) : 1e-5 * (fabs(b[j]) + 1);
+                if (tj ? a[j] != b[j] : !(fabs(a[j] - b[j]) <= bound))
+                  fail_msg("%s T=%zu fit %zu param %d: FFT start %.12g, direct %.12g",
+                           beam_fit_model_info(m)->name, T, i0 + l, j, a[j], b[j]);
+              }
+            /* the reference's single lane starts where the block's lane does */
+            guess_block(&c, i0 + l, T, 1, 0, p1, xd, yd, wd, scr);
+            if (memcmp(p1, a, sizeof(double) * P))
+              fail_msg("%s T=%zu fit %zu: one-lane start differs from the block's",
+                       beam_fit_model_info(m)->name, T, i0 + l);
+          }
+        }
+        if (!jit && !(ndiff > 0))
+          fail_msg("%s T=%zu: the FFT periodogram did not run", beam_fit_model_info(m)->name, T);
+        free(xd), free(yd), free(wd), free(scr);
+        free_batch(t);
+      }
+}
+
+/* dcos_t0's start (the change-point scan) per lane: alone (the reference)
+ * bitwise where it is inside a 16-lane block, whatever its neighbours
+ * (the last block of 37 has 11 dead lanes). */
+static void test_guess_t0_lanes(void **st) {
+  (void)st;
+  enum { N = 37, T = 100 };
+  batch_t *t = make_batch(BEAM_FIT_DCOS_T0, N, T, noise_of(BEAM_FIT_DCOS_T0));
+  static double lo[6] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, 0.8};
+  static double hi[6] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, 1.2};
+  for (int bounded = 0; bounded < 2; bounded++) {
+    t->b.lo = bounded ? lo : NULL, t->b.hi = bounded ? hi : NULL;
+    beam_fit_opts_t o;
+    beam_fit_opts_default(&o);
+    fit_ctx_t c;
+    assert_int_equal(beam__fit_ctx(&c, &t->b, &o, NULL), 0);
+    int P = c.P;
+    double *xd = malloc(T * FIT_L * 8), *yd = malloc(T * FIT_L * 8), *wd = malloc(T * FIT_L * 8);
+    double *scr = malloc(beam__fit_guess_scratch(P, T, FIT_L) * 8);
+    double pb[FIT_L * FIT_MAXP], p1[FIT_MAXP];
+    for (size_t i0 = 0; i0 < N; i0 += FIT_L) {
+      guess_block(&c, i0, T, FIT_L, 0, pb, xd, yd, wd, scr);
+      for (int l = 0; l < FIT_L && i0 + l < N; l++) {
+        guess_block(&c, i0 + l, T, 1, 0, p1, xd, yd, wd, scr);
+        if (memcmp(p1, pb + l * P, sizeof(double) * P))
+          fail_msg("dcos_t0 %s fit %zu: one-lane start t0 %.9g differs from the block's %.9g",
+                   bounded ? "bounded" : "unbounded", i0 + l, p1[5], pb[l * P + 5]);
+      }
+    }
+    free(xd), free(yd), free(wd), free(scr);
+  }
+  free_batch(t);
+}
+
 static void test_statuses_and_isolation(void **st) {
   (void)st;
   enum { N = 40, T = 100, P = 5 };
@@ -292,6 +403,8 @@ int main(void) {
       cmocka_unit_test(test_vmath),
       cmocka_unit_test(test_jacobians),
       cmocka_unit_test(test_simd_vs_reference),
+      cmocka_unit_test(test_guess_fft_vs_direct),
+      cmocka_unit_test(test_guess_t0_lanes),
       cmocka_unit_test(test_statuses_and_isolation),
       cmocka_unit_test(test_bad_arguments),
   };
