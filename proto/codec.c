@@ -23,6 +23,7 @@
  * the caller passes a scratch buffer for the transposed block.
  */
 #include <lz4.h>
+#include "proto/clones.h"
 #include <string.h>
 #include <zstd.h>
 /* gcc on x86-64: the AVX2 paths below are picked at run time (target
@@ -86,7 +87,7 @@ static size_t bshuf_default_block(size_t elem_size) {
 /* The fast path works on 256-bit vectors (bs_vec): with AVX2 each is one
  * register, without it two SSE2 halves. Chosen at load time. */
 #if BS_X86
-#define BS_CLONES __attribute__((target_clones("avx2", "default")))
+#define BS_CLONES BEAM_TARGET_CLONES("avx2", "default")
 #else
 #define BS_CLONES
 #endif
