@@ -10,6 +10,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/runner.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -408,5 +410,5 @@ int main(void) {
       cmocka_unit_test(test_statuses_and_isolation),
       cmocka_unit_test(test_bad_arguments),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return beam_run_tests(tests, NULL, NULL);
 }
