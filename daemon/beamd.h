@@ -45,6 +45,7 @@ typedef struct beamd_ingest_s {
       unknown_series, shape_mismatch, too_large, unexpected, series_started, series_aborted,
       seq_resets, corrupt, missing;
   uint64_t paused_ns, paused_since;
+  uint64_t missing_pending; /* lost since the last accepted frame (its missing_before) */
   beam_ratelimit_t rl;
 } beamd_ingest_t;
 

@@ -31,6 +31,7 @@ static void series_lost(beamd_t *d, uint64_t n) {
   if (!d->in.series || !n)
     return;
   d->in.series->missing_frames += n;
+  d->in.missing_pending += n;
   d->loss_series_id = d->in.series->series_id;
   d->loss_frames = d->in.series->missing_frames;
 }
@@ -83,6 +84,7 @@ void beamd_ingest_series_start(beamd_t *d, beam_series_t *s) {
   /* A reload waiting for a series boundary is swapped in here. */
   beam_graph_t *g = beamd_graph_for_start(d);
   atomic_fetch_add(&in->series_started, 1);
+  in->missing_pending = 0; /* losses count for the series they happen in */
   in->series = beam_series_ref(s);
   beamd_publish_series(d, s, BEAM_MSG_SERIES_START, 0);
   BEAM_LOG(LOG_INFO, "series %llu started: %s %ux%u%s", (unsigned long long)s->series_id,
@@ -213,6 +215,8 @@ int beamd_ingest_frame(beamd_t *d, const beam_msg_t *m, uint64_t t_recv) {
   }
   f->series_id = h->series_id;
   f->frame_id = h->frame_id;
+  f->missing_before = (uint32_t)(in->missing_pending > UINT32_MAX ? UINT32_MAX : in->missing_pending);
+  in->missing_pending = 0;
   f->seq = h->seq;
   f->ingest_idx = in->fed_next++;
   f->t_acq_ns = h->t_acq_ns;

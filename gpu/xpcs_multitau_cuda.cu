@@ -415,8 +415,14 @@ static int cu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *e
     return rc;
   if ((rc = beam__cuda_ctx_use(&c->cx, &self->diag)) < 0)
     return rc;
-  rc = x->exact ? push<long long, beam_i128>(c, in, bad, &self->diag)
-                : push<double, double>(c, in, bad, &self->diag);
+  /* Frames lost before this one: bad frames (xpcs_multitau_cpu.c). */
+  rc = 0;
+  for (uint32_t k = 0; k < in->missing_before && rc >= 0; k++)
+    rc = x->exact ? push<long long, beam_i128>(c, in, 1, &self->diag)
+                  : push<double, double>(c, in, 1, &self->diag);
+  if (rc >= 0)
+    rc = x->exact ? push<long long, beam_i128>(c, in, bad, &self->diag)
+                  : push<double, double>(c, in, bad, &self->diag);
   if (rc < 0)
     return rc;
   if (x->conf.publish_every && x->nframes % x->conf.publish_every == 0)

@@ -138,6 +138,9 @@ static int cu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *e
   if (!(in->flags & BEAM_FLAG_CORRUPT) &&
       (rc = beam__frame_matches(self, in, x->in.dtype, x->in.ndim, x->in.shape)) < 0)
     return rc;
+  for (uint32_t k = 0; k < in->missing_before; k++) /* lost frames: bad */
+    if ((rc = beam_x2t_push(x, NULL, 1, &self->diag)) < 0)
+      return rc;
   if ((rc = beam_x2t_push(x, bad ? NULL : in->data, bad, &self->diag)) < 0)
     return rc;
   int rows = x->conf.publish_rows && x->nframes % x->conf.publish_rows == 0;

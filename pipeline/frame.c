@@ -131,6 +131,7 @@ static beam_frame_t *take_locked(beam_pool_t *p) {
   beam_frame_t *f = p->free_list[--p->nfree];
   atomic_store(&f->refs, 1);
   f->flags = 0;
+  f->missing_before = 0;
   f->nbytes = 0;
   f->ndim = 0;
   memset(f->shape, 0, sizeof f->shape);
@@ -320,6 +321,7 @@ void beam_frame_copy_ident(beam_frame_t *dst, const beam_frame_t *src) {
   dst->t_acq_ns = src->t_acq_ns;
   dst->t_recv_ns = src->t_recv_ns;
   dst->flags = src->flags;
+  dst->missing_before = src->missing_before;
   memcpy(dst->pos, src->pos, sizeof dst->pos);
 }
 

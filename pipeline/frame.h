@@ -44,6 +44,10 @@ struct beam_frame_s {
   uint64_t t_acq_ns;  /* from the wire header (realtime ns, 0 = unknown) */
   uint64_t t_recv_ns; /* monotonic ns when beamd received the input frame */
   uint32_t flags;     /* BEAM_FLAG_* */
+  /* Frames of the series lost just before this one (dropped or gone at
+   * ingest): stateful stages account for them as absent frames (XPCS:
+   * bad frames, their pairs skipped). Results inherit it (copy_ident). */
+  uint32_t missing_before;
   beam_dtype_t dtype;
   uint32_t ndim;
   uint32_t shape[BEAM_MAX_NDIM];

@@ -755,6 +755,11 @@ static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *
     if (rc < 0)
       return rc;
   }
+  /* Frames lost before this one are absent frames: bad, their pairs
+   * skipped, exactly as the closed form with those frames removed. */
+  for (uint32_t k = 0; k < in->missing_before; k++)
+    if (beam_xmt_push_cpu(x, NULL, 1) < 0)
+      return beam_xmt_check(x, &self->diag);
   if (beam_xmt_push_cpu(x, bad ? NULL : in->data, bad) < 0)
     return beam_xmt_check(x, &self->diag);
   if (x->conf.publish_every && x->nframes % x->conf.publish_every == 0)

@@ -72,6 +72,10 @@ static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *
   int bad = beam_x2t_flag_bad(in->flags), rc;
   if (!(in->flags & BEAM_FLAG_CORRUPT) && (rc = beam__frame_matches(self, in, x->in.dtype, x->in.ndim, x->in.shape)) < 0)
     return rc;
+  /* Frames lost before this one: bad frames, NaN row and column. */
+  for (uint32_t k = 0; k < in->missing_before; k++)
+    if ((rc = beam_x2t_push(x, NULL, 1, &self->diag)) < 0)
+      return rc;
   if ((rc = beam_x2t_push(x, bad ? NULL : in->data, bad, &self->diag)) < 0)
     return rc;
   if ((rc = beam_x2t_publish_rows(x, &beam_x2t_blas_cpu, NULL, emit, &self->diag)) < 0)

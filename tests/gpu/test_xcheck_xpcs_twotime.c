@@ -84,6 +84,8 @@ static void run(beam_dtype_t dt, const char *mode, const char *prec) {
       memset(in->data, 0, (size_t)H * W * 2); /* zero photons in every ROI */
     if (k == 77 && dt == BEAM_DT_F32)
       ((float *)in->data)[40 * W + 70] = NAN; /* inside an ROI */
+    if (k == 30 || k == 31)
+      in->missing_before = k == 30 ? 3 : 1; /* frames lost before these: absent */
     xpair_process(&x, in);
     bh_frame_free(in);
   }
