@@ -98,8 +98,15 @@ def proc_figures(pid):
 
 
 def stats(ctl_tool, ep):
-    out = subprocess.run([ctl_tool, "-e", ep, "-t", "5", "stats"], capture_output=True,
-                         text=True, timeout=15)
+    for attempt in range(5):  # a rebuild may replace the tool under us
+        try:
+            out = subprocess.run([ctl_tool, "-e", ep, "-t", "5", "stats"], capture_output=True,
+                                 text=True, timeout=15)
+            break
+        except OSError:
+            if attempt == 4:
+                raise
+            time.sleep(1)
     if out.returncode != 0:
         raise RuntimeError("beamd-ctl stats: " + out.stderr)
     return json.loads(out.stdout)
