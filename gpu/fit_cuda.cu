@@ -27,7 +27,9 @@
  *   after a two-part reduction by 2π) instead of fit_vmath.h's
  *   polynomials; masked points (w = 0) are skipped rather than computed
  *   with weight 0 (as the reference does); the warp mapping sums in a
- *   tree. Automatic starts are the CPU's (computed on the host, the same
+ *   tree. Automatic starts are made on the device by fit_init.c's method
+ *   (gpu/fit_init_cuda.cuh: same grids and selection, equal to rounding),
+ *   or with run->host_starts by fit_init.c itself on the host (the same
  *   numbers the CPU path starts from); poly runs the CPU reference (one
  *   exact solve in double, as beam_fit_cpu_range also does). */
 #include "gpu/cuda_int.h"
@@ -42,7 +44,8 @@ extern "C" {
 #include "pipeline/kern/fit_int.h"
 }
 
-#define FT 128 /* threads per block, both mappings */
+#define FT 128 /* threads per block, both mappings (the most a launch may ask) */
+#define NVAR 2 /* launch-bounds variants of fit_kernel */
 
 /* Everything a kernel reads, by value (one launch per batch). */
 typedef struct fit_args_s {
@@ -327,6 +330,8 @@ template <int P> __device__ void chol_apply(const double *A, const double *b, do
   }
 }
 
+#include "gpu/fit_init_cuda.cuh"
+
 template <int P> __device__ void take(lm_t<P> &s, const double *acc) {
   s.chi2 = acc[0];
 #pragma unroll
@@ -546,7 +551,13 @@ __device__ void finish(const fit_args_t &a, const lm_t<P> &s, size_t i, int st, 
 /* The fused kernel: fit i = global thread / NL. A fit's NL lanes are one
  * warp (or one thread), so they leave together and the shuffles see
  * every lane. */
-template <int M, typename TY, int NL> __global__ void fit_kernel(const fit_args_t a) {
+/* V: the launch-bounds variant (beam_fit_cuda_run_t.variant): 0 lets
+ * ptxas use up to 255 registers per thread (2 blocks of FT per SM at
+ * that), 1 caps them at 65536 / (4 FT) = 128 for 4 resident blocks
+ * (docs/fit.md "Register pressure"). The bounds come before
+ * __global__ so that tests/emu/emulate.py still finds the kernel's name. */
+template <int M, typename TY, int NL, int V>
+__launch_bounds__(FT, V == 1 ? 4 : 1) __global__ void fit_kernel(const fit_args_t a) {
   constexpr int P = model_p<M>::P, NA = FIT_NACC(P);
   size_t gt = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   size_t i = gt / NL;
@@ -604,13 +615,16 @@ template <int M, typename TY, int NL> __global__ void fit_kernel(const fit_args_
 }
 
 /* ---- host side ---- */
-enum { B_Y, B_X, B_W, B_P0, B_PAR, B_ERR, B_COV, B_CHI, B_CHR, B_IT, B_NU, B_ST, NBUF };
+/* inputs, results (B_PAR..B_ST, copied back), device-start scratch */
+enum { B_Y, B_X, B_W, B_P0, B_PAR, B_ERR, B_COV, B_CHI, B_CHR, B_IT, B_NU, B_ST,
+       B_PREP, B_TC, B_TS, B_PW, NBUF };
+#define NEV 5 /* h2d | starts | kernel | d2h */
 
 struct beam_fit_cuda_s {
   beam_cuda_ctx_t cx;
   void *d[NBUF];
   size_t cap[NBUF];
-  cudaEvent_t ev[4];
+  cudaEvent_t ev[NEV];
   void *host;     /* packing and p0 staging, grows */
   size_t host_cap;
   void *ws;       /* CPU workspace: the starts' guess, poly */
@@ -631,7 +645,7 @@ extern "C" void beam_fit_cuda_destroy(beam_fit_cuda_t *c) {
     return;
   if (c->cx.stream)
     cudaSetDevice(c->cx.dev);
-  for (int k = 0; k < 4; k++)
+  for (int k = 0; k < NEV; k++)
     if (c->ev[k])
       cudaEventDestroy(c->ev[k]);
   beam__cuda_ctx_fini(&c->cx);
@@ -646,7 +660,7 @@ static int create_(beam_fit_cuda_t *c, beam_diag_t *d) {
   int rc = beam__cuda_ctx_init(&c->cx, "fit", d);
   if (rc)
     return rc;
-  for (int k = 0; k < 4; k++)
+  for (int k = 0; k < NEV; k++)
     BEAM_CUDA_TRY(d, cudaEventCreate(&c->ev[k]));
   return 0;
 }
@@ -746,14 +760,17 @@ static int host_guess(beam_fit_cuda_t *c, const fit_ctx_t *cx, double *p0, beam_
   return 0;
 }
 
-/* One launch of the batch's kernel; -1 for a model without one. */
-static int launch(int model, int u16, int warp, unsigned grid, cudaStream_t st, const fit_args_t &a) {
-  switch (model * 4 + u16 * 2 + warp) {
-#define CASES(M)                                                                           \
-  case M * 4 + 0: fit_kernel<M, float, 1><<<grid, FT, 0, st>>>(a); return 0;               \
-  case M * 4 + 1: fit_kernel<M, float, 32><<<grid, FT, 0, st>>>(a); return 0;              \
-  case M * 4 + 2: fit_kernel<M, uint16_t, 1><<<grid, FT, 0, st>>>(a); return 0;            \
-  case M * 4 + 3: fit_kernel<M, uint16_t, 32><<<grid, FT, 0, st>>>(a); return 0;
+/* One launch of the batch's kernel (variant: launch bounds, see
+ * fit_kernel); -1 for a model without one. */
+static int launch(int model, int u16, int warp, int variant, unsigned grid, unsigned block,
+                  cudaStream_t st, const fit_args_t &a) {
+  switch (((model * 2 + u16) * 2 + warp) * NVAR + variant) {
+#define CASE1(M, TY, U, NL, W, V)                                                          \
+  case ((M * 2 + U) * 2 + W) * NVAR + V: fit_kernel<M, TY, NL, V><<<grid, block, 0, st>>>(a); return 0;
+#define CASEV(M, V)                                                                        \
+  CASE1(M, float, 0, 1, 0, V) CASE1(M, float, 0, 32, 1, V)                                 \
+  CASE1(M, uint16_t, 1, 1, 0, V) CASE1(M, uint16_t, 1, 32, 1, V)
+#define CASES(M) CASEV(M, 0) CASEV(M, 1)
     CASES(BEAM_FIT_DCOS)
     CASES(BEAM_FIT_DCOS_T0)
     CASES(BEAM_FIT_DCOS2)
@@ -764,8 +781,82 @@ static int launch(int model, int u16, int warp, unsigned grid, cudaStream_t st, 
     CASES(BEAM_FIT_GAUSS)
     CASES(BEAM_FIT_LORENTZ)
 #undef CASES
+#undef CASEV
+#undef CASE1
   default:
     return -1;
+  }
+}
+
+/* The device starts of one model and input type (fit_init_cuda.cuh):
+ * the per-fit prep, the shared-x periodogram table (dcos*), then the
+ * starts in chunks that bound the periodogram scratch. */
+#define PW_BYTES ((size_t)256 << 20)
+#define TAB_BYTES ((size_t)64 << 20)
+template <int M, typename TY>
+static int dev_starts_t(beam_fit_cuda_t *c, const fit_args_t &a, int shared, beam_diag_t *d) {
+  constexpr int dc = M == BEAM_FIT_DCOS || M == BEAM_FIT_DCOS_T0 || M == BEAM_FIT_DCOS2;
+  cudaStream_t st = c->cx.stream;
+  size_t N = a.N, n16 = (N + GL - 1) / GL * GL, T = (size_t)a.T;
+  int rc = beam__dbuf_reserve(&c->d[B_PREP], &c->cap[B_PREP], sizeof(double) * FP_N * n16, d);
+  if (rc)
+    return rc;
+  double *prep = (double *)c->d[B_PREP];
+  fit_prep_kernel<M, TY><<<(unsigned)((n16 + FT - 1) / FT), FT, 0, st>>>(a, prep, n16);
+  BEAM_CUDA_LAUNCHED(d, "fit_prep_kernel");
+  start_args_t s;
+  memset(&s, 0, sizeof s);
+  s.prep = prep;
+  s.shared = shared;
+  s.p0 = (double *)c->d[B_P0];
+  size_t chunk = N;
+  if constexpr (dc) {
+    size_t nf = T > 2 ? T - 1 : 1;
+    s.nf = (int)(nf > 2048 ? 2048 : nf);
+    size_t tab = sizeof(double) * (size_t)s.nf * T;
+    if (shared && tab <= TAB_BYTES) {
+      if ((rc = beam__dbuf_reserve(&c->d[B_TC], &c->cap[B_TC], tab, d)) ||
+          (rc = beam__dbuf_reserve(&c->d[B_TS], &c->cap[B_TS], tab, d)))
+        return rc;
+      s.tc = (const double *)c->d[B_TC], s.ts = (const double *)c->d[B_TS];
+      fit_table_kernel<M><<<(unsigned)((T + FT - 1) / FT), FT, 0, st>>>(
+          a, prep, s.nf, (double *)c->d[B_TC], (double *)c->d[B_TS]);
+      BEAM_CUDA_LAUNCHED(d, "fit_table_kernel");
+    }
+    size_t per = sizeof(double) * (size_t)s.nf;
+    chunk = PW_BYTES / per;
+    chunk = chunk < 1 ? 1 : chunk > N ? N : chunk;
+    if ((rc = beam__dbuf_reserve(&c->d[B_PW], &c->cap[B_PW], per * chunk, d)))
+      return rc;
+    s.pw = (double *)c->d[B_PW];
+  }
+  for (size_t i0 = 0; i0 < N; i0 += chunk) {
+    s.i0 = i0;
+    s.n = N - i0 < chunk ? N - i0 : chunk;
+    fit_start_kernel<M, TY><<<(unsigned)((s.n + FT - 1) / FT), FT, 0, st>>>(a, s);
+    BEAM_CUDA_LAUNCHED(d, "fit_start_kernel");
+  }
+  return 0;
+}
+
+static int dev_starts(beam_fit_cuda_t *c, int model, int u16, const fit_args_t &a, int shared,
+                      beam_diag_t *d) {
+  switch (model * 2 + u16) {
+#define SCASES(M)                                                                          \
+  case M * 2 + 0: return dev_starts_t<M, float>(c, a, shared, d);                          \
+  case M * 2 + 1: return dev_starts_t<M, uint16_t>(c, a, shared, d);
+    SCASES(BEAM_FIT_DCOS)
+    SCASES(BEAM_FIT_DCOS_T0)
+    SCASES(BEAM_FIT_DCOS2)
+    SCASES(BEAM_FIT_EXP)
+    SCASES(BEAM_FIT_STRETCH)
+    SCASES(BEAM_FIT_STRETCH_XT)
+    SCASES(BEAM_FIT_EXP2)
+    SCASES(BEAM_FIT_GAUSS)
+    SCASES(BEAM_FIT_LORENTZ)
+#undef SCASES
+  default:
+    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: no device start for model %d", model);
   }
 }
 
@@ -777,9 +868,10 @@ static int launch(int model, int u16, int warp, unsigned grid, cudaStream_t st, 
                                        c->cx.stream));                                     \
   } while (0)
 
+/* p0_out: only the starts (beam_fit_cuda_starts), r unused. */
 static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y16,
                 const beam_fit_opts_t *o, beam_fit_result_t *r, beam_fit_cuda_run_t *run,
-                beam_diag_t *d) {
+                double *p0_out, beam_diag_t *d) {
   double t0 = now_s();
   beam_fit_batch_t bb = *b;
   if (y16)
@@ -788,10 +880,15 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
   int rc = beam__fit_ctx(&cx, &bb, o, d);
   if (rc < 0)
     return rc;
-  if (!r || !r->params || !r->status)
+  if (!p0_out && (!r || !r->params || !r->status))
     return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: params and status results are required");
+  if (p0_out && (o->init != BEAM_FIT_INIT_AUTO || b->model == BEAM_FIT_POLY))
+    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: starts are for INIT_AUTO and a nonlinear model");
   size_t N = b->n_fits, T = b->n_points;
   int P = cx.P, warp = run && run->mapping ? run->mapping == 2 : T > 256;
+  int host_starts = run && run->host_starts, variant = run ? run->variant : 0;
+  unsigned block = run && run->block ? (unsigned)run->block : FT;
+  int auto_ = o->init == BEAM_FIT_INIT_AUTO, dev_auto = auto_ && !host_starts;
   if (run)
     memset(run, 0, sizeof *run);
   if (N == 0)
@@ -800,7 +897,7 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
     return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: n_points %zu too large", T);
   /* Counts as float for the host-side work (starts, poly): exact. */
   float *yf = NULL;
-  if (y16 && (b->model == BEAM_FIT_POLY || o->init == BEAM_FIT_INIT_AUTO)) {
+  if (y16 && (b->model == BEAM_FIT_POLY || (auto_ && host_starts))) {
     ptrdiff_t lo, hi;
     span_of(N, T, b->y_fit_stride, b->y_point_stride, &lo, &hi);
     yf = (float *)malloc(sizeof(float) * (size_t)(hi - lo + 1));
@@ -824,10 +921,11 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
   BEAM_CUDA_TRY(d, cudaSetDevice(c->cx.dev));
   fit_args_t a;
   memset(&a, 0, sizeof a);
-  /* p0: the caller's, or the CPU's automatic guess, staged on the host. */
+  /* p0: the caller's, the CPU's automatic guess staged on the host
+   * (host_starts), or made on the device after the uploads. */
   double tg = now_s();
   const double *p0 = b->p0;
-  if (o->init == BEAM_FIT_INIT_AUTO) {
+  if (auto_ && host_starts) {
     fit_ctx_t gx = cx;
     gx.b = &bb;
     rc = grow_host(&c->host, &c->host_cap, sizeof(double) * N * (size_t)P, d);
@@ -840,14 +938,15 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
     p0 = (const double *)c->host;
   }
   free(yf);
-  if (run)
+  if (run && !dev_auto)
     run->guess_s = now_s() - tg;
   BEAM_CUDA_TRY(d, cudaEventRecord(c->ev[0], c->cx.stream));
   rc = beam__dbuf_reserve(&c->d[B_P0], &c->cap[B_P0], sizeof(double) * N * (size_t)P, d);
   if (rc)
     return rc;
-  BEAM_CUDA_TRY(d, cudaMemcpyAsync(c->d[B_P0], p0, sizeof(double) * N * (size_t)P,
-                                   cudaMemcpyHostToDevice, c->cx.stream));
+  if (!dev_auto)
+    BEAM_CUDA_TRY(d, cudaMemcpyAsync(c->d[B_P0], p0, sizeof(double) * N * (size_t)P,
+                                     cudaMemcpyHostToDevice, c->cx.stream));
   /* The staging buffer (the guessed p0) is reused by the uploads. */
   if (p0 == c->host)
     BEAM_CUDA_TRY(d, cudaStreamSynchronize(c->cx.stream));
@@ -861,6 +960,20 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
                 d);
   if (rc)
     return rc;
+  if (p0_out) {
+    for (int j = 0; j < P; j++)
+      a.lo[j] = cx.lo[j], a.hi[j] = cx.hi[j];
+    a.y = c->d[B_Y];
+    a.x = (const float *)c->d[B_X];
+    a.w = b->w ? (const float *)c->d[B_W] : NULL;
+    a.N = N, a.T = (int)T, a.est = o->estimator;
+    if (dev_auto && (rc = dev_starts(c, b->model, y16 != NULL, a, b->x_fit_stride == 0, d)))
+      return rc;
+    BEAM_CUDA_TRY(d, cudaMemcpyAsync(p0_out, c->d[B_P0], sizeof(double) * N * (size_t)P,
+                                     cudaMemcpyDeviceToHost, c->cx.stream));
+    BEAM_CUDA_TRY(d, cudaStreamSynchronize(c->cx.stream));
+    return 0;
+  }
   size_t want[NBUF] = {0};
   want[B_PAR] = want[B_ERR] = sizeof(double) * N * (size_t)P;
   want[B_COV] = want[B_PAR] * (size_t)P;
@@ -870,7 +983,7 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
   const void *dst[NBUF] = {0};
   dst[B_PAR] = r->params, dst[B_ERR] = r->errors, dst[B_COV] = r->cov, dst[B_CHI] = r->chi2;
   dst[B_CHR] = r->chi2_red, dst[B_IT] = r->iters, dst[B_NU] = r->n_used, dst[B_ST] = r->status;
-  for (int k = B_PAR; k < NBUF; k++)
+  for (int k = B_PAR; k <= B_ST; k++)
     if (dst[k] && (rc = beam__dbuf_reserve(&c->d[k], &c->cap[k], want[k], d)))
       return rc;
   a.y = c->d[B_Y];
@@ -894,13 +1007,16 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
   a.n_used = r->n_used ? (int32_t *)c->d[B_NU] : NULL;
   a.status = (uint8_t *)c->d[B_ST];
   BEAM_CUDA_TRY(d, cudaEventRecord(c->ev[1], c->cx.stream));
-  size_t threads = N * (warp ? 32 : 1), grid = (threads + FT - 1) / FT;
+  size_t threads = N * (warp ? 32 : 1), grid = (threads + block - 1) / block;
   if (grid > 0x7fffffffu)
     return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: %zu fits exceed one launch", N);
-  if (launch(b->model, y16 != NULL, warp, (unsigned)grid, c->cx.stream, a) != 0)
+  if (dev_auto && (rc = dev_starts(c, b->model, y16 != NULL, a, b->x_fit_stride == 0, d)))
+    return rc;
+  BEAM_CUDA_TRY(d, cudaEventRecord(c->ev[2], c->cx.stream));
+  if (launch(b->model, y16 != NULL, warp, variant, (unsigned)grid, block, c->cx.stream, a) != 0)
     return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: no kernel for model %d", (int)b->model);
   BEAM_CUDA_LAUNCHED(d, "fit_kernel");
-  BEAM_CUDA_TRY(d, cudaEventRecord(c->ev[2], c->cx.stream));
+  BEAM_CUDA_TRY(d, cudaEventRecord(c->ev[3], c->cx.stream));
   BACK(B_PAR, r->params, want[B_PAR]);
   BACK(B_ERR, r->errors, want[B_ERR]);
   BACK(B_COV, r->cov, want[B_COV]);
@@ -909,14 +1025,19 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
   BACK(B_IT, r->iters, want[B_IT]);
   BACK(B_NU, r->n_used, want[B_NU]);
   BACK(B_ST, r->status, want[B_ST]);
-  BEAM_CUDA_TRY(d, cudaEventRecord(c->ev[3], c->cx.stream));
-  BEAM_CUDA_TRY(d, cudaEventSynchronize(c->ev[3]));
+  BEAM_CUDA_TRY(d, cudaEventRecord(c->ev[4], c->cx.stream));
+  BEAM_CUDA_TRY(d, cudaEventSynchronize(c->ev[4]));
   if (run) {
-    float ms[3];
-    for (int k = 0; k < 3; k++)
+    float ms[NEV - 1];
+    for (int k = 0; k < NEV - 1; k++)
       BEAM_CUDA_TRY(d, cudaEventElapsedTime(&ms[k], c->ev[k], c->ev[k + 1]));
     run->mapping = warp ? 2 : 1;
-    run->h2d_s = 1e-3 * ms[0], run->kernel_s = 1e-3 * ms[1], run->d2h_s = 1e-3 * ms[2];
+    run->variant = variant;
+    run->block = (int)block;
+    run->starts = !auto_ ? 0 : host_starts ? 1 : 2;
+    run->h2d_s = 1e-3 * ms[0], run->kernel_s = 1e-3 * ms[2], run->d2h_s = 1e-3 * ms[3];
+    if (dev_auto)
+      run->guess_s = 1e-3 * ms[1];
     run->total_s = now_s() - t0;
   }
   return 0;
@@ -930,8 +1051,27 @@ extern "C" int beam_fit_cuda(beam_fit_cuda_t *c, const beam_fit_batch_t *b, cons
   int mapping = run ? run->mapping : 0;
   if (mapping < 0 || mapping > 2)
     return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: mapping %d is not 0, 1 or 2", mapping);
-  int rc = fit_(c, b, y16, o, r, run, d);
+  if (run && (run->variant < 0 || run->variant >= NVAR))
+    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: variant %d is not 0..%d", run->variant, NVAR - 1);
+  if (run && run->block && (run->block < 32 || run->block > FT || run->block % 32))
+    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: block %d is not 32, 64, 96 or %d", run->block,
+                     FT);
+  int rc = fit_(c, b, y16, o, r, run, NULL, d);
   if (rc && c->cx.stream)
     cudaStreamSynchronize(c->cx.stream); /* nothing of this call stays queued */
+  return rc;
+}
+
+extern "C" int beam_fit_cuda_starts(beam_fit_cuda_t *c, const beam_fit_batch_t *b,
+                                    const uint16_t *y16, const beam_fit_opts_t *o, int host,
+                                    double *p0, beam_diag_t *d) {
+  if (!c || !b || !o || !p0)
+    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: NULL context, batch, options or p0");
+  beam_fit_cuda_run_t run;
+  memset(&run, 0, sizeof run);
+  run.host_starts = host;
+  int rc = fit_(c, b, y16, o, NULL, &run, p0, d);
+  if (rc && c->cx.stream)
+    cudaStreamSynchronize(c->cx.stream);
   return rc;
 }

@@ -99,3 +99,9 @@ int beam_fit_cuda(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t 
   (void)c, (void)b, (void)y16, (void)o, (void)r, (void)run;
   return BEAM_DIAG(d, BEAM_ENOTSUP, "fit: " NO_CUDA);
 }
+int beam_fit_cuda_starts(struct beam_fit_cuda_s *c, const struct beam_fit_batch_s *b,
+                         const uint16_t *y16, const struct beam_fit_opts_s *o, int host,
+                         double *p0, beam_diag_t *d) {
+  (void)c, (void)b, (void)y16, (void)o, (void)host, (void)p0;
+  return BEAM_DIAG(d, BEAM_ENOTSUP, "fit: " NO_CUDA);
+}
