@@ -37,6 +37,8 @@
 #include "pipeline/kern/fit_int.h"
 #include "tests/common/fit_cases.h"
 #include "tests/common/stage_harness.h"
+#include "pipeline/kern/kinds.h"
+#include "tests/gpu/xcheck.h"
 
 
 static int n_params(int m) { return m == BEAM_FIT_POLY ? 4 : beam_fit_model_info(m)->n_params; }
@@ -65,6 +67,8 @@ static void res_free(res_t *s) {
 }
 
 static beam_fit_cuda_t *ctx;
+
+static int q_bad_frame(int k) { return k == 13; } /* a corrupt frame: skipped by both */
 
 static int close_to(double g, double c, double tol) {
   if (isnan(c))
@@ -485,6 +489,121 @@ static void test_variants(void **st) {
   gen_free(&t);
 }
 
+/* ---- the stage `fit`: CPU backend vs CUDA backend, same frames ---- */
+static int stage_src_result;
+
+static beam_cnode_t *stage_cfg(void) {
+  beam_cnode_t *c = bh_stage_cfg("fit");
+  if (stage_src_result) {
+    bh_set(c, "source", "result");
+    bh_set(c, "model", "exp");
+    bh_set(c, "x", "index");
+  } else {
+    bh_set(c, "model", "dcos");
+    bh_set(c, "max_frames", "100");
+    bh_set(c, "every", "60");
+  }
+  return c;
+}
+
+/* params (out 0) and errors (out 1) of one emission, CPU vs CUDA: the
+ * engine's tolerances (5 % of σ + 2e-5 relative; σ within 2 %), status
+ * (out 3) equal. f32: pixel maps [P][h][w]; else f64 [fit][P]. */
+static void stage_compare(const xpair_t *x, size_t i0, int P) {
+  const beam_frame_t *cp = x->cpu->res[i0], *gp = x->gpu->res[i0];
+  const beam_frame_t *ce = x->cpu->res[i0 + 1], *ge = x->gpu->res[i0 + 1];
+  const beam_frame_t *cs = x->cpu->res[i0 + 3], *gs = x->gpu->res[i0 + 3];
+  assert_int_equal(x->cpu->res_out[i0], 0);
+  assert_int_equal(x->cpu->res_out[i0 + 3], 3);
+  assert_int_equal(cp->flags, gp->flags);
+  assert_int_equal(cp->nbytes, gp->nbytes);
+  assert_int_equal(cs->nbytes, gs->nbytes);
+  int f32 = cp->dtype == BEAM_DT_F32;
+  size_t n = cp->nbytes / (f32 ? 4 : 8), nfit = n / (size_t)P;
+  for (size_t k = 0; k < n; k++) {
+    size_t fit = f32 ? k % nfit : k / (size_t)P;
+    double a = f32 ? ((float *)cp->data)[k] : ((double *)cp->data)[k];
+    double b = f32 ? ((float *)gp->data)[k] : ((double *)gp->data)[k];
+    double ea = f32 ? ((float *)ce->data)[k] : ((double *)ce->data)[k];
+    double eb = f32 ? ((float *)ge->data)[k] : ((double *)ge->data)[k];
+    assert_int_equal(((uint8_t *)cs->data)[fit], ((uint8_t *)gs->data)[fit]);
+    double fl = 2e-5 * (fabs(a) + 0.01) + (f32 ? 2e-7 * fabs(a) : 0);
+    if (!close_to(b, a, (isfinite(ea) ? 0.05 * ea : 0) + fl) || !close_to(eb, ea, 0.02 * ea + fl))
+      fail_msg("stage result %zu element %zu (fit %zu): cuda %.9g ± %.3g, cpu %.9g ± %.3g", i0, k,
+               fit, b, eb, a, ea);
+  }
+}
+
+static void test_stage_pixels(void **st) {
+  (void)st;
+  stage_src_result = 0;
+  if (!bh_gpu_available())
+    xcheck_expect_no_device(&beam_fit_cuda_ops, beam_fit_params, stage_cfg);
+  enum { H = 6, W = 8, T = 80 };
+  xpair_t x;
+  xpair_new(&x, &beam_fit_cpu_ops, &beam_fit_cuda_ops, beam_fit_params, stage_cfg);
+  uint32_t shp[2] = {H, W};
+  xpair_start(&x, BEAM_DT_F32, 2, shp);
+  double tp[H * W][5];
+  for (int q = 0; q < H * W; q++) {
+    static const double tr[5] = {2.0, 1.0, 30.0, 0.06, 5.0};
+    for (int j = 0; j < 5; j++)
+      tp[q][j] = tr[j] * (1 + 0.1 * grand());
+  }
+  for (int k = 0; k < T; k++) {
+    beam_frame_t *in = bh_frame_new(BEAM_DT_F32, 2, shp, (uint64_t)k);
+    for (int q = 0; q < H * W; q++) {
+      double J[FIT_MAXP];
+      ((float *)in->data)[q] =
+          (float)(beam__fit_eval(BEAM_FIT_DCOS, 5, tp[q], (double)k, J) + 0.05 * grand());
+    }
+    if (q_bad_frame(k)) { /* refused by both, counted INCOMPLETE at the end */
+      in->flags |= BEAM_FLAG_CORRUPT;
+      assert_true(bh_process(x.cpu, in) < 0);
+      assert_true(bh_process(x.gpu, in) < 0);
+    } else
+      xpair_process(&x, in);
+    bh_frame_free(in);
+  }
+  xpair_end(&x);
+  /* a PARTIAL preview at 60 frames and the FINAL maps: 2 x 4 outputs */
+  assert_int_equal(x.cpu->nres, x.gpu->nres);
+  assert_int_equal(x.cpu->nres, 8);
+  stage_compare(&x, 0, 5);
+  stage_compare(&x, 4, 5);
+  print_message("stage fit pixels %dx%d x %d frames: cpu and cuda backends agree\n", H, W, T);
+  xpair_free(&x);
+}
+
+static void test_stage_result(void **st) {
+  (void)st;
+  stage_src_result = 1;
+  if (!bh_gpu_available())
+    xcheck_expect_no_device(&beam_fit_cuda_ops, beam_fit_params, stage_cfg);
+  enum { T = 50, NF = 21 };
+  xpair_t x;
+  xpair_new(&x, &beam_fit_cpu_ops, &beam_fit_cuda_ops, beam_fit_params, stage_cfg);
+  uint32_t shp[2] = {T, NF};
+  xpair_start(&x, BEAM_DT_F64, 2, shp);
+  for (uint64_t fr = 0; fr < 3; fr++) {
+    beam_frame_t *in = bh_frame_new(BEAM_DT_F64, 2, shp, fr);
+    for (int i = 0; i < NF; i++) {
+      double p[3] = {0.3 * (1 + 0.1 * grand()), 8.0 * (1 + 0.2 * grand()), 1.0}, J[FIT_MAXP];
+      for (int k = 0; k < T; k++)
+        ((double *)in->data)[k * NF + i] = beam__fit_eval(BEAM_FIT_EXP, 3, p, k, J) + 0.002 * grand();
+    }
+    xpair_process(&x, in);
+    bh_frame_free(in);
+  }
+  xpair_end(&x);
+  assert_int_equal(x.cpu->nres, x.gpu->nres);
+  for (size_t i = 0; i + 3 < x.cpu->nres; i++)
+    if (x.cpu->res_out[i] == 0)
+      stage_compare(&x, i, 3);
+  print_message("stage fit result %d curves x %d points x 3 frames: backends agree\n", NF, T);
+  xpair_free(&x);
+}
+
 static void test_args(void **st) {
   (void)st;
   need_device();
@@ -512,6 +631,7 @@ int main(void) {
       cmocka_unit_test(test_bounds),     cmocka_unit_test(test_counts),
       cmocka_unit_test(test_bad_traces), cmocka_unit_test(test_args),
       cmocka_unit_test(test_starts),     cmocka_unit_test(test_variants),
+      cmocka_unit_test(test_stage_pixels), cmocka_unit_test(test_stage_result),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
