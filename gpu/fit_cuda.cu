@@ -656,27 +656,38 @@ extern "C" void beam_fit_cuda_destroy(beam_fit_cuda_t *c) {
   free(c);
 }
 
-static int create_(beam_fit_cuda_t *c, beam_diag_t *d) {
-  int rc = beam__cuda_ctx_init(&c->cx, "fit", d);
-  if (rc)
-    return rc;
+/* beam__cuda_ctx_init on device dev instead of 0. */
+static int create_(beam_fit_cuda_t *c, int dev, beam_diag_t *d) {
+  char why[256] = "";
+  int n = beam_gpu_count(why, sizeof why);
+  if (n <= 0)
+    return BEAM_DIAG(d, BEAM_ENOTSUP, "fit: backend cuda needs a CUDA device: %s", why);
+  if (dev < 0 || dev >= n)
+    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: device %d of %d", dev, n);
+  c->cx.dev = dev;
+  BEAM_CUDA_TRY(d, cudaSetDevice(dev));
+  BEAM_CUDA_TRY(d, cudaStreamCreateWithFlags(&c->cx.stream, cudaStreamNonBlocking));
   for (int k = 0; k < NEV; k++)
     BEAM_CUDA_TRY(d, cudaEventCreate(&c->ev[k]));
   return 0;
 }
 
-extern "C" int beam_fit_cuda_create(beam_fit_cuda_t **out, beam_diag_t *d) {
+extern "C" int beam_fit_cuda_create_dev(beam_fit_cuda_t **out, int dev, beam_diag_t *d) {
   *out = NULL;
   beam_fit_cuda_t *c = (beam_fit_cuda_t *)calloc(1, sizeof *c);
   if (!c)
     return BEAM_DIAG(d, BEAM_ENOMEM, "fit cuda: context");
-  int rc = create_(c, d);
+  int rc = create_(c, dev, d);
   if (rc) {
     beam_fit_cuda_destroy(c);
     return rc;
   }
   *out = c;
   return 0;
+}
+
+extern "C" int beam_fit_cuda_create(beam_fit_cuda_t **out, beam_diag_t *d) {
+  return beam_fit_cuda_create_dev(out, 0, d);
 }
 
 /* Element offsets of the corners of an N x T strided array: [lo, hi]. */

@@ -31,6 +31,9 @@ int beam_dm_cuda_fft_seconds(const struct beam_dm_conf_s *c, uint32_t nviews, in
  * for tools that want a start without a fit. Nonlinear models only
  * (BEAM_EINVAL for poly or INIT_GIVEN); BEAM_ENOTSUP without CUDA. */
 struct beam_fit_cuda_s;
+/* beam_fit_cuda_create on device dev (0 .. beam_gpu_count() - 1): one
+ * context per device, e.g. dev = local MPI rank mod devices. */
+int beam_fit_cuda_create_dev(struct beam_fit_cuda_s **c, int dev, beam_diag_t *d);
 struct beam_fit_batch_s;
 struct beam_fit_opts_s;
 int beam_fit_cuda_starts(struct beam_fit_cuda_s *c, const struct beam_fit_batch_s *b,
