@@ -66,7 +66,8 @@ static int cu_start(beam_stage_t *self, const beam_series_t *series, const beam_
   c->s.n = c->s.T;
   beam_fits_batch(&c->s, &b);
   c->s.n = keep;
-  beam_diag_t sub = {0};
+  beam_diag_t sub;
+  beam_diag_clear(&sub);
   if (beam_fit_check(&b, &c->s.conf.opts, &sub) <= 0)
     return BEAM_DIAG(d, BEAM_EINVAL, WHO ": %s", sub.msg[0] ? sub.msg : "invalid batch");
   return 0;
@@ -93,7 +94,8 @@ static int fit_now(beam_stage_t *self, cuda_t *c) {
   } else {
     beam_fit_cuda_run_t run;
     memset(&run, 0, sizeof run);
-    beam_diag_t d = {0};
+    beam_diag_t d;
+    beam_diag_clear(&d);
     int rc = beam_fit_cuda(c->ctx, &b, NULL, &s->conf.opts, &r, &run, &d);
     if (rc < 0)
       return BEAM_DIAG(&self->diag, rc, WHO ": %s", d.msg);
@@ -115,8 +117,8 @@ static int cu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *e
   if ((rc = fit_now(self, c)) < 0)
     return rc;
   uint32_t fl = c->s.conf.source == BEAM_FITS_RESULT
-                    ? (in->flags & (BEAM_FLAG_PARTIAL | BEAM_FLAG_FINAL | BEAM_FLAG_ABORTED))
-                    : BEAM_FLAG_PARTIAL;
+                    ? (uint32_t)(in->flags & (BEAM_FLAG_PARTIAL | BEAM_FLAG_FINAL | BEAM_FLAG_ABORTED))
+                    : (uint32_t)BEAM_FLAG_PARTIAL;
   beam_fits_emit(&c->s, emit, fl);
   return 0;
 }
