@@ -3,7 +3,7 @@
  *   fit --in DIR --model NAME --fits N --points T [--per-fit-x] [--reps R]
  *       [--impl cpu|ref|cuda] [--isa auto|sse2|avx2|avx512]
  *   fit --synth --fits N --points T [--u16] [--init given|auto] [--impl ...]
- *       [--mapping auto|thread|warp] [--variant 0|1] [--block 32|64|96|128]
+ *       [--mapping auto|thread|warp] [--variant 0|1|2] [--block 32|64|96|128]
  *       [--starts device|host]
  *
  * --synth makes a XANI-shaped damped-cosine batch here (frame-major

@@ -18,7 +18,7 @@ extern "C" {
 }
 
 #define FT 128 /* threads per block, both mappings (the most a launch may ask) */
-#define NVAR 2 /* launch-bounds variants of fit_kernel */
+#define NVAR 3 /* launch-bounds variants of fit_kernel */
 
 /* Everything a kernel reads, by value (one launch per batch). */
 typedef struct fit_args_s {
@@ -526,11 +526,11 @@ __device__ void finish(const fit_args_t &a, const lm_t<P> &s, size_t i, int st, 
  * every lane. */
 /* V: the launch-bounds variant (beam_fit_cuda_run_t.variant): 0 lets
  * ptxas use up to 255 registers per thread (2 blocks of FT per SM at
- * that), 1 caps them at 65536 / (4 FT) = 128 for 4 resident blocks
- * (docs/fit.md "Register pressure"). The bounds come before
+ * that), 1 caps them at 65536 / (4 FT) = 128 for 4 resident blocks, 2 at
+ * 168 for 3 (docs/fit.md "Register pressure"). The bounds come before
  * __global__ so that tests/emu/emulate.py still finds the kernel's name. */
 template <int M, typename TY, int NL, int V>
-__launch_bounds__(FT, V == 1 ? 4 : 1) __global__ void fit_kernel(const fit_args_t a) {
+__launch_bounds__(FT, V == 1 ? 4 : V == 2 ? 3 : 1) __global__ void fit_kernel(const fit_args_t a) {
   constexpr int P = model_p<M>::P, NA = FIT_NACC(P);
   size_t gt = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   size_t i = gt / NL;
@@ -663,6 +663,7 @@ static int family_m(int op, int u16, int warp, int variant, unsigned grid, unsig
   CASE1(uint16_t, 1, 1, 0, V) CASE1(uint16_t, 1, 32, 1, V)
     CASEV(0)
     CASEV(1)
+    CASEV(2)
 #undef CASEV
 #undef CASE1
   default:

@@ -196,8 +196,9 @@ typedef struct beam_fit_cuda_run_s {
                        single-threaded: the fallback), 0 = on the device
                        (gpu/fit_init_cuda.cuh, the default) */
   int variant;      /* in: fit kernel launch bounds, 0 none (up to 255
-                       registers), 1 __launch_bounds__(128, 4) (<= 128);
-                       out: the one run */
+                       registers), 1 __launch_bounds__(128, 4) (<= 128),
+                       2 __launch_bounds__(128, 3) (<= 168); out: the one
+                       run */
   int block;        /* in: threads per block, 0 = 128, else 32, 64 or 96;
                        out: the one run */
   int starts;       /* out: 0 given p0, 1 host starts, 2 device starts */

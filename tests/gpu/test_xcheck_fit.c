@@ -464,7 +464,7 @@ static void test_variants(void **st) {
   beam_fit_opts_default(&o);
   gen_t t;
   gen(&t, BEAM_FIT_DCOS, 37, 100, 0.03, 1, 0);
-  for (int v = 0; v < 2; v++)
+  for (int v = 0; v < 3; v++)
     for (int blk = 32; blk <= 128; blk *= 2) {
       beam_fit_cuda_run_t run = {.variant = v, .block = blk};
       size_t N = t.b.n_fits;
@@ -483,7 +483,7 @@ static void test_variants(void **st) {
   res_new(&g, t.b.n_fits, 5);
   beam_diag_t d = {0};
   assert_int_equal(beam_fit_cuda(ctx, &t.b, NULL, &o, &g.r, &bad, &d), BEAM_EINVAL);
-  bad = (beam_fit_cuda_run_t){.variant = 2};
+  bad = (beam_fit_cuda_run_t){.variant = 3};
   assert_int_equal(beam_fit_cuda(ctx, &t.b, NULL, &o, &g.r, &bad, &d), BEAM_EINVAL);
   res_free(&g);
   gen_free(&t);
