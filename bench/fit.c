@@ -3,14 +3,18 @@
  *   fit --in DIR --model NAME --fits N --points T [--per-fit-x] [--reps R]
  *       [--impl cpu|ref|cuda] [--isa auto|sse2|avx2|avx512]
  *   fit --synth --fits N --points T [--u16] [--init given|auto] [--impl ...]
- *       [--mapping auto|thread|warp]
+ *       [--mapping auto|thread|warp] [--variant 0|1|2] [--block 32|64|96|128]
+ *       [--starts device|host]
  *
  * --synth makes a XANI-shaped damped-cosine batch here (frame-major
  * [point][fit], shared x on [0, 10], noise 0.05; --u16: the same as
  * counts 200 + 100·f + 10·N(0,1)), so a GPU session needs no data files:
  *   fit --synth --fits 4194304 --points 100 --u16 --init given --impl cuda
  * --init given starts from the truth scattered by 2 % (a previous fit's
- * parameters); auto runs the automatic guess (on the host for cuda).
+ * parameters); auto runs the automatic guess (for cuda on the device, or
+ * with --starts host by fit_init.c on the host, single-threaded). --variant
+ * and --block pick the fit kernel's launch bounds and block size
+ * (beam_fit_cuda_run_t); the JSON names the ones that ran.
  * --impl cuda times beam_fit_cuda (context made once, outside the timing)
  * and adds its event times (h2d, kernel, d2h, host guess) of the median
  * run; without CUDA or a device it prints "skipped: no GPU (...)" and
@@ -101,6 +105,7 @@ int main(int argc, char **argv) {
   const char *in = NULL, *model = "dcos", *impl = "cpu";
   size_t N = 0, T = 0;
   int reps = 5, per_fit_x = 0, isa = 0, syn = 0, u16 = 0, given = 0, mapping = 0;
+  int variant = 0, block = 0, host_starts = 0;
   for (int i = 1; i < argc; i++) {
     const char *v = i + 1 < argc ? argv[i + 1] : "";
     if (!strcmp(argv[i], "--per-fit-x"))
@@ -113,6 +118,12 @@ int main(int argc, char **argv) {
       given = !strcmp(v, "given"), i++;
     else if (!strcmp(argv[i], "--mapping"))
       mapping = !strcmp(v, "thread") ? 1 : !strcmp(v, "warp") ? 2 : 0, i++;
+    else if (!strcmp(argv[i], "--variant"))
+      variant = atoi(v), i++;
+    else if (!strcmp(argv[i], "--block"))
+      block = atoi(v), i++;
+    else if (!strcmp(argv[i], "--starts"))
+      host_starts = !strcmp(v, "host"), i++;
     else if (!strcmp(argv[i], "--in"))
       in = v, i++;
     else if (!strcmp(argv[i], "--model"))
@@ -185,6 +196,9 @@ int main(int argc, char **argv) {
   for (int k = 0; k < reps; k++) {
     struct timespec t0, t1, c0, c1;
     runs[k].mapping = mapping;
+    runs[k].variant = variant;
+    runs[k].block = block;
+    runs[k].host_starts = host_starts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = cuda  ? beam_fit_cuda(ctx, &b, y16, &o, &r, &runs[k], &d)
@@ -237,9 +251,11 @@ int main(int argc, char **argv) {
     printf("%s\"%s\": %zu", s ? ", " : "", beam_fit_status_name(s), cnt[s]);
   printf("}");
   if (cuda)
-    printf(", \"cuda\": {\"mapping\": \"%s\", \"kernel_s\": %.6g, \"h2d_s\": %.6g, \"d2h_s\": %.6g, "
+    printf(", \"cuda\": {\"mapping\": \"%s\", \"variant\": %d, \"block\": %d, \"starts\": \"%s\", "
+           "\"kernel_s\": %.6g, \"h2d_s\": %.6g, \"d2h_s\": %.6g, "
            "\"guess_s\": %.6g, \"kernel_fits_per_s\": %.6g}",
-           mr->mapping == 2 ? "warp" : mr->mapping == 1 ? "thread" : "cpu", mr->kernel_s, mr->h2d_s,
+           mr->mapping == 2 ? "warp" : mr->mapping == 1 ? "thread" : "cpu", mr->variant, mr->block,
+           mr->starts == 2 ? "device" : mr->starts == 1 ? "host" : "given", mr->kernel_s, mr->h2d_s,
            mr->d2h_s, mr->guess_s, mr->kernel_s > 0 ? (double)N / mr->kernel_s : 0.0);
   printf("}\n");
   beam_fit_cuda_destroy(ctx);

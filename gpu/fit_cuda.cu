@@ -27,7 +27,9 @@
  *   after a two-part reduction by 2π) instead of fit_vmath.h's
  *   polynomials; masked points (w = 0) are skipped rather than computed
  *   with weight 0 (as the reference does); the warp mapping sums in a
- *   tree. Automatic starts are the CPU's (computed on the host, the same
+ *   tree. Automatic starts are made on the device by fit_init.c's method
+ *   (gpu/fit_init_cuda.cuh: same grids and selection, equal to rounding),
+ *   or with run->host_starts by fit_init.c itself on the host (the same
  *   numbers the CPU path starts from); poly runs the CPU reference (one
  *   exact solve in double, as beam_fit_cpu_range also does). */
 #include "gpu/cuda_int.h"
@@ -37,580 +39,19 @@
 #include <string.h>
 #include <time.h>
 
-extern "C" {
-#include "pipeline/fit.h"
-#include "pipeline/kern/fit_int.h"
-}
-
-#define FT 128 /* threads per block, both mappings */
-
-/* Everything a kernel reads, by value (one launch per batch). */
-typedef struct fit_args_s {
-  const void *y;
-  const float *x, *w;
-  ptrdiff_t y0, yfs, yps, x0, xfs, xps, w0, wfs, wps; /* element offsets and strides */
-  const double *p0;                                   /* N x P, always given */
-  double lo[FIT_MAXP], hi[FIT_MAXP];
-  size_t N;
-  int T, est, max_iter, abs_sigma;
-  double ftol, xtol, gtol;
-  double lambda0;
-  double *params, *errors, *cov, *chi2, *chi2_red;
-  int32_t *iters, *n_used;
-  uint8_t *status;
-} fit_args_t;
-
-template <int M> struct model_p {
-  static constexpr int P = M == BEAM_FIT_DCOS      ? 5
-                           : M == BEAM_FIT_DCOS_T0 ? 6
-                           : M == BEAM_FIT_DCOS2   ? 9
-                           : M == BEAM_FIT_EXP     ? 3
-                           : M == BEAM_FIT_STRETCH || M == BEAM_FIT_STRETCH_XT ? 4
-                                                                               : 5;
-};
-
-/* ---- reductions over the NL lanes of one fit (identity for NL = 1) ---- */
-template <int NL, typename T> __device__ __forceinline__ T lanes_sum(T v) {
-  if constexpr (NL > 1)
-    for (int m = NL / 2; m > 0; m >>= 1)
-      v += __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
-}
-template <int NL> __device__ __forceinline__ float lanes_min(float v) {
-  if constexpr (NL > 1)
-    for (int m = NL / 2; m > 0; m >>= 1)
-      v = fminf(v, __shfl_xor_sync(0xffffffffu, v, m));
-  return v;
-}
-template <int NL> __device__ __forceinline__ float lanes_max(float v) {
-  if constexpr (NL > 1)
-    for (int m = NL / 2; m > 0; m >>= 1)
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
-  return v;
-}
-
-/* ---- per point ---- */
-template <typename TY> __device__ __forceinline__ float load_y(const fit_args_t &a, ptrdiff_t q) {
-  return (float)((const TY *)a.y)[q];
-}
-
-/* x, y and the estimator's weight of point k of fit i, as beam__fit_gather
- * defines them (the weight rounded to float as the SIMD path does). */
-template <typename TY>
-__device__ __forceinline__ void load_point(const fit_args_t &a, ptrdiff_t i, ptrdiff_t k, float &x,
-                                           float &y, float &w) {
-  x = a.x[a.x0 + i * a.xfs + k * a.xps];
-  y = load_y<TY>(a, a.y0 + i * a.yfs + k * a.yps);
-  w = a.w ? a.w[a.w0 + i * a.wfs + k * a.wps] : 1.0f;
-  if (a.est == BEAM_FIT_LSE_POISSON)
-    w = isfinite(y) ? 1.0f / (y > 1.0f ? y : 1.0f) : NAN;
-}
-
-/* sin and cos of v: reduced to [-π, π] by 2π in two parts (Cody–Waite),
- * where __sincosf's absolute error is 2^-21.41; the reduction adds about
- * |v|·1e-15 (the low part's rounding), so |v| up to ~1e4 stays < 1e-6. */
-__device__ __forceinline__ void fsincos(float v, float *s, float *c) {
-  float j = rintf(v * 0.159154943091895336f);
-  float r = fmaf(-j, 6.28318548202514648f, v);
-  r = fmaf(-j, -1.74845553146951305e-7f, r);
-  __sincosf(r, s, c);
-}
-
-#define TWO_PI_F 6.28318530717958648f
-
-/* e^(-u/tau)(a cos ωu + b sin ωu), iq = 1/tau, w = ω: J[0..3], value, ∂/∂u. */
-__device__ __forceinline__ float dcos1(float A, float B, float iq, float w, float u, float *J,
-                                       float &du) {
-  float e = __expf(-u * iq), s, c;
-  fsincos(w * u, &s, &c);
-  float E = e * c, F = e * s, osc = A * E + B * F;
-  float dosc = e * (-A * s + B * c);
-  J[0] = E;
-  J[1] = F;
-  J[2] = osc * u * iq * iq;
-  J[3] = dosc * TWO_PI_F * u;
-  du = -osc * iq + dosc * w;
-  return osc;
-}
-
-/* Per trial point: what the CPU's PREP computes once per pass. */
-template <int M> __device__ __forceinline__ void prep(const float *p, float *q) {
-  if constexpr (M == BEAM_FIT_DCOS || M == BEAM_FIT_DCOS_T0) {
-    q[0] = 1.0f / p[2], q[1] = TWO_PI_F * p[3];
-  } else if constexpr (M == BEAM_FIT_DCOS2) {
-    q[0] = 1.0f / p[2], q[1] = TWO_PI_F * p[3], q[2] = 1.0f / p[6], q[3] = TWO_PI_F * p[7];
-  } else if constexpr (M == BEAM_FIT_EXP || M == BEAM_FIT_GAUSS || M == BEAM_FIT_LORENTZ) {
-    q[0] = 1.0f / p[M == BEAM_FIT_EXP ? 1 : 2];
-  } else if constexpr (M == BEAM_FIT_STRETCH || M == BEAM_FIT_STRETCH_XT) {
-    q[0] = logf(p[1]), q[1] = 1.0f / p[1];
-  } else if constexpr (M == BEAM_FIT_EXP2) {
-    q[0] = 1.0f / p[1], q[1] = 1.0f / p[3];
-  }
-}
-
-/* f(x) and J: fit_cpu.c's fp32 formulas. */
-template <int M>
-__device__ __forceinline__ float model(const float *p, const float *q, float x, float *J) {
-  if constexpr (M == BEAM_FIT_DCOS) {
-    float du, v = dcos1(p[0], p[1], q[0], q[1], x, J, du);
-    J[4] = 1.0f;
-    return v + p[4];
-  } else if constexpr (M == BEAM_FIT_DCOS_T0) {
-    float t0 = p[5], u = x > t0 ? x - t0 : 0.0f, du;
-    float v = dcos1(p[0], p[1], q[0], q[1], u, J, du);
-    J[4] = 1.0f;
-    J[5] = x > t0 ? -du : 0.0f;
-    return v + p[4];
-  } else if constexpr (M == BEAM_FIT_DCOS2) {
-    float du, v1 = dcos1(p[0], p[1], q[0], q[1], x, J, du);
-    float v2 = dcos1(p[4], p[5], q[2], q[3], x, J + 4, du);
-    J[8] = 1.0f;
-    return v1 + v2 + p[8];
-  } else if constexpr (M == BEAM_FIT_EXP) {
-    float e = __expf(-2.0f * x * q[0]);
-    J[0] = e;
-    J[1] = p[0] * e * 2.0f * x * q[0] * q[0];
-    J[2] = 1.0f;
-    return p[0] * e + p[2];
-  } else if constexpr (M == BEAM_FIT_STRETCH || M == BEAM_FIT_STRETCH_XT) {
-    /* z^β = exp(β(ln x - ln τ + K)); x <= 0: z^β = 0 and no β term. */
-    const float KEXP = M == BEAM_FIT_STRETCH ? 2.0f : 1.0f;
-    const float KLN = M == BEAM_FIT_STRETCH ? 0.0f : 0.693147180559945309f;
-    int pos = x > 0.0f;
-    float lz = pos ? __logf(x) - q[0] + KLN : 0.0f;
-    float zb = pos ? __expf(p[2] * lz) : 0.0f;
-    float e = __expf(-KEXP * zb), ae = p[0] * e * KEXP * zb;
-    J[0] = e;
-    J[1] = ae * p[2] * q[1];
-    J[2] = -ae * lz;
-    J[3] = 1.0f;
-    return p[0] * e + p[3];
-  } else if constexpr (M == BEAM_FIT_EXP2) {
-    float e1 = __expf(-2.0f * x * q[0]), e2 = __expf(-2.0f * x * q[1]);
-    J[0] = e1;
-    J[1] = p[0] * e1 * 2.0f * x * q[0] * q[0];
-    J[2] = e2;
-    J[3] = p[2] * e2 * 2.0f * x * q[1] * q[1];
-    J[4] = 1.0f;
-    return p[0] * e1 + p[2] * e2 + p[4];
-  } else if constexpr (M == BEAM_FIT_GAUSS) {
-    float z = (x - p[1]) * q[0], g = __expf(-0.5f * z * z), ag = p[0] * g;
-    J[0] = g;
-    J[1] = ag * z * q[0];
-    J[2] = ag * z * z * q[0];
-    J[3] = 1.0f;
-    J[4] = x;
-    return ag + p[3] + p[4] * x;
-  } else { /* LORENTZ */
-    float z = (x - p[1]) * q[0], lo = 1.0f / (1.0f + z * z), a2 = 2.0f * p[0] * lo * lo;
-    J[0] = lo;
-    J[1] = a2 * z * q[0];
-    J[2] = a2 * z * z * q[0];
-    J[3] = 1.0f;
-    J[4] = x;
-    return p[0] * lo + p[3] + p[4] * x;
-  }
-}
-
-/* One pass at pt: acc[0] χ² (or deviance), acc[1..P] Jᵀr, then packed
- * upper JᵀWJ; summed over this lane's points, then over the lanes. */
-template <int M, typename TY, int NL>
-__device__ void pass(const fit_args_t &a, ptrdiff_t i, unsigned lane, const double *pt,
-                     double *acc) {
-  constexpr int P = model_p<M>::P, NA = FIT_NACC(P);
-  float pf[P], q[4] = {0, 0, 0, 0};
-#pragma unroll
-  for (int j = 0; j < P; j++)
-    pf[j] = (float)pt[j];
-  prep<M>(pf, q);
-#pragma unroll
-  for (int j = 0; j < NA; j++)
-    acc[j] = 0;
-  int badf = 0;
-  const int mle = a.est == BEAM_FIT_MLE;
-  for (int k = (int)lane; k < a.T; k += NL) {
-    float x, y, w, J[P];
-    load_point<TY>(a, i, k, x, y, w);
-    if (!(w > 0.0f))
-      continue; /* masked: the gather zeroed its weight */
-    float f = model<M>(pf, q, x, J), r = y - f, wf;
-    double c2;
-    if (mle) {
-      badf |= !(f > 0.0f);
-      float fs = f > 0.0f ? f : 1.0f, ys = y > 0.0f ? y : 1.0f;
-      float dv = y > 0.0f ? 2.0f * (f - y) - 2.0f * y * __logf(fs / ys) : 2.0f * f;
-      wf = 1.0f / fs;
-      c2 = (double)dv;
-    } else {
-      wf = w;
-      c2 = (double)w * (double)r * (double)r;
-    }
-    double wr = (double)wf * (double)r, dj[P];
-    acc[0] += c2;
-#pragma unroll
-    for (int j = 0; j < P; j++) {
-      dj[j] = (double)J[j];
-      acc[1 + j] += dj[j] * wr;
-    }
-    int idx = 1 + P;
-#pragma unroll
-    for (int j = 0; j < P; j++) {
-      double wj = (double)wf * dj[j];
-#pragma unroll
-      for (int m = j; m < P; m++)
-        acc[idx++] += wj * dj[m];
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < NA; j++)
-    acc[j] = lanes_sum<NL>(acc[j]);
-  badf = lanes_sum<NL>(badf);
-  if (badf || !isfinite(acc[0]))
-    acc[0] = INFINITY;
-}
-
-/* ---- LM control: fit_lm.c for a fixed P ---- */
-template <int P> struct lm_t {
-  double p[P], pt[P], g[P], H[FIT_NH(P)], D[P], chi2, lambda, nu;
-  int iter, started;
-};
-
-/* Index of H_jk (j <= k) in the packed upper triangle. */
-__host__ __device__ constexpr int hix(int P, int j, int k) {
-  return j <= k ? j * P - j * (j - 1) / 2 + (k - j) : k * P - k * (k - 1) / 2 + (j - k);
-}
-
-__device__ __forceinline__ double clampd(double v, double lo, double hi) {
-  return v < lo ? lo : v > hi ? hi : v;
-}
-
-/* beam__fit_chol_solve on the full n x n A (lower triangle used). */
-template <int P> __device__ int chol(double *A) {
-#pragma unroll
-  for (int j = 0; j < P; j++) {
-    double s = A[j * P + j];
-#pragma unroll
-    for (int k = 0; k < j; k++)
-      s -= A[j * P + k] * A[j * P + k];
-    if (!(s > 1e-13 * fabs(A[j * P + j])) || !(s > 0))
-      return -1;
-    double r = sqrt(s);
-    A[j * P + j] = r;
-#pragma unroll
-    for (int i = j + 1; i < P; i++) {
-      double t = A[i * P + j];
-#pragma unroll
-      for (int k = 0; k < j; k++)
-        t -= A[i * P + k] * A[j * P + k];
-      A[i * P + j] = t / r;
-    }
-  }
-  return 0;
-}
-
-template <int P> __device__ void chol_apply(const double *A, const double *b, double *x) {
-#pragma unroll
-  for (int i = 0; i < P; i++) {
-    double t = b[i];
-#pragma unroll
-    for (int k = 0; k < i; k++)
-      t -= A[i * P + k] * x[k];
-    x[i] = t / A[i * P + i];
-  }
-#pragma unroll
-  for (int i = P - 1; i >= 0; i--) {
-    double t = x[i];
-#pragma unroll
-    for (int k = i + 1; k < P; k++)
-      t -= A[k * P + i] * x[k];
-    x[i] = t / A[i * P + i];
-  }
-}
-
-template <int P> __device__ void take(lm_t<P> &s, const double *acc) {
-  s.chi2 = acc[0];
-#pragma unroll
-  for (int j = 0; j < P; j++)
-    s.p[j] = s.pt[j], s.g[j] = acc[1 + j];
-#pragma unroll
-  for (int j = 0; j < FIT_NH(P); j++)
-    s.H[j] = acc[1 + P + j];
-#pragma unroll
-  for (int j = 0; j < P; j++) {
-    double h = s.H[hix(P, j, j)];
-    if (h > s.D[j])
-      s.D[j] = h;
-  }
-}
-
-template <int P> __device__ int converged(const lm_t<P> &s, const fit_args_t &a) {
-#pragma unroll
-  for (int j = 0; j < P; j++)
-    if (a.lo[j] != a.hi[j] && (s.p[j] == a.lo[j] || s.p[j] == a.hi[j]))
-      return BEAM_FIT_BOUND;
-  return BEAM_FIT_CONVERGED;
-}
-
-template <int P> __device__ int is_free(const lm_t<P> &s, const fit_args_t &a, int j) {
-  if (a.lo[j] == a.hi[j])
-    return 0;
-  if (s.p[j] <= a.lo[j] && s.g[j] < 0)
-    return 0;
-  if (s.p[j] >= a.hi[j] && s.g[j] > 0)
-    return 0;
-  return 1;
-}
-
-template <int P> __device__ int grad_small(const lm_t<P> &s, const fit_args_t &a) {
-  if (!(s.chi2 > 0))
-    return 1;
-#pragma unroll
-  for (int j = 0; j < P; j++) {
-    double h = s.H[hix(P, j, j)];
-    if (is_free(s, a, j) && h > 0 && !(fabs(s.g[j]) <= a.gtol * sqrt(h * s.chi2)))
-      return 0;
-  }
-  return 1;
-}
-
-template <int P> __device__ int step_small(const lm_t<P> &s, const fit_args_t &a, const double *dp) {
-  double n2 = 0, p2 = 0;
-#pragma unroll
-  for (int j = 0; j < P; j++) {
-    n2 += s.D[j] * dp[j] * dp[j];
-    p2 += s.D[j] * s.p[j] * s.p[j];
-  }
-  return sqrt(n2) <= a.xtol * (sqrt(p2) + a.xtol);
-}
-
-template <int P> __device__ int propose(lm_t<P> &s, const fit_args_t &a) {
-  int fr[P], n = 0;
-#pragma unroll
-  for (int j = 0; j < P; j++)
-    n += fr[j] = is_free(s, a, j);
-  if (n == 0)
-    return converged(s, a);
-  double A[P * P], b[P], d[P];
-  for (int tries = 0;; tries++) {
-#pragma unroll
-    for (int j = 0; j < P; j++) {
-#pragma unroll
-      for (int k = 0; k < P; k++)
-        A[j * P + k] = fr[j] && fr[k] ? s.H[hix(P, j, k)] : (double)(j == k);
-      if (fr[j])
-        A[j * P + j] += s.lambda * s.D[j];
-      b[j] = fr[j] ? s.g[j] : 0.0;
-    }
-    if (chol<P>(A) == 0)
-      break;
-    if (tries == 8)
-      return BEAM_FIT_SINGULAR;
-    s.lambda = s.lambda > 0 ? s.lambda * s.nu : 1e-6;
-    s.nu *= 2;
-  }
-  chol_apply<P>(A, b, d);
-  int moved = 0;
-#pragma unroll
-  for (int j = 0; j < P; j++) {
-    s.pt[j] = fr[j] ? clampd(s.p[j] + d[j], a.lo[j], a.hi[j]) : s.p[j];
-    moved |= s.pt[j] != s.p[j];
-  }
-  return moved ? -1 : converged(s, a);
-}
-
-template <int P> __device__ int lm_next(lm_t<P> &s, const fit_args_t &a, const double *acc) {
-  double chi2t = acc[0];
-  if (!s.started) {
-    if (!isfinite(chi2t))
-      return BEAM_FIT_BAD_INPUT;
-    take(s, acc);
-    s.started = 1;
-    s.lambda = a.lambda0;
-    s.nu = 2;
-    if (grad_small(s, a))
-      return converged(s, a);
-    return propose(s, a);
-  }
-  s.iter++;
-  double dp[P], pred = 0;
-#pragma unroll
-  for (int j = 0; j < P; j++)
-    dp[j] = s.pt[j] - s.p[j];
-#pragma unroll
-  for (int j = 0; j < P; j++) {
-    double hd = 0;
-#pragma unroll
-    for (int k = 0; k < P; k++)
-      hd += s.H[hix(P, j, k)] * dp[k];
-    pred += dp[j] * (2 * s.g[j] - hd);
-  }
-  double actual = s.chi2 - chi2t;
-  if (actual > 0) {
-    double rho = pred > 0 ? actual / pred : 1, old = s.chi2, t = 2 * rho - 1;
-    double f = 1 - t * t * t;
-    s.lambda *= f > 1.0 / 3 ? f : 1.0 / 3;
-    s.nu = 2;
-    take(s, acc);
-    if (actual <= a.ftol * old || step_small(s, a, dp) || grad_small(s, a))
-      return converged(s, a);
-  } else {
-    if (step_small(s, a, dp))
-      return converged(s, a);
-    s.lambda *= s.nu;
-    s.nu *= 2;
-    if (!(s.lambda < 1e30))
-      return converged(s, a);
-  }
-  if (s.iter >= a.max_iter)
-    return BEAM_FIT_MAX_ITER;
-  return propose(s, a);
-}
-
-/* beam__fit_fail: a fit that never ran. */
-template <int P> __device__ void fail(const fit_args_t &a, size_t i, int st, int n_used) {
-#pragma unroll
-  for (int j = 0; j < P; j++) {
-    a.params[i * P + j] = NAN;
-    if (a.errors)
-      a.errors[i * P + j] = NAN;
-  }
-  if (a.cov)
-    for (int j = 0; j < P * P; j++)
-      a.cov[i * P * P + j] = NAN;
-  if (a.chi2)
-    a.chi2[i] = NAN;
-  if (a.chi2_red)
-    a.chi2_red[i] = NAN;
-  if (a.iters)
-    a.iters[i] = 0;
-  if (a.n_used)
-    a.n_used[i] = n_used;
-  a.status[i] = (uint8_t)st;
-}
-
-/* beam__fit_lm_finish: cov = H⁻¹·scale from one factorisation. */
-template <int P>
-__device__ void finish(const fit_args_t &a, const lm_t<P> &s, size_t i, int st, int n_used) {
-  if (st == BEAM_FIT_BAD_INPUT || !s.started) {
-    fail<P>(a, i, st, n_used);
-    return;
-  }
-  int dof = n_used - P;
-  double scale = a.est != BEAM_FIT_MLE && !a.abs_sigma ? s.chi2 / dof : 1;
-  double A[P * P];
-#pragma unroll
-  for (int j = 0; j < P; j++)
-#pragma unroll
-    for (int k = 0; k < P; k++)
-      A[j * P + k] = s.H[hix(P, j, k)];
-  int sing = chol<P>(A) != 0;
-  if (sing)
-    st = BEAM_FIT_SINGULAR;
-  /* Column k of H⁻¹ at a time: only its diagonal entry is kept unless
-   * the covariance is wanted. */
-#pragma unroll 1
-  for (int k = 0; k < P; k++) {
-    double e[P], col[P];
-#pragma unroll
-    for (int j = 0; j < P; j++)
-      e[j] = j == k;
-    if (!sing)
-      chol_apply<P>(A, e, col);
-#pragma unroll
-    for (int j = 0; j < P; j++)
-      col[j] = sing ? NAN : col[j] * scale;
-    if (a.cov)
-#pragma unroll
-      for (int j = 0; j < P; j++)
-        a.cov[(i * P + j) * P + k] = col[j];
-    a.params[i * P + k] = s.p[k];
-    if (a.errors) {
-      double v = 0;
-#pragma unroll
-      for (int j = 0; j < P; j++)
-        v = j == k ? col[j] : v;
-      a.errors[i * P + k] = v >= 0 ? sqrt(v) : NAN;
-    }
-  }
-  if (a.chi2)
-    a.chi2[i] = s.chi2;
-  if (a.chi2_red)
-    a.chi2_red[i] = s.chi2 / dof;
-  if (a.iters)
-    a.iters[i] = s.iter;
-  if (a.n_used)
-    a.n_used[i] = n_used;
-  a.status[i] = (uint8_t)st;
-}
-
-/* The fused kernel: fit i = global thread / NL. A fit's NL lanes are one
- * warp (or one thread), so they leave together and the shuffles see
- * every lane. */
-template <int M, typename TY, int NL> __global__ void fit_kernel(const fit_args_t a) {
-  constexpr int P = model_p<M>::P, NA = FIT_NACC(P);
-  size_t gt = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  size_t i = gt / NL;
-  unsigned lane = (unsigned)(gt % NL);
-  if (i >= a.N)
-    return;
-  ptrdiff_t ii = (ptrdiff_t)i;
-  /* The checks of beam__fit_gather, over this lane's points. */
-  int bad = 0, n = 0;
-  float ymin = INFINITY, ymax = -INFINITY;
-  for (int k = (int)lane; k < a.T; k += NL) {
-    float x, y, w;
-    load_point<TY>(a, ii, k, x, y, w);
-    if (!(w >= 0.0f) || !isfinite(w))
-      bad = 1;
-    else if (w > 0.0f) {
-      if (!isfinite(x) || !isfinite(y) || (a.est == BEAM_FIT_MLE && y < 0.0f))
-        bad = 1;
-      n++;
-      ymin = fminf(ymin, y);
-      ymax = fmaxf(ymax, y);
-    }
-  }
-  bad = lanes_sum<NL>(bad);
-  n = lanes_sum<NL>(n);
-  ymin = lanes_min<NL>(ymin);
-  ymax = lanes_max<NL>(ymax);
-  int st = -1;
-  if (bad)
-    st = BEAM_FIT_BAD_INPUT;
-  else if (n <= P)
-    st = BEAM_FIT_TOO_FEW;
-  else if (ymin == ymax)
-    st = BEAM_FIT_BAD_INPUT;
-  if (st >= 0) {
-    if (lane == 0)
-      fail<P>(a, i, st, n);
-    return;
-  }
-  lm_t<P> s;
-#pragma unroll
-  for (int j = 0; j < P; j++) {
-    s.p[j] = s.pt[j] = clampd(a.p0[i * P + j], a.lo[j], a.hi[j]);
-    s.g[j] = s.D[j] = 0;
-  }
-  s.chi2 = s.lambda = s.nu = 0;
-  s.iter = s.started = 0;
-  double acc[NA];
-  do {
-    pass<M, TY, NL>(a, ii, lane, s.pt, acc);
-    st = lm_next<P>(s, a, acc);
-  } while (st < 0);
-  if (lane == 0)
-    finish<P>(a, s, i, st, n);
-}
+#include "gpu/fit_kern.cuh"
 
 /* ---- host side ---- */
-enum { B_Y, B_X, B_W, B_P0, B_PAR, B_ERR, B_COV, B_CHI, B_CHR, B_IT, B_NU, B_ST, NBUF };
+/* inputs, results (B_PAR..B_ST, copied back), device-start scratch */
+enum { B_Y, B_X, B_W, B_P0, B_PAR, B_ERR, B_COV, B_CHI, B_CHR, B_IT, B_NU, B_ST,
+       B_PREP, B_TC, B_TS, B_PW, NBUF };
+#define NEV 5 /* h2d | starts | kernel | d2h */
 
 struct beam_fit_cuda_s {
   beam_cuda_ctx_t cx;
   void *d[NBUF];
   size_t cap[NBUF];
-  cudaEvent_t ev[4];
+  cudaEvent_t ev[NEV];
   void *host;     /* packing and p0 staging, grows */
   size_t host_cap;
   void *ws;       /* CPU workspace: the starts' guess, poly */
@@ -631,7 +72,7 @@ extern "C" void beam_fit_cuda_destroy(beam_fit_cuda_t *c) {
     return;
   if (c->cx.stream)
     cudaSetDevice(c->cx.dev);
-  for (int k = 0; k < 4; k++)
+  for (int k = 0; k < NEV; k++)
     if (c->ev[k])
       cudaEventDestroy(c->ev[k]);
   beam__cuda_ctx_fini(&c->cx);
@@ -642,27 +83,38 @@ extern "C" void beam_fit_cuda_destroy(beam_fit_cuda_t *c) {
   free(c);
 }
 
-static int create_(beam_fit_cuda_t *c, beam_diag_t *d) {
-  int rc = beam__cuda_ctx_init(&c->cx, "fit", d);
-  if (rc)
-    return rc;
-  for (int k = 0; k < 4; k++)
+/* beam__cuda_ctx_init on device dev instead of 0. */
+static int create_(beam_fit_cuda_t *c, int dev, beam_diag_t *d) {
+  char why[256] = "";
+  int n = beam_gpu_count(why, sizeof why);
+  if (n <= 0)
+    return BEAM_DIAG(d, BEAM_ENOTSUP, "fit: backend cuda needs a CUDA device: %s", why);
+  if (dev < 0 || dev >= n)
+    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: device %d of %d", dev, n);
+  c->cx.dev = dev;
+  BEAM_CUDA_TRY(d, cudaSetDevice(dev));
+  BEAM_CUDA_TRY(d, cudaStreamCreateWithFlags(&c->cx.stream, cudaStreamNonBlocking));
+  for (int k = 0; k < NEV; k++)
     BEAM_CUDA_TRY(d, cudaEventCreate(&c->ev[k]));
   return 0;
 }
 
-extern "C" int beam_fit_cuda_create(beam_fit_cuda_t **out, beam_diag_t *d) {
+extern "C" int beam_fit_cuda_create_dev(beam_fit_cuda_t **out, int dev, beam_diag_t *d) {
   *out = NULL;
   beam_fit_cuda_t *c = (beam_fit_cuda_t *)calloc(1, sizeof *c);
   if (!c)
     return BEAM_DIAG(d, BEAM_ENOMEM, "fit cuda: context");
-  int rc = create_(c, d);
+  int rc = create_(c, dev, d);
   if (rc) {
     beam_fit_cuda_destroy(c);
     return rc;
   }
   *out = c;
   return 0;
+}
+
+extern "C" int beam_fit_cuda_create(beam_fit_cuda_t **out, beam_diag_t *d) {
+  return beam_fit_cuda_create_dev(out, 0, d);
 }
 
 /* Element offsets of the corners of an N x T strided array: [lo, hi]. */
@@ -746,29 +198,87 @@ static int host_guess(beam_fit_cuda_t *c, const fit_ctx_t *cx, double *p0, beam_
   return 0;
 }
 
-/* One launch of the batch's kernel; -1 for a model without one. */
-static int launch(int model, int u16, int warp, unsigned grid, cudaStream_t st, const fit_args_t &a) {
-  switch (model * 4 + u16 * 2 + warp) {
-#define CASES(M)                                                                           \
-  case M * 4 + 0: fit_kernel<M, float, 1><<<grid, FT, 0, st>>>(a); return 0;               \
-  case M * 4 + 1: fit_kernel<M, float, 32><<<grid, FT, 0, st>>>(a); return 0;              \
-  case M * 4 + 2: fit_kernel<M, uint16_t, 1><<<grid, FT, 0, st>>>(a); return 0;            \
-  case M * 4 + 3: fit_kernel<M, uint16_t, 32><<<grid, FT, 0, st>>>(a); return 0;
-    CASES(BEAM_FIT_DCOS)
-    CASES(BEAM_FIT_DCOS_T0)
-    CASES(BEAM_FIT_DCOS2)
-    CASES(BEAM_FIT_EXP)
-    CASES(BEAM_FIT_STRETCH)
-    CASES(BEAM_FIT_STRETCH_XT)
-    CASES(BEAM_FIT_EXP2)
-    CASES(BEAM_FIT_GAUSS)
-    CASES(BEAM_FIT_LORENTZ)
-#undef CASES
+/* The family (translation unit gpu/fit_k_*.cu) of each model. */
+static fit_family_fn family_of(int model) {
+  switch (model) {
+  case BEAM_FIT_DCOS:
+  case BEAM_FIT_DCOS_T0:
+    return beam__fit_family_dcos;
+  case BEAM_FIT_DCOS2:
+    return beam__fit_family_dcos2;
+  case BEAM_FIT_EXP:
+  case BEAM_FIT_STRETCH:
+  case BEAM_FIT_STRETCH_XT:
+  case BEAM_FIT_EXP2:
+    return beam__fit_family_exp;
+  case BEAM_FIT_GAUSS:
+  case BEAM_FIT_LORENTZ:
+    return beam__fit_family_peak;
   default:
-    return -1;
+    return NULL;
   }
 }
 
+/* A launcher's CUDA error as a diagnostic (as BEAM_CUDA_LAUNCHED). */
+static int launched(int e, const char *what, beam_diag_t *d) {
+  if (e == 0)
+    return 0;
+  if (e < 0)
+    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: no %s for this model", what);
+  cudaError_t ce = (cudaError_t)e;
+  return beam_diag_set(d, BEAM_ECUDA, __FILE__, __LINE__, "launch of %s: %s (%s)", what,
+                       cudaGetErrorName(ce), cudaGetErrorString(ce));
+}
+
+/* The device starts (gpu/fit_init_cuda.cuh): scratch reserved here (the
+ * per-fit prep, the shared-x periodogram table for dcos*, the
+ * periodogram scratch in chunks of fits), the kernels in the family. */
+#define PW_BYTES ((size_t)256 << 20)
+#define TAB_BYTES ((size_t)64 << 20)
+static int dev_starts(beam_fit_cuda_t *c, int model, int u16, const fit_args_t &a, int shared,
+                      beam_diag_t *d) {
+  fit_family_fn fam = family_of(model);
+  if (!fam)
+    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: no device start for model %d", model);
+  int dc = model == BEAM_FIT_DCOS || model == BEAM_FIT_DCOS_T0 || model == BEAM_FIT_DCOS2;
+  size_t N = a.N, T = (size_t)a.T;
+  start_plan_t sp;
+  memset(&sp, 0, sizeof sp);
+  sp.n16 = (N + GL - 1) / GL * GL;
+  sp.shared = shared;
+  sp.p0 = (double *)c->d[B_P0];
+  int rc = beam__dbuf_reserve(&c->d[B_PREP], &c->cap[B_PREP], sizeof(double) * FP_N * sp.n16, d);
+  if (rc)
+    return rc;
+  sp.prep = (double *)c->d[B_PREP];
+  if (dc) {
+    size_t nf = T > 2 ? T - 1 : 1;
+    sp.nf = (int)(nf > 2048 ? 2048 : nf);
+    size_t tab = sizeof(double) * (size_t)sp.nf * T;
+    if (shared && tab <= TAB_BYTES) {
+      if ((rc = beam__dbuf_reserve(&c->d[B_TC], &c->cap[B_TC], tab, d)) ||
+          (rc = beam__dbuf_reserve(&c->d[B_TS], &c->cap[B_TS], tab, d)))
+        return rc;
+      sp.tc = (double *)c->d[B_TC], sp.ts = (double *)c->d[B_TS];
+    }
+    size_t per = sizeof(double) * (size_t)sp.nf;
+    sp.chunk = PW_BYTES / per;
+    sp.chunk = sp.chunk < 1 ? 1 : sp.chunk > N ? N : sp.chunk;
+    if ((rc = beam__dbuf_reserve(&c->d[B_PW], &c->cap[B_PW], per * sp.chunk, d)))
+      return rc;
+    sp.pw = (double *)c->d[B_PW];
+  }
+  return launched(fam(1, model, u16, 0, 0, 0, 0, c->cx.stream, a, &sp), "fit start kernels", d);
+}
+
+/* One launch of the batch's fit kernel. */
+static int launch(int model, int u16, int warp, int variant, unsigned grid, unsigned block,
+                  cudaStream_t st, const fit_args_t &a, beam_diag_t *d) {
+  fit_family_fn fam = family_of(model);
+  if (!fam)
+    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: no kernel for model %d", model);
+  return launched(fam(0, model, u16, warp, variant, grid, block, st, a, NULL), "fit_kernel", d);
+}
 /* Copies one result array back into the caller's (NULL: not wanted). */
 #define BACK(k, dst, bytes)                                                                \
   do {                                                                                     \
@@ -777,9 +287,10 @@ static int launch(int model, int u16, int warp, unsigned grid, cudaStream_t st, 
                                        c->cx.stream));                                     \
   } while (0)
 
+/* p0_out: only the starts (beam_fit_cuda_starts), r unused. */
 static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y16,
                 const beam_fit_opts_t *o, beam_fit_result_t *r, beam_fit_cuda_run_t *run,
-                beam_diag_t *d) {
+                double *p0_out, beam_diag_t *d) {
   double t0 = now_s();
   beam_fit_batch_t bb = *b;
   if (y16)
@@ -788,10 +299,15 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
   int rc = beam__fit_ctx(&cx, &bb, o, d);
   if (rc < 0)
     return rc;
-  if (!r || !r->params || !r->status)
+  if (!p0_out && (!r || !r->params || !r->status))
     return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: params and status results are required");
+  if (p0_out && (o->init != BEAM_FIT_INIT_AUTO || b->model == BEAM_FIT_POLY))
+    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: starts are for INIT_AUTO and a nonlinear model");
   size_t N = b->n_fits, T = b->n_points;
   int P = cx.P, warp = run && run->mapping ? run->mapping == 2 : T > 256;
+  int host_starts = run && run->host_starts, variant = run ? run->variant : 0;
+  unsigned block = run && run->block ? (unsigned)run->block : FT;
+  int auto_ = o->init == BEAM_FIT_INIT_AUTO, dev_auto = auto_ && !host_starts;
   if (run)
     memset(run, 0, sizeof *run);
   if (N == 0)
@@ -800,7 +316,7 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
     return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: n_points %zu too large", T);
   /* Counts as float for the host-side work (starts, poly): exact. */
   float *yf = NULL;
-  if (y16 && (b->model == BEAM_FIT_POLY || o->init == BEAM_FIT_INIT_AUTO)) {
+  if (y16 && (b->model == BEAM_FIT_POLY || (auto_ && host_starts))) {
     ptrdiff_t lo, hi;
     span_of(N, T, b->y_fit_stride, b->y_point_stride, &lo, &hi);
     yf = (float *)malloc(sizeof(float) * (size_t)(hi - lo + 1));
@@ -824,10 +340,11 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
   BEAM_CUDA_TRY(d, cudaSetDevice(c->cx.dev));
   fit_args_t a;
   memset(&a, 0, sizeof a);
-  /* p0: the caller's, or the CPU's automatic guess, staged on the host. */
+  /* p0: the caller's, the CPU's automatic guess staged on the host
+   * (host_starts), or made on the device after the uploads. */
   double tg = now_s();
   const double *p0 = b->p0;
-  if (o->init == BEAM_FIT_INIT_AUTO) {
+  if (auto_ && host_starts) {
     fit_ctx_t gx = cx;
     gx.b = &bb;
     rc = grow_host(&c->host, &c->host_cap, sizeof(double) * N * (size_t)P, d);
@@ -840,14 +357,15 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
     p0 = (const double *)c->host;
   }
   free(yf);
-  if (run)
+  if (run && !dev_auto)
     run->guess_s = now_s() - tg;
   BEAM_CUDA_TRY(d, cudaEventRecord(c->ev[0], c->cx.stream));
   rc = beam__dbuf_reserve(&c->d[B_P0], &c->cap[B_P0], sizeof(double) * N * (size_t)P, d);
   if (rc)
     return rc;
-  BEAM_CUDA_TRY(d, cudaMemcpyAsync(c->d[B_P0], p0, sizeof(double) * N * (size_t)P,
-                                   cudaMemcpyHostToDevice, c->cx.stream));
+  if (!dev_auto)
+    BEAM_CUDA_TRY(d, cudaMemcpyAsync(c->d[B_P0], p0, sizeof(double) * N * (size_t)P,
+                                     cudaMemcpyHostToDevice, c->cx.stream));
   /* The staging buffer (the guessed p0) is reused by the uploads. */
   if (p0 == c->host)
     BEAM_CUDA_TRY(d, cudaStreamSynchronize(c->cx.stream));
@@ -861,6 +379,20 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
                 d);
   if (rc)
     return rc;
+  if (p0_out) {
+    for (int j = 0; j < P; j++)
+      a.lo[j] = cx.lo[j], a.hi[j] = cx.hi[j];
+    a.y = c->d[B_Y];
+    a.x = (const float *)c->d[B_X];
+    a.w = b->w ? (const float *)c->d[B_W] : NULL;
+    a.N = N, a.T = (int)T, a.est = o->estimator;
+    if (dev_auto && (rc = dev_starts(c, b->model, y16 != NULL, a, b->x_fit_stride == 0, d)))
+      return rc;
+    BEAM_CUDA_TRY(d, cudaMemcpyAsync(p0_out, c->d[B_P0], sizeof(double) * N * (size_t)P,
+                                     cudaMemcpyDeviceToHost, c->cx.stream));
+    BEAM_CUDA_TRY(d, cudaStreamSynchronize(c->cx.stream));
+    return 0;
+  }
   size_t want[NBUF] = {0};
   want[B_PAR] = want[B_ERR] = sizeof(double) * N * (size_t)P;
   want[B_COV] = want[B_PAR] * (size_t)P;
@@ -870,7 +402,7 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
   const void *dst[NBUF] = {0};
   dst[B_PAR] = r->params, dst[B_ERR] = r->errors, dst[B_COV] = r->cov, dst[B_CHI] = r->chi2;
   dst[B_CHR] = r->chi2_red, dst[B_IT] = r->iters, dst[B_NU] = r->n_used, dst[B_ST] = r->status;
-  for (int k = B_PAR; k < NBUF; k++)
+  for (int k = B_PAR; k <= B_ST; k++)
     if (dst[k] && (rc = beam__dbuf_reserve(&c->d[k], &c->cap[k], want[k], d)))
       return rc;
   a.y = c->d[B_Y];
@@ -894,13 +426,16 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
   a.n_used = r->n_used ? (int32_t *)c->d[B_NU] : NULL;
   a.status = (uint8_t *)c->d[B_ST];
   BEAM_CUDA_TRY(d, cudaEventRecord(c->ev[1], c->cx.stream));
-  size_t threads = N * (warp ? 32 : 1), grid = (threads + FT - 1) / FT;
+  size_t threads = N * (warp ? 32 : 1), grid = (threads + block - 1) / block;
   if (grid > 0x7fffffffu)
     return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: %zu fits exceed one launch", N);
-  if (launch(b->model, y16 != NULL, warp, (unsigned)grid, c->cx.stream, a) != 0)
-    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: no kernel for model %d", (int)b->model);
-  BEAM_CUDA_LAUNCHED(d, "fit_kernel");
+  if (dev_auto && (rc = dev_starts(c, b->model, y16 != NULL, a, b->x_fit_stride == 0, d)))
+    return rc;
   BEAM_CUDA_TRY(d, cudaEventRecord(c->ev[2], c->cx.stream));
+  if ((rc = launch(b->model, y16 != NULL, warp, variant, (unsigned)grid, block, c->cx.stream, a,
+                   d)))
+    return rc;
+  BEAM_CUDA_TRY(d, cudaEventRecord(c->ev[3], c->cx.stream));
   BACK(B_PAR, r->params, want[B_PAR]);
   BACK(B_ERR, r->errors, want[B_ERR]);
   BACK(B_COV, r->cov, want[B_COV]);
@@ -909,14 +444,19 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
   BACK(B_IT, r->iters, want[B_IT]);
   BACK(B_NU, r->n_used, want[B_NU]);
   BACK(B_ST, r->status, want[B_ST]);
-  BEAM_CUDA_TRY(d, cudaEventRecord(c->ev[3], c->cx.stream));
-  BEAM_CUDA_TRY(d, cudaEventSynchronize(c->ev[3]));
+  BEAM_CUDA_TRY(d, cudaEventRecord(c->ev[4], c->cx.stream));
+  BEAM_CUDA_TRY(d, cudaEventSynchronize(c->ev[4]));
   if (run) {
-    float ms[3];
-    for (int k = 0; k < 3; k++)
+    float ms[NEV - 1];
+    for (int k = 0; k < NEV - 1; k++)
       BEAM_CUDA_TRY(d, cudaEventElapsedTime(&ms[k], c->ev[k], c->ev[k + 1]));
     run->mapping = warp ? 2 : 1;
-    run->h2d_s = 1e-3 * ms[0], run->kernel_s = 1e-3 * ms[1], run->d2h_s = 1e-3 * ms[2];
+    run->variant = variant;
+    run->block = (int)block;
+    run->starts = !auto_ ? 0 : host_starts ? 1 : 2;
+    run->h2d_s = 1e-3 * ms[0], run->kernel_s = 1e-3 * ms[2], run->d2h_s = 1e-3 * ms[3];
+    if (dev_auto)
+      run->guess_s = 1e-3 * ms[1];
     run->total_s = now_s() - t0;
   }
   return 0;
@@ -930,8 +470,27 @@ extern "C" int beam_fit_cuda(beam_fit_cuda_t *c, const beam_fit_batch_t *b, cons
   int mapping = run ? run->mapping : 0;
   if (mapping < 0 || mapping > 2)
     return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: mapping %d is not 0, 1 or 2", mapping);
-  int rc = fit_(c, b, y16, o, r, run, d);
+  if (run && (run->variant < 0 || run->variant >= NVAR))
+    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: variant %d is not 0..%d", run->variant, NVAR - 1);
+  if (run && run->block && (run->block < 32 || run->block > FT || run->block % 32))
+    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: block %d is not 32, 64, 96 or %d", run->block,
+                     FT);
+  int rc = fit_(c, b, y16, o, r, run, NULL, d);
   if (rc && c->cx.stream)
     cudaStreamSynchronize(c->cx.stream); /* nothing of this call stays queued */
+  return rc;
+}
+
+extern "C" int beam_fit_cuda_starts(beam_fit_cuda_t *c, const beam_fit_batch_t *b,
+                                    const uint16_t *y16, const beam_fit_opts_t *o, int host,
+                                    double *p0, beam_diag_t *d) {
+  if (!c || !b || !o || !p0)
+    return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: NULL context, batch, options or p0");
+  beam_fit_cuda_run_t run;
+  memset(&run, 0, sizeof run);
+  run.host_starts = host;
+  int rc = fit_(c, b, y16, o, NULL, &run, p0, d);
+  if (rc && c->cx.stream)
+    cudaStreamSynchronize(c->cx.stream);
   return rc;
 }

@@ -59,6 +59,7 @@ STUB_OPS(xpcs_multitau)
 STUB_OPS(xpcs_twotime)
 STUB_OPS(pca)
 STUB_OPS(ptycho_dm)
+STUB_OPS(fit)
 
 /* The DM ptychography engine's CUDA backend (pipeline/ptycho/dm_int.h). */
 #include "pipeline/ptycho/dm_int.h"
@@ -92,10 +93,20 @@ int beam_fit_cuda_create(beam_fit_cuda_t **c, beam_diag_t *d) {
   return BEAM_DIAG(d, BEAM_ENOTSUP, "fit: backend cuda is not available: beamd was " NO_CUDA
                    " (rebuild with CUDA=1, or use beam_fit_cpu_range)");
 }
+int beam_fit_cuda_create_dev(beam_fit_cuda_t **c, int dev, beam_diag_t *d) {
+  (void)dev;
+  return beam_fit_cuda_create(c, d);
+}
 void beam_fit_cuda_destroy(beam_fit_cuda_t *c) { (void)c; }
 int beam_fit_cuda(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y16,
                   const beam_fit_opts_t *o, beam_fit_result_t *r, beam_fit_cuda_run_t *run,
                   beam_diag_t *d) {
   (void)c, (void)b, (void)y16, (void)o, (void)r, (void)run;
+  return BEAM_DIAG(d, BEAM_ENOTSUP, "fit: " NO_CUDA);
+}
+int beam_fit_cuda_starts(struct beam_fit_cuda_s *c, const struct beam_fit_batch_s *b,
+                         const uint16_t *y16, const struct beam_fit_opts_s *o, int host,
+                         double *p0, beam_diag_t *d) {
+  (void)c, (void)b, (void)y16, (void)o, (void)host, (void)p0;
   return BEAM_DIAG(d, BEAM_ENOTSUP, "fit: " NO_CUDA);
 }

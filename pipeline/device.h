@@ -41,6 +41,7 @@ extern const beam_stage_ops_t beam_xpcs_multitau_cuda_ops;
 extern const beam_stage_ops_t beam_xpcs_twotime_cuda_ops;
 extern const beam_stage_ops_t beam_pca_cuda_ops;
 extern const beam_stage_ops_t beam_ptycho_dm_cuda_ops;
+extern const beam_stage_ops_t beam_fit_cuda_ops;
 
 #ifdef __cplusplus
 }

@@ -192,7 +192,18 @@ typedef struct beam_fit_cuda_run_s {
   int mapping;      /* in: 0 auto (thread per fit for n_points <= 256, else
                        a warp per fit), 1 thread, 2 warp; out: the one run
                        (0 for poly, which runs the CPU reference) */
-  double guess_s;   /* out: host time of the automatic starts (INIT_AUTO) */
+  int host_starts;  /* in: 1 = INIT_AUTO starts on the host (fit_init.c,
+                       single-threaded: the fallback), 0 = on the device
+                       (gpu/fit_init_cuda.cuh, the default) */
+  int variant;      /* in: fit kernel launch bounds, 0 none (up to 255
+                       registers), 1 __launch_bounds__(128, 4) (<= 128),
+                       2 __launch_bounds__(128, 3) (<= 168); out: the one
+                       run */
+  int block;        /* in: threads per block, 0 = 128, else 32, 64 or 96;
+                       out: the one run */
+  int starts;       /* out: 0 given p0, 1 host starts, 2 device starts */
+  double guess_s;   /* out: time of the automatic starts (INIT_AUTO): host
+                       seconds, or device seconds (events) of the device's */
   double h2d_s, kernel_s, d2h_s, total_s; /* out: seconds (events) */
 } beam_fit_cuda_run_t;
 
@@ -207,7 +218,8 @@ void beam_fit_cuda_destroy(beam_fit_cuda_t *c);
  * may then be NULL): they travel and stay uint16 on the device. Strided
  * inputs are copied as their span when it is dense (both layouts of
  * fit.h), else packed frame-major on the host first. INIT_AUTO starts
- * are computed on the host (the CPU's guess, fit_init.c) and uploaded.
+ * are computed on the device (fit_init.c's guess per fit, same grids and
+ * selection), or on the host with run->host_starts (fit_init.c itself).
  * run may be NULL. Returns 0, BEAM_EINVAL, or BEAM_ECUDA / BEAM_ENOMEM
  * with the failing call in d. One call at a time per context. */
 int beam_fit_cuda(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y16,

@@ -29,11 +29,10 @@ static const beam_stage_kind_t k_pca = {
 static const beam_stage_kind_t k_ptycho_dm = {
     "ptycho_dm", "live difference-map ptychography: object, probe and error while the scan runs",
     beam_ptycho_dm_params, &beam_ptycho_dm_cpu_ops, &beam_ptycho_dm_cuda_ops, NULL};
-/* CPU only for now: the CUDA backend of the fit engine is not in this
- * build, so backend cuda is refused (graph.c) and auto picks the CPU. */
+/* CPU (fit_stage_cpu.c) and CUDA (gpu/fit_stage_cuda.cu, beam_fit_cuda). */
 static const beam_stage_kind_t k_fit = {
     "fit", "batched Levenberg-Marquardt: per-pixel maps over a series, or the curves of a result",
-    beam_fit_params, &beam_fit_cpu_ops, NULL, beam_fit_stage_check};
+    beam_fit_params, &beam_fit_cpu_ops, &beam_fit_cuda_ops, beam_fit_stage_check};
 
 /* Built-in kinds first; kinds that need libraries pipeline/ must not use
  * (HDF5 for `record`) are registered by the daemon at start-up. */

@@ -14,8 +14,14 @@
 #   build.log          make output
 #   check-gpu.log      BEAM_REQUIRE_GPU=1 tests/run-unit.sh over tests/gpu/*
 #   pca.log, xpcs_multitau.log, twotime.log, twotime_f64.log, ptycho_gpu.log,
-#   fit_cuda.log (XANI-shaped 4M x T=100 uint16, thread per fit),
-#   fit_cuda_t1000.log (256k x T=1000, warp per fit)
+#   fit_cuda.log (XANI-shaped 4M x T=100 uint16, thread per fit, given
+#   starts, launch variant 0), fit_cuda_lb4.log / fit_cuda_lb3.log (the
+#   same, variants 1 and 2: __launch_bounds__(128, 4) and (128, 3)),
+#   fit_cuda_t1000.log (256k x T=1000, warp per fit), fit_cuda_auto.log
+#   (4M x T=100, starts made on the device),
+#   fit_cuda_auto_t1000.log (64k x T=1000, device starts),
+#   fit_cuda_auto_host.log (64k x T=100, the host starts, for comparison);
+#   each JSON line names the mapping, variant, block and starts that ran
 #   ptycho_gpu.json    ptycho_gpu --json
 #   summary.txt        one line per step (ok / FAILED / TIMEOUT, seconds) and
 #                      the key lines of every log
@@ -346,9 +352,24 @@ bench twotime_f64 60 "$OUT/twotime_f64.log" twotime --backend cuda --frames 1000
 # the batched fitter: data made in the binary (--synth), starts given, so
 # the kernel time is the fused LM alone (docs/fit.md, CUDA)
 bench fit_cuda 120 "$OUT/fit_cuda.log" fit --synth --fits 4194304 --points 100 --u16 --init given \
-  --impl cuda --reps 5
+  --impl cuda --reps 5 --variant 0
+# the same with registers capped at 128 (4 blocks of 128 per SM instead of
+# 2) and at 168 (3 blocks): docs/fit.md "Register pressure"
+bench fit_cuda_lb4 90 "$OUT/fit_cuda_lb4.log" fit --synth --fits 4194304 --points 100 --u16 \
+  --init given --impl cuda --reps 5 --variant 1
+bench fit_cuda_lb3 90 "$OUT/fit_cuda_lb3.log" fit --synth --fits 4194304 --points 100 --u16 \
+  --init given --impl cuda --reps 5 --variant 2
 bench fit_cuda_t1000 90 "$OUT/fit_cuda_t1000.log" fit --synth --fits 262144 --points 1000 --u16 \
   --init given --impl cuda --reps 3
+# automatic starts on the device (gpu/fit_init_cuda.cuh): cuda.guess_s is
+# their device time; the host's starts (fit_init.c, one core) on a smaller
+# batch for the comparison
+bench fit_cuda_auto 120 "$OUT/fit_cuda_auto.log" fit --synth --fits 4194304 --points 100 --u16 \
+  --init auto --impl cuda --reps 3
+bench fit_cuda_auto_t1000 90 "$OUT/fit_cuda_auto_t1000.log" fit --synth --fits 65536 --points 1000 \
+  --u16 --init auto --impl cuda --reps 2
+bench fit_cuda_auto_host 60 "$OUT/fit_cuda_auto_host.log" fit --synth --fits 65536 --points 100 \
+  --u16 --init auto --starts host --impl cuda --reps 1
 # shellcheck disable=SC2086
 bench ptycho_gpu 150 "$OUT/ptycho_gpu.log" ptycho_gpu $PTYCHO_ARGS --json "$OUT/ptycho_gpu.json"
 
@@ -371,7 +392,8 @@ bench ptycho_gpu 150 "$OUT/ptycho_gpu.log" ptycho_gpu $PTYCHO_ARGS --json "$OUT/
     echo "cmocka tests passed: $(grep -E '^\[  PASSED  \] [0-9]+' "$OUT/check-gpu.log" |
       awk '{s += $4} END {print s + 0}'), skipped: $(grep -c '^\[  SKIPPED \]' "$OUT/check-gpu.log")"
   fi
-  for b in pca xpcs_multitau twotime twotime_f64 ptycho_gpu fit_cuda fit_cuda_t1000; do
+  for b in pca xpcs_multitau twotime twotime_f64 ptycho_gpu fit_cuda fit_cuda_lb4 fit_cuda_lb3 fit_cuda_t1000 \
+    fit_cuda_auto fit_cuda_auto_t1000 fit_cuda_auto_host; do
     f=$OUT/$b.log
     [ -f "$f" ] || continue
     echo

@@ -37,6 +37,8 @@
 #include "pipeline/kern/fit_int.h"
 #include "tests/common/fit_cases.h"
 #include "tests/common/stage_harness.h"
+#include "pipeline/kern/kinds.h"
+#include "tests/gpu/xcheck.h"
 
 
 static int n_params(int m) { return m == BEAM_FIT_POLY ? 4 : beam_fit_model_info(m)->n_params; }
@@ -65,6 +67,8 @@ static void res_free(res_t *s) {
 }
 
 static beam_fit_cuda_t *ctx;
+
+static int q_bad_frame(int k) { return k == 13; } /* a corrupt frame: skipped by both */
 
 static int close_to(double g, double c, double tol) {
   if (isnan(c))
@@ -365,6 +369,254 @@ static void test_bad_traces(void **st) {
   gen_free(&t);
 }
 
+/* Device starts (gpu/fit_init_cuda.cuh) against fit_init.c's on the host
+ * (beam_fit_cuda_starts, host = 1: the numbers beam_fit_cpu_range starts
+ * from). Same grids and selection, so equal to rounding: per parameter
+ * |dev - host| <= 1e-6·(|host| + s_j), s_j the parameter's typical size
+ * (the largest |host| of that parameter in the batch), and no fit may pick
+ * another periodogram bin or rate (that would be ~1e-2 apart). */
+static void starts_check(const char *what, const beam_fit_batch_t *b, const uint16_t *y16,
+                         const beam_fit_opts_t *o) {
+  int P = beam_fit_check(b, o, NULL);
+  assert_true(P > 0);
+  size_t N = b->n_fits;
+  double *h = malloc(N * P * 8), *g = malloc(N * P * 8), sc[FIT_MAXP] = {0}, worst = 0;
+  beam_diag_t d = {0};
+  beam_fit_batch_t bg = *b;
+  if (y16)
+    bg.y = NULL;
+  if (beam_fit_cuda_starts(ctx, &bg, y16, o, 1, h, &d) != 0)
+    fail_msg("%s: host starts: %s", what, d.msg);
+  if (beam_fit_cuda_starts(ctx, &bg, y16, o, 0, g, &d) != 0)
+    fail_msg("%s: device starts: %s", what, d.msg);
+  for (size_t q = 0; q < N * P; q++)
+    sc[q % P] = fmax(sc[q % P], fabs(h[q]));
+  for (size_t i = 0; i < N; i++)
+    for (int j = 0; j < P; j++) {
+      double hv = h[i * P + j], gv = g[i * P + j], tol = 1e-6 * (fabs(hv) + sc[j]);
+      if (!(fabs(gv - hv) <= tol))
+        fail_msg("%s fit %zu start %s: device %.12g host %.12g", what, i,
+                 beam_fit_model_info(b->model)->param_names[j], gv, hv);
+      worst = fmax(worst, fabs(gv - hv) / (fabs(hv) + sc[j]));
+    }
+  print_message("%-34s %4zu fits x %4zu pts: starts agree, worst %.2e relative\n", what, N,
+                b->n_points, worst);
+  free(h), free(g);
+}
+
+static void test_starts(void **st) {
+  (void)st;
+  need_device();
+  beam_fit_opts_t o;
+  beam_fit_opts_default(&o);
+  char what[64];
+  for (int m = 0; m < BEAM_FIT_N_MODELS; m++) {
+    if (m == BEAM_FIT_POLY)
+      continue;
+    for (int v = 0; v < 3; v++) { /* noisy fit-major, clean frame-major, per-fit x */
+      gen_t t;
+      gen(&t, m, 37, 100, v == 1 ? 0 : noise_of(m), v == 1, v == 2);
+      snprintf(what, sizeof what, "starts %s %s", beam_fit_model_info(m)->name,
+               v == 0 ? "noisy" : v == 1 ? "clean frame-major" : "per-fit x");
+      starts_check(what, &t.b, NULL, &o);
+      gen_free(&t);
+    }
+  }
+  /* long traces (the T = 1000 periodogram), and masks: a block whose
+   * first lane with data differs from the first block's (the periodogram
+   * leaves the shared table), dcos_t0 with t0 unbounded above */
+  static const int ms[] = {BEAM_FIT_DCOS, BEAM_FIT_DCOS_T0, BEAM_FIT_DCOS2, BEAM_FIT_STRETCH};
+  for (size_t q = 0; q < sizeof ms / sizeof *ms; q++) {
+    gen_t t;
+    gen(&t, ms[q], 21, q == 0 ? 1000 : 300, noise_of(ms[q]), 1, 0);
+    size_t N = t.b.n_fits, T = t.b.n_points;
+    float *w = malloc(N * T * 4);
+    for (size_t k = 0; k < N * T; k++)
+      w[k] = 1;
+    for (size_t k = 0; k < T; k++) {
+      w[k * N + 16] = 0;                     /* fit 16: no data, lref of block 1 is 17 */
+      w[k * N + 17] = k < T / 3 ? 0 : 1.0f;  /* a shorter span: another frequency step */
+      w[k * N + 3] = k % 3 ? 1.0f : 0;       /* every third point masked */
+    }
+    t.b.w = w, t.b.w_fit_stride = 1, t.b.w_point_stride = (ptrdiff_t)N;
+    snprintf(what, sizeof what, "starts %s T=%zu masks", beam_fit_model_info(ms[q])->name, T);
+    starts_check(what, &t.b, NULL, &o);
+    if (ms[q] == BEAM_FIT_DCOS_T0) {
+      static const double lo6[6] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, 0.8};
+      static const double hi6[6] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
+      t.b.lo = lo6, t.b.hi = hi6;
+      starts_check("starts dcos_t0 t0 >= 0.8 only", &t.b, NULL, &o);
+    }
+    free(w);
+    gen_free(&t);
+  }
+  /* counts on the device (uint16), Poisson weights and MLE */
+  enum { N = 37, T = 100 };
+  gen_t t;
+  gen(&t, BEAM_FIT_DCOS, N, T, 0, 1, 0);
+  uint16_t *y16 = malloc(N * T * 2);
+  for (int q = 0; q < N * T; q++) {
+    double v = rint(50 + 20 * t.y[q] + 3 * grand());
+    y16[q] = (uint16_t)(v < 0 ? 0 : v);
+    t.y[q] = y16[q];
+  }
+  o.estimator = BEAM_FIT_LSE_POISSON;
+  starts_check("starts dcos u16 LSE Poisson", &t.b, y16, &o);
+  o.estimator = BEAM_FIT_MLE;
+  starts_check("starts dcos u16 MLE", &t.b, y16, &o);
+  free(y16);
+  gen_free(&t);
+}
+
+/* Device starts, then fits: the same final fits as the CPU's within the
+ * tolerances above, for the launch variants and block sizes too. */
+static void test_variants(void **st) {
+  (void)st;
+  need_device();
+  beam_fit_opts_t o;
+  beam_fit_opts_default(&o);
+  gen_t t;
+  gen(&t, BEAM_FIT_DCOS, 37, 100, 0.03, 1, 0);
+  for (int v = 0; v < 3; v++)
+    for (int blk = 32; blk <= 128; blk *= 2) {
+      beam_fit_cuda_run_t run = {.variant = v, .block = blk};
+      size_t N = t.b.n_fits;
+      res_t g;
+      res_new(&g, N, 5);
+      beam_diag_t d = {0};
+      assert_int_equal(beam_fit_cuda(ctx, &t.b, NULL, &o, &g.r, &run, &d), 0);
+      assert_int_equal(run.variant, v);
+      assert_int_equal(run.block, blk);
+      assert_int_equal(run.starts, 2);
+      res_free(&g);
+    }
+  xcheck("dcos noisy, device starts", &t.b, NULL, &o, 0);
+  beam_fit_cuda_run_t bad = {.block = 48};
+  res_t g;
+  res_new(&g, t.b.n_fits, 5);
+  beam_diag_t d = {0};
+  assert_int_equal(beam_fit_cuda(ctx, &t.b, NULL, &o, &g.r, &bad, &d), BEAM_EINVAL);
+  bad = (beam_fit_cuda_run_t){.variant = 3};
+  assert_int_equal(beam_fit_cuda(ctx, &t.b, NULL, &o, &g.r, &bad, &d), BEAM_EINVAL);
+  res_free(&g);
+  gen_free(&t);
+}
+
+/* ---- the stage `fit`: CPU backend vs CUDA backend, same frames ---- */
+static int stage_src_result;
+
+static beam_cnode_t *stage_cfg(void) {
+  beam_cnode_t *c = bh_stage_cfg("fit");
+  if (stage_src_result) {
+    bh_set(c, "source", "result");
+    bh_set(c, "model", "exp");
+    bh_set(c, "x", "index");
+  } else {
+    bh_set(c, "model", "dcos");
+    bh_set(c, "max_frames", "100");
+    bh_set(c, "every", "60");
+  }
+  return c;
+}
+
+/* params (out 0) and errors (out 1) of one emission, CPU vs CUDA: the
+ * engine's tolerances (5 % of σ + 2e-5 relative; σ within 2 %), status
+ * (out 3) equal. f32: pixel maps [P][h][w]; else f64 [fit][P]. */
+static void stage_compare(const xpair_t *x, size_t i0, int P) {
+  const beam_frame_t *cp = x->cpu->res[i0], *gp = x->gpu->res[i0];
+  const beam_frame_t *ce = x->cpu->res[i0 + 1], *ge = x->gpu->res[i0 + 1];
+  const beam_frame_t *cs = x->cpu->res[i0 + 3], *gs = x->gpu->res[i0 + 3];
+  assert_int_equal(x->cpu->res_out[i0], 0);
+  assert_int_equal(x->cpu->res_out[i0 + 3], 3);
+  assert_int_equal(cp->flags, gp->flags);
+  assert_int_equal(cp->nbytes, gp->nbytes);
+  assert_int_equal(cs->nbytes, gs->nbytes);
+  int f32 = cp->dtype == BEAM_DT_F32;
+  size_t n = cp->nbytes / (f32 ? 4 : 8), nfit = n / (size_t)P;
+  for (size_t k = 0; k < n; k++) {
+    size_t fit = f32 ? k % nfit : k / (size_t)P;
+    double a = f32 ? ((float *)cp->data)[k] : ((double *)cp->data)[k];
+    double b = f32 ? ((float *)gp->data)[k] : ((double *)gp->data)[k];
+    double ea = f32 ? ((float *)ce->data)[k] : ((double *)ce->data)[k];
+    double eb = f32 ? ((float *)ge->data)[k] : ((double *)ge->data)[k];
+    assert_int_equal(((uint8_t *)cs->data)[fit], ((uint8_t *)gs->data)[fit]);
+    double fl = 2e-5 * (fabs(a) + 0.01) + (f32 ? 2e-7 * fabs(a) : 0);
+    if (!close_to(b, a, (isfinite(ea) ? 0.05 * ea : 0) + fl) || !close_to(eb, ea, 0.02 * ea + fl))
+      fail_msg("stage result %zu element %zu (fit %zu): cuda %.9g ± %.3g, cpu %.9g ± %.3g", i0, k,
+               fit, b, eb, a, ea);
+  }
+}
+
+static void test_stage_pixels(void **st) {
+  (void)st;
+  stage_src_result = 0;
+  if (!bh_gpu_available())
+    xcheck_expect_no_device(&beam_fit_cuda_ops, beam_fit_params, stage_cfg);
+  enum { H = 6, W = 8, T = 80 };
+  xpair_t x;
+  xpair_new(&x, &beam_fit_cpu_ops, &beam_fit_cuda_ops, beam_fit_params, stage_cfg);
+  uint32_t shp[2] = {H, W};
+  xpair_start(&x, BEAM_DT_F32, 2, shp);
+  double tp[H * W][5];
+  for (int q = 0; q < H * W; q++) {
+    static const double tr[5] = {2.0, 1.0, 30.0, 0.06, 5.0};
+    for (int j = 0; j < 5; j++)
+      tp[q][j] = tr[j] * (1 + 0.1 * grand());
+  }
+  for (int k = 0; k < T; k++) {
+    beam_frame_t *in = bh_frame_new(BEAM_DT_F32, 2, shp, (uint64_t)k);
+    for (int q = 0; q < H * W; q++) {
+      double J[FIT_MAXP];
+      ((float *)in->data)[q] =
+          (float)(beam__fit_eval(BEAM_FIT_DCOS, 5, tp[q], (double)k, J) + 0.05 * grand());
+    }
+    if (q_bad_frame(k)) { /* refused by both, counted INCOMPLETE at the end */
+      in->flags |= BEAM_FLAG_CORRUPT;
+      assert_true(bh_process(x.cpu, in) < 0);
+      assert_true(bh_process(x.gpu, in) < 0);
+    } else
+      xpair_process(&x, in);
+    bh_frame_free(in);
+  }
+  xpair_end(&x);
+  /* a PARTIAL preview at 60 frames and the FINAL maps: 2 x 4 outputs */
+  assert_int_equal(x.cpu->nres, x.gpu->nres);
+  assert_int_equal(x.cpu->nres, 8);
+  stage_compare(&x, 0, 5);
+  stage_compare(&x, 4, 5);
+  print_message("stage fit pixels %dx%d x %d frames: cpu and cuda backends agree\n", H, W, T);
+  xpair_free(&x);
+}
+
+static void test_stage_result(void **st) {
+  (void)st;
+  stage_src_result = 1;
+  if (!bh_gpu_available())
+    xcheck_expect_no_device(&beam_fit_cuda_ops, beam_fit_params, stage_cfg);
+  enum { T = 50, NF = 21 };
+  xpair_t x;
+  xpair_new(&x, &beam_fit_cpu_ops, &beam_fit_cuda_ops, beam_fit_params, stage_cfg);
+  uint32_t shp[2] = {T, NF};
+  xpair_start(&x, BEAM_DT_F64, 2, shp);
+  for (uint64_t fr = 0; fr < 3; fr++) {
+    beam_frame_t *in = bh_frame_new(BEAM_DT_F64, 2, shp, fr);
+    for (int i = 0; i < NF; i++) {
+      double p[3] = {0.3 * (1 + 0.1 * grand()), 8.0 * (1 + 0.2 * grand()), 1.0}, J[FIT_MAXP];
+      for (int k = 0; k < T; k++)
+        ((double *)in->data)[k * NF + i] = beam__fit_eval(BEAM_FIT_EXP, 3, p, k, J) + 0.002 * grand();
+    }
+    xpair_process(&x, in);
+    bh_frame_free(in);
+  }
+  xpair_end(&x);
+  assert_int_equal(x.cpu->nres, x.gpu->nres);
+  for (size_t i = 0; i + 3 < x.cpu->nres; i++)
+    if (x.cpu->res_out[i] == 0)
+      stage_compare(&x, i, 3);
+  print_message("stage fit result %d curves x %d points x 3 frames: backends agree\n", NF, T);
+  xpair_free(&x);
+}
+
 static void test_args(void **st) {
   (void)st;
   need_device();
@@ -391,6 +643,8 @@ int main(void) {
       cmocka_unit_test(test_models),     cmocka_unit_test(test_warp_mapping),
       cmocka_unit_test(test_bounds),     cmocka_unit_test(test_counts),
       cmocka_unit_test(test_bad_traces), cmocka_unit_test(test_args),
+      cmocka_unit_test(test_starts),     cmocka_unit_test(test_variants),
+      cmocka_unit_test(test_stage_pixels), cmocka_unit_test(test_stage_result),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -23,8 +23,11 @@ Checks:
 - mask and ROI: unselected pixels read "not fitted" (NaN, status 255),
   selected ones equal the full run.
 - bad input: missing dataset, x length mismatch, bad model name, CUDA
-  asked for -> a message naming the problem and exit 1 (2 for the command
-  line).
+  asked for without a build or device -> a message naming the problem and
+  exit 1 (2 for the command line).
+- --backend auto: the CPU (bitwise maps1, and a notice saying why) where
+  no device is seen; on a GPU machine the CUDA engine, whose maps agree
+  with the CPU's within the engine's cross-check tolerances.
 """
 
 import os
@@ -265,6 +268,63 @@ def test_progress_line(scan):
     assert q.returncode == 0 and "pixels (" not in q.stderr  # stderr is no terminal
 
 
+def has_cuda_device():
+    """What beamd-fit --backend auto would pick, from its own notice."""
+    return _auto_probe()[0] == "cuda"
+
+
+_probe = {}
+
+
+def _auto_probe():
+    if "r" not in _probe:
+        # a command that fails after the backend is chosen: nothing is read
+        r = run([FIT, "/nonexistent.h5", "-o", "/nonexistent/x.h5", "--model", "dcos",
+                 "--backend", "auto"])
+        w = "--backend auto -> "
+        line = next((ln for ln in r.stderr.splitlines() if w in ln), "")
+        _probe["r"] = (line.split(w, 1)[1].split()[0] if line else "", r.stderr)
+    return _probe["r"]
+
+
+def test_backend_auto(scan, maps1):
+    picked, err = _auto_probe()
+    assert picked in ("cpu", "cuda"), err
+    out = str(scan["dir"] / "auto.h5")
+    args = [FIT, scan["paths"]["raw"], "-o", out] + [a for a in BASE if a != "--quiet"]
+    r = run(args + ["--backend", "auto"])
+    assert r.returncode == 0, r.stderr
+    assert "--backend auto -> " + picked in r.stderr, r.stderr
+    m, attrs = load(out)
+    assert attrs["backend"] == picked
+    c = maps1[0]
+    if picked == "cpu":
+        assert "CUDA" in r.stderr  # why not: built without CUDA, or no device
+        same(c, m)
+        return
+    # the CUDA engine (docs/fit.md "CUDA"): statuses equal, parameters within
+    # 5 % of the CPU's standard error + 2e-5 relative
+    assert attrs["isa"].startswith("cuda:")
+    assert np.array_equal(m["status"], c["status"])
+    for p in PARAMS:
+        tol = 0.05 * np.nan_to_num(c[p + "_err"]) + 2e-5 * (np.abs(c[p]) + 0.01)
+        d = np.abs(m[p] - c[p])
+        assert np.all((d <= tol) | (np.isnan(m[p]) & np.isnan(c[p]))), p
+    r = run(args + ["--backend", "cuda", "--cuda-starts", "host", "-o", out + "h"])
+    assert r.returncode == 0, r.stderr
+
+
+def test_backend_cuda_refused_without_device(scan, tmp_path):
+    if has_cuda_device():
+        pytest.skip("a CUDA device is usable here: --backend cuda runs (test_backend_auto)")
+    r = run([FIT, scan["paths"]["raw"], "-o", str(tmp_path / "c.h5")] + BASE +
+            ["--backend", "cuda"])
+    assert r.returncode == 1, r.stderr
+    assert "--backend cuda: " in r.stderr and "use --backend cpu" in r.stderr, r.stderr
+    assert ("built with CUDA=0" in r.stderr) or ("no usable CUDA device" in r.stderr), r.stderr
+    assert not os.path.exists(str(tmp_path / "c.h5"))
+
+
 @pytest.mark.parametrize("ranks", [0, 2])
 def test_errors(scan, tmp_path, ranks):
     raw = scan["paths"]["raw"]
@@ -292,7 +352,10 @@ def test_errors(scan, tmp_path, ranks):
         "bad value for --model: 'damped_cosinus'", "dcos")
     bad(["--model", "dcos", "--bound", "omega=0:1"], 2, "no such parameter", "tau")
     bad(["--model", "dcos", "--p0", "a=1,b=2"], 2, "every parameter")
-    bad(["--model", "dcos", "--backend", "cuda"], 1, "--backend cuda", "use --backend cpu")
+    if not has_cuda_device():
+        bad(["--model", "dcos", "--backend", "cuda"], 1, "--backend cuda", "use --backend cpu")
+    bad(["--model", "dcos", "--backend", "gpu"], 2, "bad value for --backend", "cpu, cuda or auto")
+    bad(["--model", "dcos", "--cuda-starts", "gpu"], 2, "device or host")
     bad(["--model", "dcos", "--roi", "0:30,0:10"], 1, "outside")
     assert not os.path.exists(out)
 

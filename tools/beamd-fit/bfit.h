@@ -24,7 +24,8 @@
 #include "proto/err.h"
 #include "tools/beamd-replay/replay.h"
 
-typedef enum bf_backend_e { BF_CPU = 0, BF_CUDA } bf_backend_t;
+/* BF_AUTO is resolved per rank in main (CUDA when this rank sees a device). */
+typedef enum bf_backend_e { BF_CPU = 0, BF_CUDA, BF_AUTO } bf_backend_t;
 
 typedef struct bf_opts_s {
   const char *input, *output, *dataset;
@@ -41,6 +42,8 @@ typedef struct bf_opts_s {
   uint64_t tile;             /* pixels per tile; 0: from --tile-bytes */
   uint32_t threads;          /* 0: cores / local ranks */
   bf_backend_t backend;
+  int cuda_dev;              /* BF_CUDA: local rank mod the devices seen */
+  int cuda_starts_host;      /* --cuda-starts host: INIT_AUTO starts on the host */
   int progress, quiet;
 } bf_opts_t;
 
@@ -114,10 +117,17 @@ typedef struct bf_solver_s {
   double *p0rows;
   float *xf;                 /* x as the engine takes it */
   const char *isa;
+  struct beam_fit_cuda_s *cuda; /* BF_CUDA: the engine context on cuda_dev */
+  char isa_buf[32];
 } bf_solver_t;
 
-/* NULL when the backend can run here, else why not. */
+/* NULL when the backend can run here, else why not (BF_CUDA: a CUDA build
+ * and at least one device; BF_AUTO and BF_CPU always run). */
 const char *bf_backend_unavailable(bf_backend_t b);
+/* BF_AUTO -> BF_CUDA when a device is usable, else BF_CPU (why: the
+ * reason, for the notice); others unchanged. Sets o->cuda_dev from the
+ * local rank for BF_CUDA. */
+bf_backend_t bf_backend_resolve(bf_opts_t *o, int local_rank, char *why, size_t why_len);
 int bf_solver_init(bf_solver_t *s, const bf_opts_t *o, uint64_t T, uint64_t tile,
                    beam_diag_t *d);
 /* Fits n pixels whose y is frame-major [T][n] into out (n x BF_STRIDE). */

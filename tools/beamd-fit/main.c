@@ -57,7 +57,11 @@ static void usage(FILE *f) {
 "  --max-iter N --ftol F --xtol F --gtol F --absolute-sigma   engine options\n"
 "  --isa auto|sse2|avx2|avx512\n"
 "run:\n"
-"  --backend cpu|cuda     (default cpu; cuda: one device per local rank)\n"
+"  --backend cpu|cuda|auto  (default cpu; cuda: the CUDA engine, device = local\n"
+"                         rank mod devices; auto: cuda where this rank sees a\n"
+"                         device, else cpu)\n"
+"  --cuda-starts device|host  INIT_AUTO starts on the device (default) or by the\n"
+"                         CPU's code on the host (slow; for comparison)\n"
 "  --threads T            fit threads per rank (default: cores / local ranks)\n"
 "  --tile PX              pixels per tile (default: about 32 MiB of float32 traces)\n"
 "  --progress             progress lines even when stderr is no terminal\n"
@@ -68,7 +72,7 @@ static void usage(FILE *f) {
 
 enum {
   O_DATASET = 256, O_X, O_XSTEP, O_XSTART, O_MASK, O_ROI, O_MODEL, O_DEGREE, O_EST, O_BOUND,
-  O_FIX, O_P0, O_MAXIT, O_FTOL, O_XTOL, O_GTOL, O_ABS, O_ISA, O_BACKEND, O_THREADS, O_TILE,
+  O_FIX, O_P0, O_MAXIT, O_FTOL, O_XTOL, O_GTOL, O_ABS, O_ISA, O_BACKEND, O_CUDA_STARTS, O_THREADS, O_TILE,
   O_PROGRESS, O_QUIET, O_HELP,
 };
 
@@ -83,6 +87,7 @@ static const struct option long_opts[] = {
   {"ftol", required_argument, 0, O_FTOL}, {"xtol", required_argument, 0, O_XTOL},
   {"gtol", required_argument, 0, O_GTOL}, {"absolute-sigma", no_argument, 0, O_ABS},
   {"isa", required_argument, 0, O_ISA}, {"backend", required_argument, 0, O_BACKEND},
+  {"cuda-starts", required_argument, 0, O_CUDA_STARTS},
   {"threads", required_argument, 0, O_THREADS}, {"tile", required_argument, 0, O_TILE},
   {"progress", no_argument, 0, O_PROGRESS}, {"quiet", no_argument, 0, O_QUIET},
   {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0},
@@ -272,7 +277,13 @@ static int parse_args(int argc, char **argv, bf_opts_t *o) {
     case O_BACKEND:
       if (!strcmp(optarg, "cpu")) o->backend = BF_CPU;
       else if (!strcmp(optarg, "cuda")) o->backend = BF_CUDA;
-      else return tool_bad("backend", optarg, "cpu or cuda");
+      else if (!strcmp(optarg, "auto")) o->backend = BF_AUTO;
+      else return tool_bad("backend", optarg, "cpu, cuda or auto");
+      break;
+    case O_CUDA_STARTS:
+      if (!strcmp(optarg, "device")) o->cuda_starts_host = 0;
+      else if (!strcmp(optarg, "host")) o->cuda_starts_host = 1;
+      else return tool_bad("cuda-starts", optarg, "device or host");
       break;
     case O_THREADS: if (tool_parse_u64("threads", optarg, 1, 256, &u)) return -1; o->threads = (uint32_t)u; break;
     case O_TILE: if (tool_parse_u64("tile", optarg, 1, 1u << 30, &u)) return -1; o->tile = u; break;
@@ -432,10 +443,19 @@ int main(int argc, char **argv) {
     return finish(ex);
   const char *nocuda = bf_backend_unavailable(o.backend);
   if (nocuda) {
-    if (M.rank == 0)
-      tool_log("--backend %s: %s", o.backend == BF_CUDA ? "cuda" : "cpu", nocuda);
+    /* every rank checks its own node; one line per rank that cannot */
+    if (M.rank == 0 || M.local_rank == 0)
+      tool_log("--backend cuda: %s%s", M.size > 1 && M.rank ? "(a rank on another node) " : "",
+               nocuda);
     return finish(1);
   }
+  char why[256];
+  int was_auto = o.backend == BF_AUTO;
+  bf_backend_resolve(&o, M.local_rank, why, sizeof why);
+  if (was_auto && M.local_rank == 0 && !o.quiet)
+    tool_log("--backend auto -> %s%s%s%s", o.backend == BF_CUDA ? "cuda" : "cpu",
+             o.backend == BF_CPU ? " (" : "", o.backend == BF_CPU ? why : "",
+             o.backend == BF_CPU ? ")" : "");
   if (!o.threads) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     long t = (cores > 0 ? cores : 1) / (M.local_size > 0 ? M.local_size : 1);

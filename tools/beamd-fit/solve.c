@@ -2,8 +2,13 @@
  * tile from `threads` pthreads, each with its own workspace. Each fit is
  * one SIMD lane whose result depends only on its own trace (docs/fit.md),
  * so neither the split over threads nor the tiling changes a single bit
- * of the maps. */
+ * of the maps. With --backend cuda each rank fits its tiles with one
+ * beam_fit_cuda call on device local_rank mod devices (threads unused);
+ * the maps then carry the CUDA engine's rounding (docs/fit.md "CUDA"). */
 #include "tools/beamd-fit/bfit.h"
+
+#include "gpu/gpu.h"
+#include "pipeline/device.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -11,14 +16,33 @@
 #include <string.h>
 
 const char *bf_backend_unavailable(bf_backend_t b) {
-  if (b == BF_CPU)
+  static char why[320];
+  if (b != BF_CUDA)
     return NULL;
-  /* The CUDA fit engine is not in pipeline/ yet; when it lands, bf_solve
-   * calls it on the tile (one device per local rank) and this goes. */
-  return BEAM_CUDA ? "the CUDA fit engine is not part of this build yet (pipeline/fit.h has "
-                     "the CPU engine only); use --backend cpu"
-                   : "this build has no CUDA (built with CUDA=0), and the CUDA fit engine is "
-                     "not written yet; use --backend cpu";
+  char w[256] = "";
+  if (!beam_gpu_built())
+    return "this build has no CUDA (built with CUDA=0); use --backend cpu (or auto)";
+  if (beam_gpu_count(w, sizeof w) <= 0) {
+    snprintf(why, sizeof why, "no usable CUDA device (%s); use --backend cpu (or auto)", w);
+    return why;
+  }
+  return NULL;
+}
+
+bf_backend_t bf_backend_resolve(bf_opts_t *o, int local_rank, char *why, size_t why_len) {
+  if (why && why_len)
+    why[0] = 0;
+  if (o->backend == BF_AUTO) {
+    int n = beam_gpu_built() ? beam_gpu_count(why, why_len) : 0;
+    if (!beam_gpu_built() && why && why_len)
+      snprintf(why, why_len, "built without CUDA");
+    o->backend = n > 0 ? BF_CUDA : BF_CPU;
+  }
+  if (o->backend == BF_CUDA) {
+    int n = beam_gpu_count(NULL, 0);
+    o->cuda_dev = n > 0 ? local_rank % n : 0;
+  }
+  return o->backend;
 }
 
 int bf_solver_init(bf_solver_t *s, const bf_opts_t *o, uint64_t T, uint64_t tile,
@@ -64,6 +88,13 @@ int bf_solver_init(bf_solver_t *s, const bf_opts_t *o, uint64_t T, uint64_t tile
     return BEAM_DIAG(d, BEAM_ENOMEM, "fit results for tiles of %llu pixels",
                      (unsigned long long)tile);
   s->isa = beam_fit_isa_name(beam_fit_cpu_isa(o->fit.isa));
+  if (o->backend == BF_CUDA) {
+    int rc = beam_fit_cuda_create_dev(&s->cuda, o->cuda_dev, d);
+    if (rc < 0)
+      return rc;
+    snprintf(s->isa_buf, sizeof s->isa_buf, "cuda:%d", o->cuda_dev);
+    s->isa = s->isa_buf;
+  }
   return 0;
 }
 
@@ -107,6 +138,16 @@ int bf_solve(bf_solver_t *s, const bf_opts_t *o, const double *x, uint64_t T, co
   b.x_fit_stride = 0;
   b.x_point_stride = 1;
   b.p0 = s->p0rows;
+  if (s->cuda) {
+    beam_fit_cuda_run_t run;
+    memset(&run, 0, sizeof run);
+    run.host_starts = o->cuda_starts_host;
+    beam_diag_clear(d);
+    int rc = beam_fit_cuda(s->cuda, &b, NULL, &o->fit, &s->r, &run, d);
+    if (rc < 0)
+      return rc;
+    goto pack;
+  }
   job_t jobs[256];
   pthread_t tid[256];
   int nt = s->threads < 256 ? s->threads : 256;
@@ -135,6 +176,7 @@ int bf_solve(bf_solver_t *s, const bf_opts_t *o, const double *x, uint64_t T, co
       *d = jobs[t].d;
       return jobs[t].rc;
     }
+pack:;
   int P = s->np, S = BF_STRIDE(P);
   const beam_fit_result_t *r = &s->r;
   for (uint64_t i = 0; i < n; i++) {
@@ -163,5 +205,6 @@ void bf_solver_free(bf_solver_t *s) {
   free(s->r.status);
   free(s->p0rows);
   free(s->xf);
+  beam_fit_cuda_destroy(s->cuda);
   memset(s, 0, sizeof *s);
 }
