@@ -299,6 +299,10 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
   int rc = beam__fit_ctx(&cx, &bb, o, d);
   if (rc < 0)
     return rc;
+  /* Host starts take the direct periodogram, the algorithm the device
+   * runs, so the two agree to rounding; the CPU backend's FFT form picks
+   * the same bin but not always the same last bits (fit_init.c). */
+  cx.guess_direct = 1;
   if (!p0_out && (!r || !r->params || !r->status))
     return BEAM_DIAG(d, BEAM_EINVAL, "fit cuda: params and status results are required");
   if (p0_out && (o->init != BEAM_FIT_INIT_AUTO || b->model == BEAM_FIT_POLY))
@@ -306,6 +310,11 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
   size_t N = b->n_fits, T = b->n_points;
   int P = cx.P, warp = run && run->mapping ? run->mapping == 2 : T > 256;
   int host_starts = run && run->host_starts, variant = run ? run->variant : 0;
+  /* dcos_t0's change-point start (fit_init.c) is not ported to the device
+   * (gpu/fit_init_cuda.cuh has the older t0 search): its starts are the
+   * host's, so both backends start from the same numbers. */
+  if (b->model == BEAM_FIT_DCOS_T0)
+    host_starts = 1;
   unsigned block = run && run->block ? (unsigned)run->block : FT;
   int auto_ = o->init == BEAM_FIT_INIT_AUTO, dev_auto = auto_ && !host_starts;
   if (run)

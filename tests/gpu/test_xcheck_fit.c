@@ -39,6 +39,7 @@
 #include "tests/common/stage_harness.h"
 #include "pipeline/kern/kinds.h"
 #include "tests/gpu/xcheck.h"
+#include "tests/common/runner.h"
 
 
 static int n_params(int m) { return m == BEAM_FIT_POLY ? 4 : beam_fit_model_info(m)->n_params; }
@@ -646,5 +647,5 @@ int main(void) {
       cmocka_unit_test(test_starts),     cmocka_unit_test(test_variants),
       cmocka_unit_test(test_stage_pixels), cmocka_unit_test(test_stage_result),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return beam_run_tests(tests, setup, teardown);
 }
