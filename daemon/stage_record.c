@@ -40,6 +40,7 @@
 #include "daemon/stage_record.h"
 
 #include <errno.h>
+#include <sys/statvfs.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,7 +109,15 @@ typedef struct rec_s {
   unsigned nids;
   uint64_t ids_written; /* rows of the companion datasets on disk */
   uint64_t last_flush_ns;
+  int full; /* the disk is (nearly) full: no more frames this series */
 } rec_t;
+
+/* Bytes kept free on the record disk for HDF5's own writes (frame ids,
+ * B-tree nodes, the final attributes and flush): past it no chunk is
+ * written, so the file can still be flushed and closed consistently.
+ * HDF5 itself, meeting ENOSPC mid-write, can leave metadata on disk that
+ * points past the end of the file, an unreadable file. */
+#define REC_DISK_RESERVE (256u << 10)
 
 static void close_file(rec_t *s) {
   hid_t *h[] = {&s->data, &s->fid, &s->tacq, &s->flg};
@@ -358,6 +367,7 @@ static int rec_start(beam_stage_t *self, const beam_series_t *series, const beam
     return BEAM_DIAG(d, BEAM_ENOMEM, "record: cannot allocate %zu-byte chunk buffers", s->chunk_bytes);
   }
   s->written = s->committed = s->corrupt = s->errors = s->passthrough = s->ids_written = 0;
+  s->full = 0;
   s->in_chunk = s->nids = 0;
   pick_names(s, series->series_id);
   int rc = create_file(self, s, series, d);
@@ -427,6 +437,19 @@ static int store_chunk(beam_stage_t *self, rec_t *s, unsigned n, const void *buf
   off[0] = s->committed;
   for (uint32_t i = 0; i < s->ndim; i++)
     dims[i + 1] = s->shape[i];
+  struct statvfs vfs;
+  if (rc == 0 && !s->full && statvfs(s->dir, &vfs) == 0 &&
+      (uint64_t)vfs.f_bavail * vfs.f_frsize < (uint64_t)size + REC_DISK_RESERVE + s->chunk_bytes) {
+    s->full = 1;
+    rc = BEAM_DIAG(d, BEAM_EIO, "record \"%s\": %s: No space left on device (%llu bytes free "
+                   "on %s): frames from %llu on are not recorded this series; the file keeps the "
+                   "%llu written, closed cleanly", self->name, s->path,
+                   (unsigned long long)vfs.f_bavail * vfs.f_frsize, s->dir,
+                   (unsigned long long)s->committed, (unsigned long long)s->committed);
+  } else if (rc == 0 && s->full) {
+    rc = BEAM_DIAG(d, BEAM_EIO, "record \"%s\": %s: No space left on device: frame not recorded",
+                   self->name, s->path);
+  }
   if (rc == 0 && (H5Dset_extent(s->data, dims) < 0 ||
                   H5Dwrite_chunk(s->data, H5P_DEFAULT, 0, off, size, buf) < 0)) {
     rc = h5fail(self, s, d, "writing frames");
