@@ -74,7 +74,24 @@ static const char *kind_name(int k) {
   return k == MEM_DEV ? "device" : k == MEM_PINNED ? "pinned host" : k == MEM_HOST ? "host" : "past an allocation's end";
 }
 
+/* Fault injection for the CUDA init paths (tests/gpu/test_cuda_alloc_fail.c):
+ * the n-th device or pinned allocation from the arm fails, as a full
+ * device would answer. */
+static long fail_at, n_allocs;
+static int fail_hit;
+extern "C" void emu_alloc_fail_arm(long n) {
+  fail_at = n;
+  n_allocs = 0;
+  fail_hit = 0;
+}
+extern "C" int emu_alloc_fail_hit(void) { return fail_hit; }
+
 static cudaError_t alloc(void **p, size_t n, int kind) {
+  *p = nullptr;
+  if (++n_allocs == fail_at) {
+    fail_hit = 1;
+    return cudaErrorMemoryAllocation;
+  }
   *p = malloc(n ? n : 1);
   if (!*p)
     return cudaErrorMemoryAllocation;
@@ -799,6 +816,13 @@ cublasStatus_t cublasSsyrk(cublasHandle_t h, cublasFillMode_t uplo, cublasOperat
 cublasStatus_t cublasDsyrk(cublasHandle_t h, cublasFillMode_t uplo, cublasOperation_t t, int n, int k,
                            const double *alpha, const double *A, int lda, const double *beta, double *C, int ldc) {
   return syrk_("cublasDsyrk", h, uplo, t, n, k, alpha, A, lda, beta, C, ldc);
+}
+
+/* Device and pinned buffers, plans, cuBLAS handles and streams alive now
+ * (the fault-injection sweep checks a failed init leaves none). */
+extern "C" long emu_live_objects(void) {
+  return (long)(live[MEM_DEV] + live[MEM_PINNED]) + emu_plan_count + emu_blas_count +
+         (long)streams.size() - 1;
 }
 
 /* Leaks of device buffers, pinned buffers, plans or handles show here;
