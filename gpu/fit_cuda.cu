@@ -310,11 +310,6 @@ static int fit_(beam_fit_cuda_t *c, const beam_fit_batch_t *b, const uint16_t *y
   size_t N = b->n_fits, T = b->n_points;
   int P = cx.P, warp = run && run->mapping ? run->mapping == 2 : T > 256;
   int host_starts = run && run->host_starts, variant = run ? run->variant : 0;
-  /* dcos_t0's change-point start (fit_init.c) is not ported to the device
-   * (gpu/fit_init_cuda.cuh has the older t0 search): its starts are the
-   * host's, so both backends start from the same numbers. */
-  if (b->model == BEAM_FIT_DCOS_T0)
-    host_starts = 1;
   unsigned block = run && run->block ? (unsigned)run->block : FT;
   int auto_ = o->init == BEAM_FIT_INIT_AUTO, dev_auto = auto_ && !host_starts;
   if (run)

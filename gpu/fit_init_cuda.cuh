@@ -6,7 +6,8 @@
  * mirrors, with the same grid, candidates, tie rules and selection:
  *   dcos*   periodogram on (j+1)·df, j < nf, peak below the points'
  *           Nyquist, parabola; dcos2 the highest separated peak; t0 (dcos_t0)
- *           8 + 8 candidates; decay 0 and 7 rates; exact linear solve each
+ *           8 + 8 candidates; decay 0 and 7 rates; exact linear solve each;
+ *           dcos_t0 then the change-point scan and refinement (refine_t0)
  *   exp*    rate 2/τ on a factor-2 grid, parabola in log rate, exact a, d
  *   peaks   μ at the largest residual from a line, width grid, exact A, c
  *
@@ -25,8 +26,10 @@
  *     exactly every 32, in double); a fit whose block has another step or
  *     t0 than the table (masked points) and per-fit x use direct cos/sin
  *     in double (the CPU rotates there too: ≤ ~1e-14 apart);
- *   - the oscillation columns use CUDA's sincosf instead of fit_vmath.h's
- *     polynomial (both fp32, a few ulp apart);
+ *   - the oscillation columns of dcos and dcos2 use CUDA's sincosf instead
+ *     of fit_vmath.h's polynomial (both fp32, a few ulp apart); dcos_t0
+ *     uses the polynomials (dv_expf, dv_sincosf: the CPU's bits), since
+ *     its change-point refinement chooses between residuals that close;
  *   - FMA contraction and device exp/log rounding (≤ 1 ulp in double).
  * A near-tie between two periodogram bins or two rate candidates can
  * therefore pick the other one; LM then refines both to the same fit.
@@ -35,7 +38,7 @@
  * function (dstart_dcos, dstart_exp, dstart_peak), written as the CPU's
  * guess_dcos / guess_exp / guess_peak for one lane. The dcos_t0 start in
  * particular is dstart_dcos (t0 candidates: the block marked "t0
- * candidates"); a per-fit quantity that is computed once before the search
+ * candidates") and t0_change_point (refine_t0); a per-fit quantity that is computed once before the search
  * (like the initial t0) goes into fit_prep_kernel's FP_T0. */
 
 #define GL FIT_L  /* lanes of the CPU's guess block */
@@ -272,6 +275,180 @@ template <int P> __device__ __forceinline__ void put_start(const start_args_t &s
     s.p0[i * P + j] = isfinite(p[j]) ? p[j] : 1;
 }
 
+/* fit_vmath.h's fit_expf and fit_sincosf, operation for operation with
+ * round-to-nearest intrinsics (no FMA contraction): bitwise the CPU's
+ * values. dcos_t0's change-point refinement compares residuals a few
+ * 1e-7 apart, the size of the difference between these polynomials and
+ * CUDA's expf/sincosf, so it needs the CPU's basis to make the CPU's
+ * choices. */
+__device__ __forceinline__ float dv_rint(float x) {
+  const float m = 12582912.0f;
+  return __fsub_rn(__fadd_rn(x, m), m);
+}
+__device__ __forceinline__ float dv_expf(float x) {
+  float xc = x < 88.3762626647949f ? x : 88.3762626647949f;
+  xc = xc > -87.3f ? xc : -87.3f;
+  float n = dv_rint(__fmul_rn(xc, 1.44269504088896341f));
+  float r = __fsub_rn(xc, __fmul_rn(n, 0.693359375f));
+  r = __fsub_rn(r, __fmul_rn(n, -2.12194440e-4f));
+  float r2 = __fmul_rn(r, r);
+  float p = 1.9875691500E-4f;
+  p = __fadd_rn(__fmul_rn(p, r), 1.3981999507E-3f);
+  p = __fadd_rn(__fmul_rn(p, r), 8.3334519073E-3f);
+  p = __fadd_rn(__fmul_rn(p, r), 4.1665795894E-2f);
+  p = __fadd_rn(__fmul_rn(p, r), 1.6666665459E-1f);
+  p = __fadd_rn(__fmul_rn(p, r), 5.0000001201E-1f);
+  p = __fadd_rn(__fadd_rn(__fmul_rn(p, r2), r), 1.0f);
+  int32_t si = (int32_t)((uint32_t)((int32_t)n + 127) << 23);
+  float s;
+  memcpy(&s, &si, 4);
+  float v = __fmul_rn(p, s);
+  v = x < -87.3f ? 0.0f : v;
+  return x != x ? x : v;
+}
+__device__ __forceinline__ void dv_sincosf(float x, float *s, float *c) {
+  float j = dv_rint(__fmul_rn(x, 0.636619772367581343f));
+  float r = __fsub_rn(x, __fmul_rn(j, 1.5703125f));
+  r = __fsub_rn(r, __fmul_rn(j, 4.837512969970703125e-4f));
+  r = __fsub_rn(r, __fmul_rn(j, 7.54978995489188216e-8f));
+  float r2 = __fmul_rn(r, r);
+  float sp = -1.9515295891E-4f;
+  sp = __fadd_rn(__fmul_rn(sp, r2), 8.3321608736E-3f);
+  sp = __fsub_rn(__fmul_rn(sp, r2), 1.6666654611E-1f);
+  float sv = __fadd_rn(r, __fmul_rn(__fmul_rn(r, r2), sp));
+  float cp = 2.443315711809948E-5f;
+  cp = __fsub_rn(__fmul_rn(cp, r2), 1.388731625493765E-3f);
+  cp = __fadd_rn(__fmul_rn(cp, r2), 4.166664568298827E-2f);
+  float cv = __fadd_rn(__fsub_rn(1.0f, __fmul_rn(0.5f, r2)), __fmul_rn(__fmul_rn(r2, r2), cp));
+  float jq = j < 1073741824.0f && j > -1073741824.0f ? j : 0.0f;
+  int32_t q = (int32_t)jq & 3;
+  float ss = (q & 1) ? cv : sv, cc = (q & 1) ? sv : cv;
+  ss = (q & 2) ? -ss : ss;
+  cc = ((q + 1) & 2) ? -cc : cc;
+  *s = ss;
+  *c = cc;
+}
+
+/* ---- dcos_t0's change-point start (fit_init.c refine_t0) for one lane ---- */
+
+/* eval_t0: ss and (a, b, c) at (t0, f, g), basis e^(-g u)·cos 2πfu,
+ * e^(-g u)·sin 2πfu, 1 at u = max(x - t0, 0) in fp32 as basis_t0_body
+ * computes it (dv_expf, dv_sincosf: the same bits). */
+template <typename TY>
+__device__ double t0_eval(const fit_args_t &a, ptrdiff_t ii, int dead, double t0, double f,
+                          double g, double *beta) {
+  const float wf = (float)(2 * M_PI * f), gf = (float)-g;
+  lin_t<3> L;
+  L.zero();
+  double x, y, w;
+  for (int k = 0; k < a.T; k++) {
+    gpt<TY>(a, ii, k, dead, x, y, w);
+    double d = x - t0, B[3];
+    float u = (float)(d > 0 ? d : 0), sv, cv, ev = dv_expf(__fmul_rn(gf, u));
+    dv_sincosf(__fmul_rn(wf, u), &sv, &cv);
+    B[0] = (double)__fmul_rn(ev, cv);
+    B[1] = (double)__fmul_rn(ev, sv);
+    B[2] = 1;
+    L.add(B, y, w);
+  }
+  return L.solve(beta);
+}
+
+/* refine1: one 3-point step of *v, which is one of t0, f, g: ss at
+ * v - st, v + st (mul: v / st, v·st); v moves to the better end when an
+ * end beats cur, else to the parabola vertex (mul: in log v) unless its
+ * ss is not below cur. cur and bcur follow v. */
+template <typename TY>
+__device__ void t0_refine1(const fit_args_t &a, ptrdiff_t ii, int dead, double &t0, double &f,
+                           double &g, double *v, double st, int mul, double &cur, double *bcur) {
+  double v0 = *v, vm = mul ? v0 / st : v0 - st, vp = mul ? v0 * st : v0 + st, bt[3];
+  *v = vm;
+  double sm = t0_eval<TY>(a, ii, dead, t0, f, g, bt);
+  *v = vp;
+  double sp = t0_eval<TY>(a, ii, dead, t0, f, g, bt);
+  if (!(cur <= sm && cur <= sp))
+    *v = sm < sp ? vm : vp;
+  else {
+    double d = vertex_d(sm, cur, sp);
+    *v = mul ? v0 * pow(st, d) : __dadd_rn(v0, d * st);
+  }
+  double c0 = cur, b0[3] = {bcur[0], bcur[1], bcur[2]};
+  cur = t0_eval<TY>(a, ii, dead, t0, f, g, bcur);
+  if (!(cur <= c0)) {
+    *v = v0, cur = c0;
+#pragma unroll
+    for (int c = 0; c < 3; c++)
+      bcur[c] = b0[c];
+  }
+}
+
+#define T0_SCAN_MAX 48 /* fit_init.c */
+/* refine_t0 for one lane: (f, g) at t0, the change-point scan, its two
+ * deepest separated minima refined in (t0, g, f); the lower wins. df:
+ * the periodogram's step (the block's lref for a shared x), cstep the
+ * search's fine t0 step, [xmn, xmx] the own x range. */
+template <typename TY>
+__device__ void t0_change_point(const fit_args_t &a, ptrdiff_t ii, int dead, double df,
+                                double cstep, double xmn, double xmx, double &f, double &g,
+                                double &t0, double &best, double *bbest) {
+  double cur, bcur[3], bts[3];
+  if (!(g > 0))
+    g = 2 * df / 8 / 4; /* no decay won: start the rate search low */
+  cur = t0_eval<TY>(a, ii, dead, t0, f, g, bcur);
+  for (int round = 0; round < 2; round++) {
+    t0_refine1<TY>(a, ii, dead, t0, f, g, &g, round ? M_SQRT2 : 2, 1, cur, bcur);
+    t0_refine1<TY>(a, ii, dead, t0, f, g, &f, df / (round ? 8 : 4), 0, cur, bcur);
+  }
+  /* the scan: nc equal steps over the bounds (unbounded: t0 ± 2 cstep) */
+  const int fin = isfinite(a.lo[5]) && isfinite(a.hi[5]);
+  double lo = fin ? a.lo[5] : t0 - 2 * cstep, hi = fin ? a.hi[5] : t0 + 2 * cstep;
+  double hs = 0.5 * (xmx - xmn) / (double)(a.T > 1 ? a.T - 1 : 1);
+  double ncd = ceil((hi - lo) / hs) + 1; /* the CPU's fmin(ncd, 48): NaN gives 48 */
+  int nc = hs > 0 ? (int)(ncd < T0_SCAN_MAX ? ncd : T0_SCAN_MAX) : 2;
+  nc = nc > 2 ? nc : 2;
+  double step = (hi - lo) / (nc - 1), scan[T0_SCAN_MAX];
+  for (int ct = 0; ct < nc; ct++)
+    scan[ct] = t0_eval<TY>(a, ii, dead, __dadd_rn(lo, ct * step), f, g, bts);
+  /* c1 the deepest, c2 the deepest local minimum >= 2 steps from it */
+  int c1 = 0, c2 = -1;
+  for (int ct = 1; ct < nc; ct++)
+    if (scan[ct] < scan[c1])
+      c1 = ct;
+  for (int ct = 0; ct < nc; ct++) {
+    double v = scan[ct];
+    int sep = ct + 2 <= c1 || ct >= c1 + 2;
+    int pk = (ct == 0 || v <= scan[ct - 1]) && (ct + 1 == nc || v <= scan[ct + 1]);
+    if (sep && pk && (c2 < 0 || v < scan[c2]))
+      c2 = ct;
+  }
+  const double f0 = f, g0 = g;
+  /* (no c2: the CPU refines c1 twice, the same numbers, and keeps the first) */
+  for (int cand = 0; cand < (c2 >= 0 ? 2 : 1); cand++) {
+    double tt = __dadd_rn(lo, (cand ? c2 : c1) * step), fk = f0, gk = g0, sst;
+    sst = t0_eval<TY>(a, ii, dead, tt, fk, gk, bts);
+    for (int round = 0; round < 3; round++) {
+      /* the CPU's pow(2, 1/2^r), bit for bit: sqrt is correctly rounded
+       * and glibc's pow gives the same bits; CUDA's pow is not exact */
+      double gst = round == 0 ? 2.0 : round == 1 ? sqrt(2.0) : sqrt(sqrt(2.0));
+      t0_refine1<TY>(a, ii, dead, tt, fk, gk, &tt, step / (2 << round), 0, sst, bts);
+      t0_refine1<TY>(a, ii, dead, tt, fk, gk, &gk, gst, 1, sst, bts);
+      t0_refine1<TY>(a, ii, dead, tt, fk, gk, &fk, df / (4 << round), 0, sst, bts);
+    }
+    if (cand == 0 || sst < cur) {
+      cur = sst, t0 = tt, f = fk, g = gk;
+#pragma unroll
+      for (int c = 0; c < 3; c++)
+        bcur[c] = bts[c];
+    }
+  }
+  if (cur < INFINITY) {
+    best = cur;
+#pragma unroll
+    for (int c = 0; c < 3; c++)
+      bbest[c] = bcur[c];
+  }
+}
+
 /* guess_dcos for one lane (fit i); see fit_init.c for the why of each step. */
 template <int M, typename TY>
 __device__ void dstart_dcos(const fit_args_t &a, const start_args_t &s, size_t i, int dead) {
@@ -377,7 +554,12 @@ __device__ void dstart_dcos(const fit_args_t &a, const start_args_t &s, size_t i
           e *= e * e * e;
         double ev = r < 0 ? 1 : e, B[NC];
         float sv, cv;
-        sincosf((float)(2 * M_PI * fo[0] * u), &sv, &cv);
+        /* dcos_t0: fit_vmath.h's sincos, as the CPU (its search's pick
+         * seeds the change-point refinement below) */
+        if constexpr (t0m)
+          dv_sincosf((float)(2 * M_PI * fo[0] * u), &sv, &cv);
+        else
+          sincosf((float)(2 * M_PI * fo[0] * u), &sv, &cv);
         B[0] = ev * (double)cv;
         B[1] = ev * (double)sv;
         if constexpr (two) {
@@ -399,12 +581,15 @@ __device__ void dstart_dcos(const fit_args_t &a, const start_args_t &s, size_t i
       }
     }
   }
+  double f1 = fo[0];
+  if constexpr (t0m) /* refine_t0: the change point */
+    t0_change_point<TY>(a, ii, dead, df, bstep, xmn, xmx, f1, bg, bt0, best, bbest);
   double tau = bg > 0 ? 1 / bg : 100 * span, p[P];
   int ok = isfinite(best);
   p[0] = ok ? bbest[0] : 1;
   p[1] = ok ? bbest[1] : 0;
   p[2] = tau;
-  p[3] = fo[0];
+  p[3] = f1;
   if constexpr (two) {
     p[4] = ok ? bbest[2] : 1;
     p[5] = ok ? bbest[3] : 0;

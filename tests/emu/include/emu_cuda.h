@@ -193,7 +193,9 @@ inline void __sincosf(float x, float *s, float *c) { *s = sinf(x), *c = cosf(x);
  * (and the emulation is built without FMA contraction). */
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __ddiv_rn(double a, double b) { return a / b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __double2float_rn(double a) { return (float)a; }
 template <typename T> inline T atomicAdd(T *p, T v) { T o = *p; *p = o + v; return o; }
