@@ -116,10 +116,7 @@ static int cu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *e
     return 0;
   if ((rc = fit_now(self, c)) < 0)
     return rc;
-  uint32_t fl = c->s.conf.source == BEAM_FITS_RESULT
-                    ? (uint32_t)(in->flags & (BEAM_FLAG_PARTIAL | BEAM_FLAG_FINAL | BEAM_FLAG_ABORTED))
-                    : (uint32_t)BEAM_FLAG_PARTIAL;
-  beam_fits_emit(&c->s, emit, fl);
+  beam_fits_emit(&c->s, emit, beam_fits_flags(self, &c->s, in));
   return 0;
 }
 
@@ -131,12 +128,7 @@ static int cu_end(beam_stage_t *self, beam_emit_t *emit) {
   int rc = fit_now(self, c);
   if (rc < 0)
     return rc;
-  uint32_t fl = BEAM_FLAG_FINAL;
-  if (self->end_missing || s->nbad || s->nover)
-    fl |= BEAM_FLAG_INCOMPLETE;
-  if (self->end_aborted)
-    fl |= BEAM_FLAG_ABORTED;
-  beam_fits_emit(s, emit, fl);
+  beam_fits_emit(s, emit, beam_fits_flags(self, s, NULL));
   return 0;
 }
 

@@ -722,3 +722,16 @@ void beam_fits_emit(beam_fits_t *s, beam_emit_t *emit, uint32_t flags) {
   finish(f, s, flags);
   beam_emit_put(emit, f);
 }
+
+uint32_t beam_fits_flags(const beam_stage_t *self, const beam_fits_t *s, const beam_frame_t *in) {
+  if (in)
+    return s->conf.source == BEAM_FITS_RESULT
+               ? (uint32_t)(in->flags & (BEAM_FLAG_PARTIAL | BEAM_FLAG_FINAL | BEAM_FLAG_ABORTED))
+               : (uint32_t)BEAM_FLAG_PARTIAL;
+  uint32_t fl = BEAM_FLAG_FINAL;
+  if (self->end_missing || s->nbad || s->nover)
+    fl |= BEAM_FLAG_INCOMPLETE;
+  if (self->end_aborted)
+    fl |= BEAM_FLAG_ABORTED;
+  return fl;
+}

@@ -120,6 +120,12 @@ int beam_fits_take(beam_stage_t *self, beam_fits_t *s, const beam_frame_t *in);
 void beam_fits_batch(const beam_fits_t *s, beam_fit_batch_t *b);
 /* Emits params, errors, chi2, status (and curves) with flags. */
 void beam_fits_emit(beam_fits_t *s, beam_emit_t *emit, uint32_t flags);
+/* Flags of what a fit publishes, the same for every backend: for input
+ * frame in, a result source keeps its PARTIAL/FINAL/ABORTED and a pixels
+ * preview is PARTIAL; at the series end (in NULL) FINAL, with INCOMPLETE
+ * when frames were lost (end_missing) or refused here (bad, no x, beyond
+ * max_frames) and ABORTED for a cut series. */
+uint32_t beam_fits_flags(const beam_stage_t *self, const beam_fits_t *s, const beam_frame_t *in);
 
 #ifdef __cplusplus
 }

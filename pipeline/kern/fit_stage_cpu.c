@@ -146,12 +146,7 @@ static int process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *emit
     return 0;
   if ((rc = fit_now(self, c)) < 0)
     return rc;
-  /* A result source publishes each fit as final for its input frame
-   * (whose own PARTIAL/FINAL it keeps); pixels previews are PARTIAL. */
-  uint32_t fl = c->s.conf.source == BEAM_FITS_RESULT
-                    ? (in->flags & (BEAM_FLAG_PARTIAL | BEAM_FLAG_FINAL | BEAM_FLAG_ABORTED))
-                    : BEAM_FLAG_PARTIAL;
-  beam_fits_emit(&c->s, emit, fl);
+  beam_fits_emit(&c->s, emit, beam_fits_flags(self, &c->s, in));
   return 0;
 }
 
@@ -163,15 +158,7 @@ static int end(beam_stage_t *self, beam_emit_t *emit) {
   int rc = fit_now(self, c);
   if (rc < 0)
     return rc;
-  /* Frames the source lost, frames refused here (bad, no x, beyond
-   * max_frames) and a cut series: the maps come from fewer frames than the
-   * series had, and say so. */
-  uint32_t fl = BEAM_FLAG_FINAL;
-  if (self->end_missing || s->nbad || s->nover)
-    fl |= BEAM_FLAG_INCOMPLETE;
-  if (self->end_aborted)
-    fl |= BEAM_FLAG_ABORTED;
-  beam_fits_emit(s, emit, fl);
+  beam_fits_emit(s, emit, beam_fits_flags(self, s, NULL));
   return 0;
 }
 
