@@ -58,6 +58,26 @@ beam_cnode_t *bh_stage_cfg(const char *kind) {
   return m;
 }
 
+void bh_set_kv(beam_cnode_t *c, const char *const *kv, const char *labels, const char *dir) {
+  for (size_t i = 0; kv[i]; i += 2) {
+    const char *v = kv[i + 1];
+    if (!strcmp(v, "@labels")) {
+      beam_cnode_t *m = bh_map();
+      bh_set(m, "file", labels);
+      bh_put(c, kv[i], m);
+    } else if (!strcmp(v, "@rect")) {
+      beam_cnode_t *roi = bh_map(), *seq = bh_seq();
+      bh_set(roi, "name", "a");
+      bh_set(roi, "shape", "rect");
+      bh_set(roi, "rect", "[0, 0, 8, 8]");
+      bh_push(seq, roi);
+      bh_put(c, kv[i], seq);
+    } else {
+      bh_set(c, kv[i], !strcmp(v, "@dir") ? dir : v);
+    }
+  }
+}
+
 int bh_validate(beam_cnode_t *cfg, const beam_param_t *params, char *msg, size_t len) {
   beam_cfg_errs_t errs = {0};
   /* Stage tests exercise init on missing files: the load-time check would

@@ -37,6 +37,11 @@ void bh_put(beam_cnode_t *map, const char *key, beam_cnode_t *node); /* takes no
 void bh_push(beam_cnode_t *seq, beam_cnode_t *node);                /* takes node */
 /* A stage map with name/kind set. */
 beam_cnode_t *bh_stage_cfg(const char *kind);
+/* Sets key/value pairs (kv: NULL-terminated) on map c. Values "@rect" (one
+ * rectangle ROI [0, 0, 8, 8], a list of maps), "@labels" (a map {file:
+ * labels}) and "@dir" (dir) stand for what text cannot say; the sweeps of
+ * every stage kind share it. */
+void bh_set_kv(beam_cnode_t *c, const char *const *kv, const char *labels, const char *dir);
 /* Validates against params; returns the error count and, when msg is not
  * NULL, copies the first message into it. */
 int bh_validate(beam_cnode_t *cfg, const beam_param_t *params, char *msg, size_t len);

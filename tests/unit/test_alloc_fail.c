@@ -58,25 +58,7 @@ static int setup(void **state) {
 
 static beam_cnode_t *cfg_of(const kind_t *k) {
   beam_cnode_t *c = bh_stage_cfg(k->kind);
-  for (size_t i = 0; k->kv[i]; i += 2) {
-    const char *v = k->kv[i + 1];
-    if (!strcmp(v, "@labels")) { /* rois: {file: the label image} */
-      beam_cnode_t *m = bh_map();
-      bh_set(m, "file", labels_p);
-      bh_put(c, k->kv[i], m);
-      continue;
-    }
-    if (!strcmp(v, "@rect")) { /* one rectangle ROI: a list of maps */
-      beam_cnode_t *roi = bh_map(), *seq = bh_seq();
-      bh_set(roi, "name", "a");
-      bh_set(roi, "shape", "rect");
-      bh_set(roi, "rect", "[0, 0, 8, 8]");
-      bh_push(seq, roi);
-      bh_put(c, k->kv[i], seq);
-      continue;
-    }
-    bh_set(c, k->kv[i], !strcmp(v, "@dir") ? rec_dir : v);
-  }
+  bh_set_kv(c, k->kv, labels_p, rec_dir);
   char msg[512];
   if (bh_validate(c, k->params, msg, sizeof msg))
     fail_msg("%s config: %s", k->kind, msg);
