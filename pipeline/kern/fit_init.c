@@ -24,7 +24,9 @@
 /* As fit_cpu.o is built (Makefile): no FP traps and no errno let the
  * selects in the fp32 basis loops (fit_vmath.h) vectorise. Neither
  * changes a result (no contraction, no reassociation). */
+#if defined(__GNUC__) && !defined(__clang__) /* clang (make fuzz) knows no such pragma */
 #pragma GCC optimize("no-trapping-math", "no-math-errno")
+#endif
 #include <fftw3.h>
 #include <math.h>
 #include <pthread.h>
