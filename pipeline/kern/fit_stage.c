@@ -723,7 +723,7 @@ void beam_fits_emit(beam_fits_t *s, beam_emit_t *emit, uint32_t flags) {
   beam_emit_put(emit, f);
 }
 
-uint32_t beam_fits_flags(const beam_stage_t *self, const beam_fits_t *s, const beam_frame_t *in) {
+static uint32_t flags_of(const beam_stage_t *self, const beam_fits_t *s, const beam_frame_t *in) {
   if (in)
     return s->conf.source == BEAM_FITS_RESULT
                ? (uint32_t)(in->flags & (BEAM_FLAG_PARTIAL | BEAM_FLAG_FINAL | BEAM_FLAG_ABORTED))
@@ -734,4 +734,30 @@ uint32_t beam_fits_flags(const beam_stage_t *self, const beam_fits_t *s, const b
   if (self->end_aborted)
     fl |= BEAM_FLAG_ABORTED;
   return fl;
+}
+
+int beam_fits_process(beam_stage_t *self, beam_fits_t *s, const beam_frame_t *in,
+                      beam_emit_t *emit, beam_fits_fit_fn fit, void *backend) {
+  int rc = beam_fits_take(self, s, in);
+  if (rc < 0) {
+    atomic_fetch_add(&self->counters[1].value, 1);
+    return rc;
+  }
+  if (rc == 0)
+    return 0;
+  if ((rc = fit(self, backend)) < 0)
+    return rc;
+  beam_fits_emit(s, emit, flags_of(self, s, in));
+  return 0;
+}
+
+int beam_fits_end(beam_stage_t *self, beam_fits_t *s, beam_emit_t *emit, beam_fits_fit_fn fit,
+                  void *backend) {
+  if (s->conf.source == BEAM_FITS_RESULT)
+    return 0; /* every input frame was fitted as it came */
+  int rc = fit(self, backend);
+  if (rc < 0)
+    return rc;
+  beam_fits_emit(s, emit, flags_of(self, s, NULL));
+  return 0;
 }

@@ -120,12 +120,19 @@ int beam_fits_take(beam_stage_t *self, beam_fits_t *s, const beam_frame_t *in);
 void beam_fits_batch(const beam_fits_t *s, beam_fit_batch_t *b);
 /* Emits params, errors, chi2, status (and curves) with flags. */
 void beam_fits_emit(beam_fits_t *s, beam_emit_t *emit, uint32_t flags);
-/* Flags of what a fit publishes, the same for every backend: for input
- * frame in, a result source keeps its PARTIAL/FINAL/ABORTED and a pixels
- * preview is PARTIAL; at the series end (in NULL) FINAL, with INCOMPLETE
- * when frames were lost (end_missing) or refused here (bad, no x, beyond
- * max_frames) and ABORTED for a cut series. */
-uint32_t beam_fits_flags(const beam_stage_t *self, const beam_fits_t *s, const beam_frame_t *in);
+/* A backend's fit of the batch the stage holds (CPU threads, or the CUDA
+ * engine); backend is its own state. */
+typedef int (*beam_fits_fit_fn)(beam_stage_t *self, void *backend);
+/* process and end of every backend: take the frame, fit when a batch is
+ * complete (a result frame, a pixels preview, the series end) and publish
+ * with the same flags: a result source keeps the input's
+ * PARTIAL/FINAL/ABORTED, a pixels preview is PARTIAL, the end FINAL with
+ * INCOMPLETE when frames were lost (end_missing) or refused here (bad, no
+ * x, beyond max_frames) and ABORTED for a cut series. */
+int beam_fits_process(beam_stage_t *self, beam_fits_t *s, const beam_frame_t *in,
+                      beam_emit_t *emit, beam_fits_fit_fn fit, void *backend);
+int beam_fits_end(beam_stage_t *self, beam_fits_t *s, beam_emit_t *emit, beam_fits_fit_fn fit,
+                  void *backend);
 
 #ifdef __cplusplus
 }

@@ -135,31 +135,16 @@ static int fit_now(beam_stage_t *self, cpu_t *c) {
   return 0;
 }
 
+static int fit_cb(beam_stage_t *self, void *c) { return fit_now(self, c); }
+
 static int process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *emit) {
   cpu_t *c = self->priv;
-  int rc = beam_fits_take(self, &c->s, in);
-  if (rc < 0) {
-    atomic_fetch_add(&self->counters[1].value, 1);
-    return rc;
-  }
-  if (rc == 0)
-    return 0;
-  if ((rc = fit_now(self, c)) < 0)
-    return rc;
-  beam_fits_emit(&c->s, emit, beam_fits_flags(self, &c->s, in));
-  return 0;
+  return beam_fits_process(self, &c->s, in, emit, fit_cb, c);
 }
 
 static int end(beam_stage_t *self, beam_emit_t *emit) {
   cpu_t *c = self->priv;
-  beam_fits_t *s = &c->s;
-  if (s->conf.source == BEAM_FITS_RESULT)
-    return 0; /* every input frame was fitted as it came */
-  int rc = fit_now(self, c);
-  if (rc < 0)
-    return rc;
-  beam_fits_emit(s, emit, beam_fits_flags(self, s, NULL));
-  return 0;
+  return beam_fits_end(self, &c->s, emit, fit_cb, c);
 }
 
 const beam_stage_ops_t beam_fit_cpu_ops = {WHO, "cpu", init, start, process, end, destroy};
