@@ -209,6 +209,23 @@ int bh_init(bh_t *h, beam_diag_t *d) {
   return h->st.ops->init(&h->st, d);
 }
 
+int bh_series(bh_t *h, beam_frame_t *f, int n, beam_diag_t *d) {
+  int rc = bh_init(h, d);
+  if (rc == 0)
+    rc = bh_start(h, f->dtype, f->ndim, f->shape, d);
+  if (rc < 0)
+    return rc;
+  for (int j = 0; j < n && rc == 0; j++) {
+    f->frame_id = (uint64_t)j;
+    rc = bh_process(h, f);
+  }
+  if (rc == 0)
+    rc = bh_end(h);
+  if (rc < 0)
+    *d = h->st.diag;
+  return rc;
+}
+
 int bh_new(bh_t **out, const beam_stage_ops_t *ops, beam_cnode_t *cfg, beam_diag_t *d) {
   *out = bh_alloc(ops, cfg);
   return bh_init(*out, d);

@@ -54,6 +54,10 @@ int bh_new(bh_t **out, const beam_stage_ops_t *ops, beam_cnode_t *cfg, beam_diag
  * allocation-failure sweep arms its counter after the harness's own). */
 bh_t *bh_alloc(const beam_stage_ops_t *ops, beam_cnode_t *cfg);
 int bh_init(bh_t *h, beam_diag_t *d);
+/* init, start on f's geometry, n copies of f (frame ids 0..n-1), end:
+ * a whole series as the graph runs it. Returns the first error, its
+ * message in d. */
+int bh_series(bh_t *h, beam_frame_t *f, int n, beam_diag_t *d);
 /* Validates cfg against params (a failure fails the test), runs bh_new and
  * fails the test unless init returned expect_rc and, when expect_msg is
  * given, its message contains expect_msg. */

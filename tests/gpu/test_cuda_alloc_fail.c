@@ -69,19 +69,7 @@ static int one_path(const kind_t *k, long n, long base) {
     f->flags |= BEAM_FLAG_POS;
   beam_diag_t d = {0};
   emu_alloc_fail_arm(n);
-  int rc = bh_init(h, &d);
-  if (rc == 0)
-    rc = bh_start(h, BEAM_DT_U16, 2, shp, &d);
-  if (rc == 0) {
-    for (int j = 0; j < (k->frames ? k->frames : 1) && rc == 0; j++) {
-      f->frame_id = (uint64_t)j;
-      rc = bh_process(h, f);
-    }
-    if (rc == 0)
-      rc = bh_end(h);
-    if (rc < 0)
-      d = h->st.diag;
-  }
+  int rc = bh_series(h, f, k->frames ? k->frames : 1, &d);
   int hit = emu_alloc_fail_hit();
   emu_alloc_fail_arm(0);
   if (hit && rc < 0 && !d.msg[0])

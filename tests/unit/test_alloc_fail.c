@@ -80,16 +80,7 @@ static int one_path(const kind_t *k, long n, long *allocs) {
   }
   beam_diag_t d = {0};
   failalloc_arm(n);
-  int rc = bh_init(h, &d);
-  if (rc == 0)
-    rc = bh_start(h, k->dt, 2, shp, &d);
-  if (rc == 0) {
-    rc = bh_process(h, f);
-    if (rc == 0)
-      rc = bh_end(h);
-    if (rc < 0)
-      d = h->st.diag;
-  }
+  int rc = bh_series(h, f, 1, &d);
   int hit = failalloc_hit();
   *allocs = failalloc_count();
   failalloc_arm(0);
