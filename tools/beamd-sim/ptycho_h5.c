@@ -48,7 +48,7 @@ static hid_t array(wr_t *w, const char *path, hid_t ft, hid_t mt, int nd, const 
   return ds;
 }
 
-static hid_t file_type(beam_dtype_t dt) {
+hid_t sim_h5_file_type(beam_dtype_t dt) {
   switch (dt) {
   case BEAM_DT_U8: return H5T_STD_U8LE;
   case BEAM_DT_U16: return H5T_STD_U16LE;
@@ -57,7 +57,7 @@ static hid_t file_type(beam_dtype_t dt) {
   }
 }
 
-static hid_t mem_type(beam_dtype_t dt) {
+hid_t sim_h5_mem_type(beam_dtype_t dt) {
   switch (dt) {
   case BEAM_DT_U8: return H5T_NATIVE_UINT8;
   case BEAM_DT_U16: return H5T_NATIVE_UINT16;
@@ -71,7 +71,7 @@ static int frames(wr_t *w, sim_ptycho_t *s, beam_diag_t *d) {
   hid_t sp = H5Screate_simple(3, dims, NULL);
   hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
   H5Pset_chunk(dcpl, 3, chunk);
-  hid_t ds = H5Dcreate2(w->f, "/entry/data/data", file_type(s->dtype), sp, H5P_DEFAULT, dcpl,
+  hid_t ds = H5Dcreate2(w->f, "/entry/data/data", sim_h5_file_type(s->dtype), sp, H5P_DEFAULT, dcpl,
                         H5P_DEFAULT);
   H5Pclose(dcpl);
   size_t bytes = (size_t)s->h * s->w * beam_dtype_size(s->dtype);
@@ -87,7 +87,7 @@ static int frames(wr_t *w, sim_ptycho_t *s, beam_diag_t *d) {
       sim_ptycho_render(s, k, buf, pos);
       hsize_t off[3] = {k, 0, 0};
       H5Sselect_hyperslab(sp, H5S_SELECT_SET, off, NULL, one, NULL);
-      if (H5Dwrite(ds, mem_type(s->dtype), ms, sp, H5P_DEFAULT, buf) < 0)
+      if (H5Dwrite(ds, sim_h5_mem_type(s->dtype), ms, sp, H5P_DEFAULT, buf) < 0)
         rc = BEAM_DIAG(d, BEAM_EIO, "writing frame %u", k);
     }
   }

@@ -24,24 +24,6 @@
 #include "daemon/h5util.h"
 #include "tools/beamd-sim/sim.h"
 
-static hid_t file_type(beam_dtype_t dt) {
-  switch (dt) {
-  case BEAM_DT_U8: return H5T_STD_U8LE;
-  case BEAM_DT_U16: return H5T_STD_U16LE;
-  case BEAM_DT_U32: return H5T_STD_U32LE;
-  default: return H5T_IEEE_F32LE;
-  }
-}
-
-static hid_t mem_type(beam_dtype_t dt) {
-  switch (dt) {
-  case BEAM_DT_U8: return H5T_NATIVE_UINT8;
-  case BEAM_DT_U16: return H5T_NATIVE_UINT16;
-  case BEAM_DT_U32: return H5T_NATIVE_UINT32;
-  default: return H5T_NATIVE_FLOAT;
-  }
-}
-
 /* Every frame, one chunk each, rendered into one reused buffer. */
 static int frames(hid_t f, sim_pp_t *s, const sim_opts_t *o, beam_diag_t *d) {
   hsize_t dims[3] = {o->frames, o->h, o->w}, one[3] = {1, o->h, o->w};
@@ -49,7 +31,7 @@ static int frames(hid_t f, sim_pp_t *s, const sim_opts_t *o, beam_diag_t *d) {
   hid_t ms = H5Screate_simple(3, one, NULL);
   hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
   H5Pset_chunk(dcpl, 3, one);
-  hid_t ds = H5Dcreate2(f, "/entry/data/data", file_type(o->dtype), sp, H5P_DEFAULT, dcpl,
+  hid_t ds = H5Dcreate2(f, "/entry/data/data", sim_h5_file_type(o->dtype), sp, H5P_DEFAULT, dcpl,
                         H5P_DEFAULT);
   H5Pclose(dcpl);
   void *buf = malloc((size_t)o->h * o->w * beam_dtype_size(o->dtype));
@@ -61,7 +43,7 @@ static int frames(hid_t f, sim_pp_t *s, const sim_opts_t *o, beam_diag_t *d) {
       sim_pp_render(s, 0, k, buf);
       hsize_t off[3] = {k, 0, 0};
       H5Sselect_hyperslab(sp, H5S_SELECT_SET, off, NULL, one, NULL);
-      if (H5Dwrite(ds, mem_type(o->dtype), ms, sp, H5P_DEFAULT, buf) < 0)
+      if (H5Dwrite(ds, sim_h5_mem_type(o->dtype), ms, sp, H5P_DEFAULT, buf) < 0)
         rc = BEAM_DIAG(d, BEAM_EIO, "--write-h5: writing frame %llu", (unsigned long long)k);
     }
   }

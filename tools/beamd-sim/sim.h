@@ -10,6 +10,7 @@
 #ifndef BEAMD_SIM_H
 #define BEAMD_SIM_H
 
+#include <hdf5.h>
 #include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -345,5 +346,10 @@ void sim_dectris_describe(const sim_opts_t *o);
  * (d->code == 0 when a signal stopped it, which is not an error). */
 int sim_dectris_run(void *sock, const sim_opts_t *o, sim_bank_t *bank, sim_stats_t *st,
                     beam_diag_t *d);
+
+/* HDF5 file and memory types of a frame dtype, for the --write-h5 writers
+ * (ptycho_h5.c, pumpprobe_h5.c); HDF5's own constants, not to be closed. */
+hid_t sim_h5_file_type(beam_dtype_t dt);
+hid_t sim_h5_mem_type(beam_dtype_t dt);
 
 #endif
