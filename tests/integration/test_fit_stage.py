@@ -25,23 +25,29 @@ SIM = os.path.join(BUILD, "beamd-sim")
 RATE_MIN, RATE_MAX, RINGS, DT = 20.0, 200.0, 4, 0.001
 
 
-def test_g2_fit_recovers_ring_rates(tmp_path, ports, zctx, start_beamd, receivers, procs):
-    lab = tmp_path / "labels.npy"
-    args = ["--pattern", "xpcs", "--shape", "128x128", "--frames", "1500", "--mean", "20",
-            "--xpcs-rings", str(RINGS), "--xpcs-rate-min", str(RATE_MIN), "--xpcs-rate-max",
-            str(RATE_MAX), "--frame-time", str(DT), "--seed", "1", "--label-file", str(lab)]
-    # the label file must exist when the config is loaded
+def g2fit_stages(lab, rings=RINGS):
+    """xpcs_multitau -> fit (source result, exp on g2 vs lags, g2_err as
+    weights) on beamd-sim's xpcs ring labels, written to lab first: the
+    label file must exist when the config is loaded."""
     subprocess.run([SIM, "--bind", "tcp://127.0.0.1:1", "--frames", "2", "--pattern", "xpcs",
-                    "--shape", "128x128", "--xpcs-rings", str(RINGS), "--label-file", str(lab),
+                    "--shape", "128x128", "--xpcs-rings", str(rings), "--label-file", str(lab),
                     "--wait-subs", "0", "--quiet", "--rate", "1000"], timeout=20)
     assert lab.exists()
-    stages = [
+    return [
         {"name": "mt", "kind": "xpcs_multitau", "backend": "cpu", "rois": {"file": str(lab)},
          "levels": 6, "buffers": 16, "normalization": "per_pixel", "publish_every": 100000},
         {"name": "g2fit", "kind": "fit", "backend": "cpu", "source": "result",
          "input": "mt.g2+g2_err+lags", "model": "exp", "x": "lags", "weights": "g2_err",
          "range": [1e-6, 1e9], "bounds": {"tau": [0, "inf"]}},
     ]
+
+
+def test_g2_fit_recovers_ring_rates(tmp_path, ports, zctx, start_beamd, receivers, procs):
+    lab = tmp_path / "labels.npy"
+    args = ["--pattern", "xpcs", "--shape", "128x128", "--frames", "1500", "--mean", "20",
+            "--xpcs-rings", str(RINGS), "--xpcs-rate-min", str(RATE_MIN), "--xpcs-rate-max",
+            str(RATE_MAX), "--frame-time", str(DT), "--seed", "1", "--label-file", str(lab)]
+    stages = g2fit_stages(lab)
     start_beamd(make_config(ports, stages, mode="pull", pool_frames=64, out_hwm=100000))
     rx = Receiver(zctx, ports.ep_publish)
     receivers.append(rx)

@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 from conftest import Proc, Receiver, make_config, proto
+from test_fit_stage import g2fit_stages
 from test_view import ARTEFACTS, Pub, View, block_reduce, wait_joined
 from viewclient import Browser
 
@@ -410,17 +411,7 @@ def test_browser_g2_fit_curves_from_the_daemon(tmp_path, ports, zctx, start_beam
     args = ["--pattern", "xpcs", "--shape", "128x128", "--frames", "1200", "--mean", "20",
             "--xpcs-rings", str(RINGS), "--xpcs-rate-min", "20", "--xpcs-rate-max", "200",
             "--frame-time", "0.001", "--seed", "1", "--label-file", str(lab)]
-    subprocess.run([SIM, "--bind", "tcp://127.0.0.1:1", "--frames", "2", "--pattern", "xpcs",
-                    "--shape", "128x128", "--xpcs-rings", str(RINGS), "--label-file", str(lab),
-                    "--wait-subs", "0", "--quiet", "--rate", "1000"], timeout=20)
-    assert lab.exists()
-    stages = [
-        {"name": "mt", "kind": "xpcs_multitau", "backend": "cpu", "rois": {"file": str(lab)},
-         "levels": 6, "buffers": 16, "normalization": "per_pixel", "publish_every": 100000},
-        {"name": "g2fit", "kind": "fit", "backend": "cpu", "source": "result",
-         "input": "mt.g2+g2_err+lags", "model": "exp", "x": "lags", "weights": "g2_err",
-         "range": [1e-6, 1e9], "bounds": {"tau": [0, "inf"]}},
-    ]
+    stages = g2fit_stages(lab, RINGS)
     start_beamd(make_config(ports, stages, mode="pull", pool_frames=64, out_hwm=100000))
     v = View(run_tool, [ports.ep_publish], control=ports.ep_control)
     rx = Receiver(zctx, ports.ep_publish)
