@@ -263,6 +263,7 @@ stages:
     kind: roi_sum
     input: corr
     backend: cpu
+    thread: {self.a.vd_thread}
     rois:
       - {{name: bf, shape: disk, radius: {q}}}
       - {{name: adf, shape: annulus, radii: [{q}, {2 * q}]}}
@@ -559,6 +560,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=float(os.environ.get("BENCH_SECONDS", 3)),
                     help="length of each throughput and latency run (default 3)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--vd-thread", choices=["auto", "own", "upstream"], default="auto",
+                    help="thread key of the roi_sum stage in the throughput config (default auto)")
     ap.add_argument("--rates", type=int, nargs="+", default=[200, 1000],
                     help="paced rates for the latency figure (frames/s)")
     ap.add_argument("--skip", type=int, default=10,

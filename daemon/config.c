@@ -399,6 +399,7 @@ static int fill(beam_config_t *c, beam_cfg_errs_t *errs) {
     sp->kind = beam_cfg_str(s, "kind");
     sp->input = beam_cfg_str(s, "input");
     sp->backend = beam_cfg_str(s, "backend");
+    sp->thread = beam_cfg_str(s, "thread");
     sp->publish = beam_cfg_bool(s, "publish", 1);
     sp->queue = (unsigned)beam_cfg_int(s, "queue", 32);
     sp->node = s;

@@ -687,7 +687,8 @@ static int rec_end(beam_stage_t *self, beam_emit_t *emit) {
 }
 
 const beam_stage_ops_t beam_record_cpu_ops = {
-    "record", "cpu", rec_init, rec_start, rec_process, rec_end, rec_destroy,
+    .kind = "record", .backend = "cpu",
+    .init = rec_init, .start = rec_start, .process = rec_process, .end = rec_end, .destroy = rec_destroy,
 };
 
 const beam_stage_kind_t beam_record_kind = {

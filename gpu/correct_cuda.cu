@@ -172,5 +172,6 @@ static int cu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *e
 static int cu_end(beam_stage_t *self, beam_emit_t *emit) { return 0; }
 
 extern "C" const beam_stage_ops_t beam_correct_cuda_ops = {
-    "correct", "cuda", cu_init, cu_start, cu_process, cu_end, cu_destroy,
+    .kind = "correct", .backend = "cuda",
+    .init = cu_init, .start = cu_start, .process = cu_process, .end = cu_end, .destroy = cu_destroy, .light = 0,
 };

@@ -117,5 +117,7 @@ static int cu_end(beam_stage_t *self, beam_emit_t *emit) {
   return beam_fits_end(self, &c->s, emit, fit_cb, c);
 }
 
-extern "C" const beam_stage_ops_t beam_fit_cuda_ops = {WHO,      "cuda",     cu_init, cu_start,
-                                                      cu_process, cu_end, cu_destroy};
+extern "C" const beam_stage_ops_t beam_fit_cuda_ops = {
+    .kind = WHO, .backend = "cuda",
+    .init = cu_init, .start = cu_start, .process = cu_process, .end = cu_end, .destroy = cu_destroy, .light = 0,
+};

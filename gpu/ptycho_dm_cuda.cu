@@ -16,5 +16,6 @@ static int cu_init(beam_stage_t *self, beam_diag_t *d) {
 }
 
 extern "C" const beam_stage_ops_t beam_ptycho_dm_cuda_ops = {
-    "ptycho_dm",          "cuda",         cu_init, beam_ptycho_dm_start, beam_ptycho_dm_process,
-    beam_ptycho_dm_end, beam_ptycho_dm_destroy};
+    .kind = "ptycho_dm", .backend = "cuda",
+    .init = cu_init, .start = beam_ptycho_dm_start, .process = beam_ptycho_dm_process, .end = beam_ptycho_dm_end, .destroy = beam_ptycho_dm_destroy, .light = 0,
+};

@@ -197,5 +197,6 @@ static int cu_end(beam_stage_t *self, beam_emit_t *emit) {
 }
 
 extern "C" const beam_stage_ops_t beam_roi_sum_cuda_ops = {
-    "roi_sum", "cuda", cu_init, cu_start, cu_process, cu_end, cu_destroy,
+    .kind = "roi_sum", .backend = "cuda",
+    .init = cu_init, .start = cu_start, .process = cu_process, .end = cu_end, .destroy = cu_destroy, .light = 0,
 };

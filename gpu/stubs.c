@@ -31,25 +31,26 @@ void beam_host_free(void *p, int pinned) {
   free(p);
 }
 
-#define STUB_OPS(kind)                                                                      \
-  static int kind##_init(beam_stage_t *self, beam_diag_t *d) {                              \
+#define STUB_OPS(k)                                                                      \
+  static int k##_init(beam_stage_t *self, beam_diag_t *d) {                              \
     return BEAM_DIAG(d, BEAM_ENOTSUP,                                                       \
-                     #kind ": backend cuda is not available: beamd was " NO_CUDA            \
+                     #k ": backend cuda is not available: beamd was " NO_CUDA            \
                      " (rebuild with CUDA=1, or use backend: cpu or auto)");                \
   }                                                                                         \
-  static int kind##_start(beam_stage_t *self, const beam_series_t *s, const beam_indesc_t *in, \
+  static int k##_start(beam_stage_t *self, const beam_series_t *s, const beam_indesc_t *in, \
                           beam_diag_t *d) {                                                 \
-    return BEAM_DIAG(d, BEAM_ENOTSUP, #kind ": " NO_CUDA);                                  \
+    return BEAM_DIAG(d, BEAM_ENOTSUP, #k ": " NO_CUDA);                                  \
   }                                                                                         \
-  static int kind##_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *e) {   \
-    return BEAM_DIAG(&self->diag, BEAM_ENOTSUP, #kind ": " NO_CUDA);                        \
+  static int k##_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *e) {   \
+    return BEAM_DIAG(&self->diag, BEAM_ENOTSUP, #k ": " NO_CUDA);                        \
   }                                                                                         \
-  static int kind##_end(beam_stage_t *self, beam_emit_t *e) {                               \
-    return BEAM_DIAG(&self->diag, BEAM_ENOTSUP, #kind ": " NO_CUDA);                        \
+  static int k##_end(beam_stage_t *self, beam_emit_t *e) {                               \
+    return BEAM_DIAG(&self->diag, BEAM_ENOTSUP, #k ": " NO_CUDA);                        \
   }                                                                                         \
-  static void kind##_destroy(beam_stage_t *self) {}                                         \
-  const beam_stage_ops_t beam_##kind##_cuda_ops = {                                         \
-      #kind, "cuda", kind##_init, kind##_start, kind##_process, kind##_end, kind##_destroy};
+  static void k##_destroy(beam_stage_t *self) {}                                         \
+  const beam_stage_ops_t beam_##k##_cuda_ops = {                                         \
+      .kind = #k, .backend = "cuda", .init = k##_init, .start = k##_start,         \
+      .process = k##_process, .end = k##_end, .destroy = k##_destroy};
 
 STUB_OPS(correct)
 STUB_OPS(roi_sum)

@@ -45,6 +45,15 @@ enum { IT_START, IT_FRAME, IT_END, IT_QUIT };
  * upstream just wrote is still in the cache. */
 #define BATCH_OUT_BYTES (2u << 20)
 
+/* `thread: auto` runs a light stage on its upstream's thread when the
+ * frames it reads are at most this large: they are then still in that
+ * core's cache (L2 is 1-4 MiB a core on current x86 servers). A larger
+ * output is read from memory whichever core reads it, and the stages
+ * then gain more from running side by side (bench/run.py throughput:
+ * 512x512 float32 1 MiB faster on one thread, 2048x2048 16 MiB slower). */
+#define INLINE_MAX_BYTES (2u << 20)
+enum { THREAD_AUTO, THREAD_OWN, THREAD_UPSTREAM };
+
 /* Shared by the END items of one series: the last stage to finish it
  * reports the series done. */
 typedef struct end_tracker_s {
@@ -105,6 +114,23 @@ struct node_s {
   int idle_more; /* the stage's idle op asked to be called again */
   int kick;      /* frames pushed downstream without waking their stage */
   int upstream;          /* node index of the input stage, -1 = frames */
+  /* Where this stage runs (stage key `thread`, see thread_for). A stage
+   * that may run on its upstream's thread (`may_inline`: it is that
+   * upstream's only consumer and has no idle work) still has a thread of
+   * its own; on_upstream says, per series, which one handles its items:
+   * while set, its upstream hands them over by a call instead of the
+   * queue, so the frame just written is read from that core's cache and
+   * no thread is woken. Changed only by the upstream's thread at a series
+   * start, under q.mu, when this stage's thread is idle with nothing
+   * queued (wait_quiet), so the two threads never both run its items. */
+  int thread_mode;
+  int may_inline;
+  int on_upstream;
+  int busy;              /* own thread inside an item (under q.mu) */
+  pthread_cond_t quiet;  /* busy cleared with the queue empty */
+  int quiet_init;
+  node_t *inl;           /* our only consumer, when it may run on our thread */
+  uint64_t nested_ns;    /* time spent in inl's items during our own (stats) */
   /* ingest_idx of the frame being processed, UINT64_MAX when idle (read
    * by beam_graph_watermark under the queue lock). */
   uint64_t cur_idx;
@@ -202,7 +228,7 @@ static void queue_kick(queue_t *q) {
  * ingest_idx, so a watermark reader never sees a frame in neither place.
  * With wait 0 it returns 0 at once when the queue is empty (a stage with
  * idle work); otherwise it blocks until an item is there and returns 1. */
-static int queue_pop(queue_t *q, item_t *it, uint64_t *cur, int wait) {
+static int queue_pop(queue_t *q, item_t *it, uint64_t *cur, int wait, int *busy) {
   pthread_mutex_lock(&q->mu);
   while (q->count == 0) {
     if (!wait) {
@@ -212,6 +238,8 @@ static int queue_pop(queue_t *q, item_t *it, uint64_t *cur, int wait) {
     pthread_cond_wait(&q->not_empty, &q->mu);
   }
   *it = q->buf[q->head];
+  if (busy)
+    *busy = 1;
   if (cur && it->kind == IT_FRAME)
     *cur = it->frame->ingest_idx;
   q->head = (q->head + 1) % q->size;
@@ -294,6 +322,26 @@ static char *describe_out(const node_t *nd, const beam_outdesc_t *o, uint64_t se
 
 /* ---- emit --------------------------------------------------------------- */
 
+static int run_item(node_t *nd, item_t *it);
+
+/* Hands an item to a consumer: on its queue, or, for one that runs on
+ * this thread, by handling it now (its time kept apart from ours). */
+static void deliver(node_t *from, node_t *to, item_t *it, int batch) {
+  /* QUIT always goes by the queue: it is what ends the consumer's thread. */
+  if (!to->on_upstream || it->kind == IT_QUIT) {
+    queue_push_b(&to->q, it, batch);
+    return;
+  }
+  if (it->kind == IT_FRAME) {
+    pthread_mutex_lock(&to->q.mu); /* the watermark reads it under this lock */
+    to->cur_idx = it->frame->ingest_idx;
+    pthread_mutex_unlock(&to->q.mu);
+  }
+  uint64_t t0 = beam_now_ns();
+  run_item(to, it);
+  from->nested_ns += beam_now_ns() - t0;
+}
+
 typedef struct emit_ctx_s {
   node_t *nd;
   const beam_frame_t *in;
@@ -304,6 +352,8 @@ typedef struct emit_ctx_s {
  * for its next item or for an output slot (which only they can give
  * back), and when it has nothing more queued. */
 static void kick_consumers(node_t *nd) {
+  if (nd->inl && nd->inl->on_upstream)
+    kick_consumers(nd->inl);
   if (!nd->kick)
     return;
   nd->kick = 0;
@@ -367,7 +417,7 @@ static void emit_put(void *ctx, beam_frame_t *f) {
   for (unsigned i = 0; i < o->ncons; i++) {
     item_t it = {.kind = IT_FRAME, .frame = f};
     atomic_fetch_add(&g->inflight, 1);
-    queue_push_b(&o->cons[i]->q, &it, o->batch);
+    deliver(nd, o->cons[i], &it, o->batch);
   }
   nd->kick |= o->batch && o->ncons;
   if (nd->publish)
@@ -381,10 +431,35 @@ static void emit_drop(void *ctx, beam_frame_t *f) {
 
 /* ---- worker ------------------------------------------------------------- */
 
+/* Waits until nd's own thread has handled everything queued to it. */
+static void wait_quiet(node_t *nd) {
+  while (nd->q.count || nd->busy)
+    pthread_cond_wait(&nd->quiet, &nd->q.mu);
+}
+
+/* At a series start (on the upstream's thread): whether consumer c runs on
+ * this thread for the series. upstream: always; auto: when it is light
+ * and the frame it reads stays in this core's cache (INLINE_MAX_BYTES). */
+static void thread_for(node_t *nd, node_t *c, int out) {
+  if (!c->may_inline)
+    return;
+  int want = c->thread_mode == THREAD_UPSTREAM;
+  if (c->thread_mode == THREAD_AUTO && nd->series_ok && out >= 0)
+    want = out_bytes(&nd->stage.outs[out]) <= INLINE_MAX_BYTES;
+  if (want == c->on_upstream)
+    return;
+  pthread_mutex_lock(&c->q.mu);
+  if (want)
+    wait_quiet(c);
+  c->on_upstream = want;
+  pthread_mutex_unlock(&c->q.mu);
+}
+
 static void forward(node_t *nd, const item_t *it) {
   for (unsigned c = 0; c < nd->ncons; c++) {
     item_t copy = *it;
     if (it->kind == IT_START) {
+      thread_for(nd, nd->cons[c].node, nd->cons[c].resolved);
       beam_series_ref(copy.series);
       int o = nd->cons[c].resolved;
       if (nd->series_ok && o >= 0) {
@@ -397,7 +472,7 @@ static void forward(node_t *nd, const item_t *it) {
       }
     }
     atomic_fetch_add(&nd->g->inflight, 1);
-    queue_push(&nd->cons[c].node->q, &copy);
+    deliver(nd, nd->cons[c].node, &copy, 0);
   }
 }
 
@@ -515,7 +590,7 @@ static void on_frame(node_t *nd, beam_frame_t *f) {
   emit_ctx_t ec = {nd, f};
   beam_emit_t e = {&ec, emit_get, emit_put, emit_drop};
   beam_diag_clear(&nd->stage.diag);
-  uint64_t t0 = beam_now_ns();
+  uint64_t t0 = beam_now_ns(), n0 = nd->nested_ns;
   const char *why = NULL;
   int rc = 0;
   int enc = nd->stage.process_encoded != NULL;
@@ -536,7 +611,7 @@ static void on_frame(node_t *nd, beam_frame_t *f) {
     rc = nd->stage.process_encoded(&nd->stage, f, &e);
   if (rc == 0)
     rc = nd->stage.ops->process(&nd->stage, f, &e);
-  uint64_t dt = beam_now_ns() - t0;
+  uint64_t dt = beam_now_ns() - t0 - (nd->nested_ns - n0);
   atomic_fetch_add(&nd->busy_ns, dt);
   beam_hist_add(&nd->lat, dt);
   if (rc < 0) {
@@ -552,9 +627,9 @@ static void on_idle(node_t *nd) {
   emit_ctx_t ec = {nd, NULL};
   beam_emit_t e = {&ec, emit_get, emit_put, emit_drop};
   beam_diag_clear(&nd->stage.diag);
-  uint64_t t0 = beam_now_ns();
+  uint64_t t0 = beam_now_ns(), n0 = nd->nested_ns;
   int rc = nd->stage.idle(&nd->stage, &e);
-  atomic_fetch_add(&nd->busy_ns, beam_now_ns() - t0);
+  atomic_fetch_add(&nd->busy_ns, beam_now_ns() - t0 - (nd->nested_ns - n0));
   nd->idle_more = rc > 0;
   if (rc < 0) {
     atomic_fetch_add(&nd->errors, 1);
@@ -582,9 +657,9 @@ static void on_end(node_t *nd, item_t *it) {
     emit_ctx_t ec = {nd, NULL};
     beam_emit_t e = {&ec, emit_get, emit_put, emit_drop};
     beam_diag_clear(&nd->stage.diag);
-    uint64_t t0 = beam_now_ns();
+    uint64_t t0 = beam_now_ns(), n0 = nd->nested_ns;
     int rc = nd->stage.ops->end(&nd->stage, &e);
-    atomic_fetch_add(&nd->busy_ns, beam_now_ns() - t0);
+    atomic_fetch_add(&nd->busy_ns, beam_now_ns() - t0 - (nd->nested_ns - n0));
     if (rc < 0) {
       atomic_fetch_add(&nd->errors, 1);
       report(nd, nd->series->series_id, 0,
@@ -593,6 +668,44 @@ static void on_end(node_t *nd, item_t *it) {
   }
   nd->series_ok = 0;
   beam_series_unref(&nd->series);
+}
+
+/* One item, in order, on whichever thread runs this node; returns 1 for
+ * QUIT. */
+static int run_item(node_t *nd, item_t *it) {
+  beam_graph_t *g = nd->g;
+  nd->idle_more = it->kind == IT_FRAME || it->kind == IT_START;
+  int quit = it->kind == IT_QUIT;
+  switch (it->kind) {
+  case IT_START:
+    on_start(nd, it);
+    forward(nd, it);
+    beam_series_unref(&it->series);
+    break;
+  case IT_FRAME:
+    on_frame(nd, it->frame);
+    nd->last_idx = it->frame->ingest_idx;
+    nd->last_fid = it->frame->frame_id;
+    beam_frame_unref(it->frame);
+    pthread_mutex_lock(&nd->q.mu);
+    nd->cur_idx = UINT64_MAX;
+    pthread_mutex_unlock(&nd->q.mu);
+    break;
+  case IT_END:
+    on_end(nd, it);
+    forward(nd, it);
+    series_done(g, it->tracker);
+    break;
+  case IT_QUIT:
+    forward(nd, it);
+    break;
+  }
+  /* Nothing more queued: what this item produced goes on now. */
+  if (!nd->on_upstream && queue_depth(&nd->q) == 0)
+    kick_consumers(nd);
+  atomic_fetch_sub(&g->inflight, 1);
+  room_maybe(g);
+  return quit;
 }
 
 static void *worker_main(void *arg) {
@@ -608,48 +721,24 @@ static void *worker_main(void *arg) {
   for (;;) {
     item_t it;
     int idle = nd->idle_more && nd->series_ok && nd->stage.idle && !nd->stage.interrupt;
-    if (!queue_pop(&nd->q, &it, &nd->cur_idx, 0)) {
+    if (!queue_pop(&nd->q, &it, &nd->cur_idx, 0, &nd->busy)) {
       /* Nothing queued: what this stage emitted goes on now. */
       kick_consumers(nd);
       if (idle) {
         on_idle(nd);
         continue;
       }
-      queue_pop(&nd->q, &it, &nd->cur_idx, 1);
+      queue_pop(&nd->q, &it, &nd->cur_idx, 1, &nd->busy);
     }
-    nd->idle_more = it.kind == IT_FRAME || it.kind == IT_START;
-    int quit = it.kind == IT_QUIT;
-    switch (it.kind) {
-    case IT_START:
-      on_start(nd, &it);
-      forward(nd, &it);
-      beam_series_unref(&it.series);
+    if (run_item(nd, &it))
       break;
-    case IT_FRAME:
-      on_frame(nd, it.frame);
-      nd->last_idx = it.frame->ingest_idx;
-      nd->last_fid = it.frame->frame_id;
-      beam_frame_unref(it.frame);
+    if (nd->may_inline) {
       pthread_mutex_lock(&nd->q.mu);
-      nd->cur_idx = UINT64_MAX;
+      nd->busy = 0;
+      if (!nd->q.count)
+        pthread_cond_broadcast(&nd->quiet);
       pthread_mutex_unlock(&nd->q.mu);
-      break;
-    case IT_END:
-      on_end(nd, &it);
-      forward(nd, &it);
-      series_done(g, it.tracker);
-      break;
-    case IT_QUIT:
-      forward(nd, &it);
-      break;
     }
-    /* Nothing more queued: what this item produced goes on now. */
-    if (nd->kick && queue_depth(&nd->q) == 0)
-      kick_consumers(nd);
-    atomic_fetch_sub(&g->inflight, 1);
-    room_maybe(g);
-    if (quit)
-      break;
   }
   if (atomic_fetch_sub(&g->running, 1) == 1 && g->hooks.on_finished)
     g->hooks.on_finished(g->hooks.ctx);
@@ -696,6 +785,38 @@ static int pick_backend(beam_graph_t *g, node_t *nd, const beam_stage_spec_t *sp
     }
   }
   nd->backend = nd->stage.ops->backend;
+  return 0;
+}
+
+/* Whether a stage may run on its upstream's thread (see node_t). Its
+ * upstream must feed nothing else (that thread then serves one consumer,
+ * in order) and it must have no idle work (idle runs on its own thread
+ * between items). auto asks for a light CPU stage after a CPU stage: a
+ * CUDA stage's thread mostly waits for its device and should not wait
+ * for another's. */
+static int thread_setup(beam_graph_t *g, node_t *nd, const char *m, beam_diag_t *d) {
+  nd->thread_mode = !m || !strcmp(m, "auto") ? THREAD_AUTO : !strcmp(m, "own") ? THREAD_OWN
+                                                                             : THREAD_UPSTREAM;
+  if (pthread_cond_init(&nd->quiet, NULL) != 0)
+    return BEAM_DIAG(d, BEAM_ENOMEM, "graph: out of memory");
+  nd->quiet_init = 1;
+  if (nd->thread_mode == THREAD_OWN)
+    return 0;
+  node_t *up = nd->upstream >= 0 ? &g->nodes[nd->upstream] : NULL;
+  const char *why = !up ? "it reads the input frames, which the loop thread delivers"
+                    : up->ncons != 1 ? "its upstream stage feeds other stages too"
+                    : nd->stage.idle ? "it has work of its own between frames"
+                                     : NULL;
+  if (why && nd->thread_mode == THREAD_UPSTREAM)
+    return BEAM_DIAG(d, BEAM_ECONFIG, "stage \"%s\": thread: upstream is not possible: %s",
+                     nd->stage.name, why);
+  if (why)
+    return 0;
+  if (nd->thread_mode == THREAD_AUTO &&
+      (!nd->stage.ops->light || strcmp(nd->backend, "cpu") || strcmp(up->backend, "cpu")))
+    return 0;
+  nd->may_inline = 1;
+  up->inl = nd;
   return 0;
 }
 
@@ -776,6 +897,9 @@ int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
     }
     glog(g, LOG_INFO, "stage \"%s\": backend %s", nd->stage.name, nd->backend);
   }
+  for (size_t i = 0; i < n; i++)
+    if ((rc = thread_setup(g, &g->nodes[i], specs[i].thread, d)) < 0)
+      goto fail;
   int any_cuda = 0;
   for (size_t i = 0; i < n; i++)
     any_cuda |= g->nodes[i].backend && !strcmp(g->nodes[i].backend, "cuda");
@@ -1034,7 +1158,7 @@ void beam_graph_destroy(beam_graph_t **gp) {
     beam_series_unref(&nd->series);
     /* Items left in a queue (only possible when workers never started). */
     item_t it;
-    while (nd->q.buf && queue_pop(&nd->q, &it, NULL, 0)) {
+    while (nd->q.buf && queue_pop(&nd->q, &it, NULL, 0, NULL)) {
       if (it.kind == IT_FRAME)
         beam_frame_unref(it.frame);
       else if (it.kind == IT_START)
@@ -1043,6 +1167,8 @@ void beam_graph_destroy(beam_graph_t **gp) {
         series_done(g, it.tracker);
     }
     queue_free(&nd->q);
+    if (nd->quiet_init)
+      pthread_cond_destroy(&nd->quiet);
     free(nd->dec_scratch);
   }
   beam_series_unref(&g->open);

@@ -45,6 +45,7 @@ typedef struct beam_graph_hooks_s {
 /* A stage as the config describes it (validated). */
 typedef struct beam_stage_spec_s {
   const char *name, *kind, *input, *backend;
+  const char *thread; /* "auto" (NULL), "own" or "upstream": see stage key thread */
   int publish;
   unsigned queue;
   const beam_cnode_t *node;

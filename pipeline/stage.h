@@ -82,6 +82,11 @@ typedef struct beam_stage_ops_s {
   int (*process)(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *emit);
   int (*end)(beam_stage_t *self, beam_emit_t *emit);
   void (*destroy)(beam_stage_t *self);
+  /* 1: process only reads its input during the call, keeps no frame, and
+   * costs little beside moving the frame to another core (a reduction such
+   * as roi_sum). Such a stage, the only consumer of its upstream, runs on
+   * that upstream's thread under `thread: auto` (graph.c). */
+  int light;
 } beam_stage_ops_t;
 
 struct beam_stage_s {
@@ -154,7 +159,11 @@ typedef struct beam_stage_kind_s {
   {"publish", BEAM_P_BOOL, "true", 0, 0, 0, NULL, NULL,                                \
    "publish this stage's results on the output sockets", NULL},                        \
   {"queue", BEAM_P_INT, "32", 0, 1, 65536, NULL, NULL,                                 \
-   "input queue depth (frames) in front of this stage", NULL}
+   "input queue depth (frames) in front of this stage", NULL},                         \
+  {"thread", BEAM_P_ENUM, "auto", 0, 0, 0, "auto|own|upstream", NULL,                  \
+   "own: a thread of its own; upstream: on the thread of the stage it reads (which "    \
+   "must feed nothing else); auto: upstream for a light CPU stage (roi_sum) reading "   \
+   "frames of up to 2 MiB from a CPU stage, else own", NULL}
 
 const char *beam_stage_name_valid(const beam_cnode_t *v);
 

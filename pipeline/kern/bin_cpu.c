@@ -136,5 +136,6 @@ static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *
 static int cpu_end(beam_stage_t *self, beam_emit_t *emit) { return 0; }
 
 const beam_stage_ops_t beam_bin_cpu_ops = {
-    "bin", "cpu", cpu_init, cpu_start, cpu_process, cpu_end, cpu_destroy,
+    .kind = "bin", .backend = "cpu",
+    .init = cpu_init, .start = cpu_start, .process = cpu_process, .end = cpu_end, .destroy = cpu_destroy,
 };

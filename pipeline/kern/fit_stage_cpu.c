@@ -147,4 +147,7 @@ static int end(beam_stage_t *self, beam_emit_t *emit) {
   return beam_fits_end(self, &c->s, emit, fit_cb, c);
 }
 
-const beam_stage_ops_t beam_fit_cpu_ops = {WHO, "cpu", init, start, process, end, destroy};
+const beam_stage_ops_t beam_fit_cpu_ops = {
+    .kind = WHO, .backend = "cpu",
+    .init = init, .start = start, .process = process, .end = end, .destroy = destroy,
+};

@@ -99,5 +99,6 @@ static int cpu_end(beam_stage_t *self, beam_emit_t *emit) {
 }
 
 const beam_stage_ops_t beam_preview_cpu_ops = {
-    "preview", "cpu", cpu_init, cpu_start, cpu_process, cpu_end, cpu_destroy,
+    .kind = "preview", .backend = "cpu",
+    .init = cpu_init, .start = cpu_start, .process = cpu_process, .end = cpu_end, .destroy = cpu_destroy,
 };

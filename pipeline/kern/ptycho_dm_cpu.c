@@ -9,5 +9,6 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
 }
 
 const beam_stage_ops_t beam_ptycho_dm_cpu_ops = {
-    "ptycho_dm",          "cpu",          cpu_init, beam_ptycho_dm_start, beam_ptycho_dm_process,
-    beam_ptycho_dm_end, beam_ptycho_dm_destroy};
+    .kind = "ptycho_dm", .backend = "cpu",
+    .init = cpu_init, .start = beam_ptycho_dm_start, .process = beam_ptycho_dm_process, .end = beam_ptycho_dm_end, .destroy = beam_ptycho_dm_destroy,
+};

@@ -299,5 +299,6 @@ static int cpu_end(beam_stage_t *self, beam_emit_t *emit) {
 }
 
 const beam_stage_ops_t beam_roi_sum_cpu_ops = {
-    "roi_sum", "cpu", cpu_init, cpu_start, cpu_process, cpu_end, cpu_destroy,
+    .kind = "roi_sum", .backend = "cpu",
+    .init = cpu_init, .start = cpu_start, .process = cpu_process, .end = cpu_end, .destroy = cpu_destroy, .light = 1,
 };

@@ -90,4 +90,6 @@ static int cpu_end(beam_stage_t *self, beam_emit_t *emit) {
 }
 
 const beam_stage_ops_t beam_xpcs_twotime_cpu_ops = {
-    "xpcs_twotime", "cpu", cpu_init, cpu_start, cpu_process, cpu_end, cpu_destroy};
+    .kind = "xpcs_twotime", .backend = "cpu",
+    .init = cpu_init, .start = cpu_start, .process = cpu_process, .end = cpu_end, .destroy = cpu_destroy,
+};

@@ -64,8 +64,20 @@ static int tag_start(beam_stage_t *self, const beam_series_t *s, const beam_inde
   return 0;
 }
 
+/* The thread the last tag frame ran on, and how often a light tag ran on
+ * that same thread (stage key thread). */
+static unsigned long g_tag_tid;
+static int g_ltag_same, g_ltag_n;
+
 static int tag_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *e) {
   tag_t *t = self->priv;
+  if (self->ops->light) {
+    __atomic_add_fetch(&g_ltag_n, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&g_tag_tid, __ATOMIC_SEQ_CST) == (unsigned long)pthread_self())
+      __atomic_add_fetch(&g_ltag_same, 1, __ATOMIC_SEQ_CST);
+  } else {
+    __atomic_store_n(&g_tag_tid, (unsigned long)pthread_self(), __ATOMIC_SEQ_CST);
+  }
   if (t->delay_us)
     usleep((useconds_t)t->delay_us);
   beam_frame_t *f = beam_emit_get(e, 0);
@@ -100,8 +112,18 @@ static void tag_destroy(beam_stage_t *self) {
   self->priv = NULL;
 }
 
-static const beam_stage_ops_t tag_ops = {"tag", "cpu", tag_init, tag_start, tag_process, tag_end, tag_destroy};
+static const beam_stage_ops_t tag_ops = {
+    .kind = "tag", .backend = "cpu",
+    .init = tag_init, .start = tag_start, .process = tag_process, .end = tag_end, .destroy = tag_destroy,
+};
 static const beam_stage_kind_t tag_kind = {"tag", "test stage", NULL, &tag_ops, NULL, NULL};
+/* The same stage declared light: thread auto may run it on its upstream's. */
+static const beam_stage_ops_t ltag_ops = {
+    .kind = "ltag", .backend = "cpu",
+    .init = tag_init, .start = tag_start, .process = tag_process, .end = tag_end, .destroy = tag_destroy,
+    .light = 1,
+};
+static const beam_stage_kind_t ltag_kind = {"ltag", "light test stage", NULL, &ltag_ops, NULL, NULL};
 
 /* ---- a fake loop: collects results and series completions ---- */
 
@@ -701,8 +723,10 @@ static int itoy_end(beam_stage_t *self, beam_emit_t *e) {
 
 static void itoy_destroy(beam_stage_t *self) { self->priv = NULL; }
 
-static const beam_stage_ops_t itoy_ops = {"itoy", "cpu", itoy_init, itoy_start, itoy_process, itoy_end,
-                                          itoy_destroy};
+static const beam_stage_ops_t itoy_ops = {
+    .kind = "itoy", .backend = "cpu",
+    .init = itoy_init, .start = itoy_start, .process = itoy_process, .end = itoy_end, .destroy = itoy_destroy,
+};
 static const beam_stage_kind_t itoy_kind = {"itoy", "idle test stage", NULL, &itoy_ops, NULL, NULL};
 
 static beam_graph_t *itoy_graph(sink_t *s, int grant, int wait_interrupt, int idle_us) {
@@ -826,6 +850,133 @@ static void test_graph_idle_stops(void **state) {
   sink_free(s);
 }
 
+/* ---- where a stage runs (stage key thread) ---- */
+
+/* n frames of h x w uint32 (value = frame id) in series sid. */
+static void feed_shape(beam_graph_t *g, uint64_t sid, int n, uint32_t h, uint32_t w) {
+  uint32_t shape[4] = {h, w, 0, 0};
+  beam_series_t *s = beam_series_new(sid, BEAM_DT_U32, 2, shape, NULL, 0);
+  beam_graph_series_start(g, s);
+  for (int i = 0; i < n; i++) {
+    while (!beam_graph_room(g))
+      usleep(50);
+    beam_frame_t *f = beam_graph_input_slot(g);
+    assert_non_null(f);
+    fill(f, sid, (uint64_t)i);
+    f->shape[0] = h;
+    f->shape[1] = w;
+    f->nbytes = (size_t)h * w * 4;
+    for (size_t k = 0; k < (size_t)h * w; k++)
+      ((uint32_t *)f->data)[k] = (uint32_t)i;
+    beam_graph_frame(g, f);
+  }
+  beam_graph_series_end(g, sid, 0);
+}
+
+static int done_n(sink_t *s) {
+  pthread_mutex_lock(&s->mu);
+  int d = s->done;
+  pthread_mutex_unlock(&s->mu);
+  return d;
+}
+
+/* Runs series of the given frame sizes through a (tag) -> c (ltag, thread
+ * mode); checks every c result in order and value; returns how many of c's
+ * frames ran on a's thread. */
+static int run_chain(const char *mode, const uint32_t *sizes, int nseries, int nframes) {
+  sink_t *s = sink_new();
+  memset(g_tag_cfg, 0, sizeof g_tag_cfg);
+  g_tag_next = 0;
+  g_tag_cfg[0].add = 1;
+  g_tag_cfg[1].add = 100;
+  g_ltag_same = g_ltag_n = 0;
+  beam_stage_spec_t sp[] = {spec("a", "frames", 0, 4), spec("c", "a.frame", 1, 4)};
+  sp[1].kind = "ltag";
+  sp[1].kind_def = &ltag_kind;
+  sp[1].thread = mode;
+  beam_graph_params_t gp = {6, (size_t)1100 * 1100 * 4, 0, 0, 0, 0, 0};
+  beam_graph_hooks_t h = hooks(s);
+  beam_graph_t *g = NULL;
+  beam_diag_t d = {0};
+  assert_int_equal(beam_graph_new(&g, sp, 2, &gp, &h, &d), 0);
+  for (int k = 0; k < nseries; k++) {
+    feed_shape(g, (uint64_t)k + 1, nframes, sizes[k], sizes[k]);
+    for (int i = 0; i < 5000 && done_n(s) <= k; i++)
+      usleep(1000);
+    assert_int_equal(done_n(s), k + 1);
+  }
+  int next = 0, series = 0;
+  for (int i = 0; i < s->n; i++) {
+    if (strcmp(s->topic[i], "c.frame"))
+      continue;
+    assert_int_equal(s->fid[i], (uint64_t)next); /* in order within each series */
+    assert_int_equal(s->v0[i], (uint32_t)next + 101);
+    if (++next == nframes) {
+      next = 0;
+      series++;
+    }
+  }
+  assert_int_equal(series, nseries);
+  assert_int_equal(beam_graph_input_free(g), 6);
+  beam_graph_destroy(&g);
+  sink_free(s);
+  assert_int_equal(g_ltag_n, nseries * nframes);
+  return g_ltag_same;
+}
+
+static void test_graph_thread_modes(void **state) {
+  (void)state;
+  const uint32_t small[3] = {4, 4, 4};
+  /* auto: a light CPU stage after a CPU stage, small frames: a's thread. */
+  assert_int_equal(run_chain(NULL, small, 3, 300), 900);
+  assert_int_equal(run_chain("upstream", small, 3, 300), 900);
+  assert_int_equal(run_chain("own", small, 3, 300), 0);
+}
+
+/* auto decides per series from the frame size: 1024x1024 uint32 (4 MiB)
+ * on c's own thread, 4x4 on a's; switching back and forth keeps every
+ * frame, in order, with no item handled by both threads. */
+static void test_graph_thread_auto_switches(void **state) {
+  (void)state;
+  const uint32_t sizes[5] = {4, 1024, 4, 1024, 4};
+  assert_int_equal(run_chain("auto", sizes, 5, 20), 3 * 20);
+  const uint32_t big[2] = {1024, 1024};
+  assert_int_equal(run_chain("upstream", big, 2, 10), 20);
+}
+
+static void test_graph_thread_upstream_refused(void **state) {
+  (void)state;
+  sink_t *s = sink_new();
+  memset(g_tag_cfg, 0, sizeof g_tag_cfg);
+  g_tag_next = 0;
+  beam_stage_spec_t sp[] = {spec("a", "frames", 0, 4), spec("b", "a.frame", 1, 4),
+                            spec("c", "a.frame", 1, 4)};
+  sp[2].thread = "upstream";
+  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0, 0};
+  beam_graph_hooks_t h = hooks(s);
+  beam_graph_t *g = NULL;
+  beam_diag_t d = {0};
+  assert_int_equal(beam_graph_new(&g, sp, 3, &gp, &h, &d), BEAM_ECONFIG);
+  assert_null(g);
+  assert_non_null(strstr(d.msg, "stage \"c\": thread: upstream is not possible: its upstream stage "
+                                "feeds other stages too"));
+  sp[0].thread = "upstream"; /* a root: frames come from the loop thread */
+  sp[2].thread = NULL;
+  memset(&d, 0, sizeof d);
+  g_tag_next = 0;
+  assert_int_equal(beam_graph_new(&g, sp, 3, &gp, &h, &d), BEAM_ECONFIG);
+  assert_non_null(strstr(d.msg, "it reads the input frames"));
+  /* auto with two consumers: both keep their own threads, and run. */
+  sp[0].thread = NULL;
+  g_tag_next = 0;
+  assert_int_equal(beam_graph_new(&g, sp, 3, &gp, &h, &d), 0);
+  feed(g, 1, 50, 1);
+  wait_for(is_done, s);
+  assert_int_equal(s->done, 1);
+  beam_graph_destroy(&g);
+  sink_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pool_basics),
@@ -843,6 +994,9 @@ int main(void) {
       cmocka_unit_test(test_graph_idle_endless),
       cmocka_unit_test(test_graph_idle_stops),
       cmocka_unit_test(test_graph_pin_auto),
+      cmocka_unit_test(test_graph_thread_modes),
+      cmocka_unit_test(test_graph_thread_auto_switches),
+      cmocka_unit_test(test_graph_thread_upstream_refused),
   };
   return beam_run_tests(tests, NULL, NULL);
 }
