@@ -51,6 +51,7 @@
 #include <zmq.h>
 
 #include "daemon/beamd.h"
+#include "daemon/replay_reply.h"
 
 #define HIST 256          /* watermark samples kept for commit_delay */
 #define TICK_MS 100
@@ -58,7 +59,6 @@
 #define MAX_REPLY_PARTS(credit) ((size_t)(credit) * (2u + BEAM_MAX_PAYLOAD_PARTS) + 9u)
 #define DEPTH_MAX 4
 #define FMAP_CACHE 8      /* mapped data files kept between replies */
-#define FMAP_REPLY 32     /* most files one reply may name */
 
 /* A request in flight. */
 typedef struct inflight_s {
@@ -122,6 +122,7 @@ typedef struct replay_s {
   uint64_t committed;
   int have_committed;
   zmq_msg_t *parts; /* reply buffer, sized once from credit */
+  beam_part_t *views; /* its bytes, as replay_reply.c reads them */
   size_t parts_cap;
 } replay_t;
 
@@ -327,14 +328,13 @@ static void pump(beamd_t *d) {
   pump(d); /* fill the pipeline */
 }
 
-static void shm_status(beamd_t *d, json_t *st) {
+static void shm_status(beamd_t *d, const beamd_rr_status_t *s) {
   replay_t *r = R(d);
-  json_t *e = json_object_get(st, "shm_error");
   /* A server that knows nothing of section 13.6 ignores the offer. */
-  int refused = !json_is_true(json_object_get(st, "shm"));
+  int refused = !s->shm;
   if (refused && !r->shm_refused)
     BEAM_LOG(LOG_WARNING, "replay: the server does not use shared memory (%s); frames come inside "
-             "the replies", json_is_string(e) ? json_string_value(e) : "it does not support it");
+             "the replies", s->shm_error ? s->shm_error : "it does not support it");
   else if (!refused && r->shm_refused)
     BEAM_LOG(LOG_NOTICE, "replay: the server now uses shared memory");
   r->shm_refused = refused;
@@ -430,75 +430,47 @@ static beam_fmap_t *fmap_get(replay_t *r, const char *path, const char *name, ch
   return m;
 }
 
-/* The reply's "map" object: its files mapped into rm (NULL for one we
- * could not map, with the reason in r->map_error) and its "at" list.
- * Returns 0, or -1 when the object is malformed. */
-static int map_parse(replay_t *r, json_t *st, beam_fmap_t **rm, size_t *nrm, json_t **at) {
-  json_t *mp = json_object_get(st, "map");
-  *nrm = 0;
-  *at = NULL;
-  if (!mp)
-    return 0;
-  json_t *files = json_object_get(mp, "files"), *a = json_object_get(mp, "at");
-  if (!json_is_array(files) || !json_is_array(a) || json_array_size(files) > FMAP_REPLY)
-    return -1;
-  for (size_t i = 0; i < json_array_size(files); i++) {
-    json_t *f = json_array_get(files, i);
-    json_t *p = json_object_get(f, "path"), *nm = json_object_get(f, "name");
-    if (!json_is_string(p))
-      return -1;
+/* The files the reply names for reading in place (replay_reply.c read
+ * them) mapped into rm: NULL for one we could not map, with the reason in
+ * r->map_error. Returns how many. */
+static size_t map_open(replay_t *r, const beamd_rr_t *rr, beam_fmap_t **rm) {
+  for (size_t i = 0; i < rr->nfiles; i++) {
     char why[200];
-    const char *name = json_is_string(nm) ? json_string_value(nm) : json_string_value(p);
-    rm[i] = fmap_get(r, json_string_value(p), name, why, sizeof why);
+    rm[i] = fmap_get(r, rr->files[i].path, rr->files[i].name, why, sizeof why);
     if (!rm[i])
-      snprintf(r->map_error, sizeof r->map_error, "%s: %s", name, why);
-    (*nrm)++;
+      snprintf(r->map_error, sizeof r->map_error, "%s: %s", rr->files[i].name, why);
   }
-  *at = a;
-  return 0;
+  return rr->nfiles;
 }
 
-/* A FRAME the server left in its file (at[nframe] = [file, offset]): point
- * its payload into our mapping, owned by fo. Returns 1, 0 when
- * the frame is not in place (inline, a landing slot, CORRUPT), -1 when the
- * reference is malformed and -2 when we cannot read the file (reason in
- * r->map_error). */
-static int in_place(beamd_t *d, json_t *at, unsigned nframe, beam_fmap_t **rm, size_t nrm,
-                    const beam_hdr_t *h, beam_part_t *bp, fmap_owner_t *fo) {
-  replay_t *r = R(d);
-  json_t *a = json_array_get(at, nframe);
-  if (!a || json_is_null(a))
-    return 0;
-  json_t *fi = json_array_get(a, 0), *off = json_array_get(a, 1);
-  if (!json_is_array(a) || json_array_size(a) != 2 || !json_is_integer(fi) ||
-      !json_is_integer(off) || json_integer_value(fi) < 0 ||
-      (size_t)json_integer_value(fi) >= nrm || json_integer_value(off) < 0 || h->nparts != 1 ||
-      bp[1].size != 0 || h->payload_size == 0)
-    return -1;
-  beam_fmap_t *m = rm[json_integer_value(fi)];
-  uint64_t o = (uint64_t)json_integer_value(off);
-  if (!m)
+/* A FRAME the server left in its file (m->file, m->off; the reference is
+ * well formed, replay_reply.c checked it): point its payload into our
+ * mapping, owned by fo. Returns 1, or -2 when we cannot read the file
+ * (reason in r->map_error). */
+static int in_place(replay_t *r, const beamd_rr_msg_t *m, beam_fmap_t **rm, beam_part_t *bp,
+                    fmap_owner_t *fo) {
+  beam_fmap_t *fm = rm[m->file];
+  if (!fm)
     return -2;
-  if (!beam_fmap_covers(m, o, h->payload_size)) {
+  if (!beam_fmap_covers(fm, m->off, m->h.payload_size)) {
     snprintf(r->map_error, sizeof r->map_error, "a chunk at byte %llu (%llu bytes) lies past "
-             "the end of its file (%zu bytes)", (unsigned long long)o,
-             (unsigned long long)h->payload_size, beam_fmap_size(m));
+             "the end of its file (%zu bytes)", (unsigned long long)m->off,
+             (unsigned long long)m->h.payload_size, beam_fmap_size(fm));
     return -2;
   }
-  bp[1].data = beam_fmap_base(m) + o;
-  bp[1].size = h->payload_size;
-  *fo = (fmap_owner_t){{fmap_lend, 0}, m, o};
+  bp[1].data = beam_fmap_base(fm) + m->off;
+  bp[1].size = m->h.payload_size;
+  *fo = (fmap_owner_t){{fmap_lend, 0}, fm, m->off};
   bp[1].owner = &fo->base;
   return 1;
 }
 
-static void map_status(beamd_t *d, json_t *st) {
+static void map_status(beamd_t *d, const beamd_rr_status_t *s) {
   replay_t *r = R(d);
-  json_t *e = json_object_get(st, "map_error");
-  int refused = !json_object_get(st, "map");
+  int refused = !s->has_map;
   if (refused && !r->map_refused) {
     snprintf(r->map_error, sizeof r->map_error, "%s",
-             json_is_string(e) ? json_string_value(e) : "it does not support it");
+             s->map_error ? s->map_error : "it does not support it");
     BEAM_LOG(LOG_NOTICE, "replay: the server does not let frames be read in place (%s)",
              r->map_error);
   } else if (!refused && r->map_refused) {
@@ -509,33 +481,17 @@ static void map_status(beamd_t *d, json_t *st) {
 
 /* ---- replies ------------------------------------------------------------- */
 
-/* Parts of the message starting at parts[i] (header first, no topic). */
-static size_t msg_parts(const zmq_msg_t *zp, size_t i, size_t n, beam_hdr_t *h) {
-  const char *why;
-  beam_limits_t lim = beam_limits_default;
-  if (beam_hdr_decode(zmq_msg_data((zmq_msg_t *)&zp[i]), zmq_msg_size((zmq_msg_t *)&zp[i]), &lim, h,
-                      &why) < 0)
-    return 0;
-  size_t k = 1u + h->nparts + ((h->flags & BEAM_FLAG_META) ? 1u : 0u);
-  return i + k <= n ? k : 0;
-}
-
-static void on_status(beamd_t *d, json_t *st, int was_info, size_t nparts) {
+static void on_status(beamd_t *d, const beamd_rr_status_t *s, int was_info) {
   replay_t *r = R(d);
-  json_t *v;
-  if ((v = json_object_get(st, "file_id")) && json_is_string(v))
-    snprintf(r->file_id, sizeof r->file_id, "%s", json_string_value(v));
-  if ((v = json_object_get(st, "file")) && json_is_string(v))
-    snprintf(r->file, sizeof r->file, "%s", json_string_value(v));
-  if ((v = json_object_get(st, "total")) && json_is_integer(v))
-    r->total = (uint64_t)json_integer_value(v);
-  r->loop = json_is_true(json_object_get(st, "loop"));
-  json_t *dt = json_object_get(st, "dtype"), *sh = json_object_get(st, "shape");
-  if (json_is_string(dt) && json_is_array(sh) && json_array_size(sh) == 2) {
-    size_t es = beam_dtype_size(beam_dtype_from_name(json_string_value(dt)));
-    r->frame_bytes = es * (size_t)json_integer_value(json_array_get(sh, 0)) *
-                     (size_t)json_integer_value(json_array_get(sh, 1));
-  }
+  if (s->file_id)
+    snprintf(r->file_id, sizeof r->file_id, "%s", s->file_id);
+  if (s->file)
+    snprintf(r->file, sizeof r->file, "%s", s->file);
+  if (s->has_total)
+    r->total = s->total;
+  r->loop = s->loop;
+  if (s->has_frame_bytes)
+    r->frame_bytes = s->frame_bytes;
   if (was_info) {
     if (r->resume_id[0] && strcmp(r->resume_id, r->file_id) == 0) {
       r->next = r->resume_next;
@@ -552,38 +508,29 @@ static void on_status(beamd_t *d, json_t *st, int was_info, size_t nparts) {
                r->state_file, r->resume_id);
     }
     d->in.fed_next = r->next;
-    return;
   }
-  (void)nparts;
 }
 
-/* A FRAME (header h, parts bp) whose payload the server put in landing
- * slot offer[nframe] has an empty payload part: point it at the slot,
- * owned by lo. Returns 0, also for a payload carried inline, or -1
- * when the reply does not match what was offered. */
-static int landed(beamd_t *d, inflight_t *e, unsigned nframe, const beam_hdr_t *h, beam_part_t *bp,
-                  land_owner_t *lo) {
-  replay_t *r = R(d);
-  if (h->nparts != 1 || bp[1].size != 0 || h->payload_size == 0)
-    return 0;
-  if (nframe >= e->noffer || h->payload_size > beamd_landing_slot_bytes(r->land))
-    return -1;
-  bp[1].data = beamd_landing_ptr(r->land, e->offer[nframe]);
-  bp[1].size = h->payload_size;
-  *lo = (land_owner_t){{land_lend, 0}, r->land, e->offer[nframe]};
+/* A FRAME whose payload the server put in landing slot offer[m->frame]
+ * (replay_reply.c checked it was offered and is large enough): point its
+ * empty payload part at the slot, owned by lo. */
+static void landed(replay_t *r, inflight_t *e, const beamd_rr_msg_t *m, beam_part_t *bp,
+                   land_owner_t *lo) {
+  bp[1].data = beamd_landing_ptr(r->land, e->offer[m->frame]);
+  bp[1].size = m->h.payload_size;
+  *lo = (land_owner_t){{land_lend, 0}, r->land, e->offer[m->frame]};
   bp[1].owner = &lo->base;
-  return 0;
 }
 
 /* The request a reply answers: its id (servers that do not echo ids answer
- * the oldest). Returns its queue position, or -1 for a late copy of a reply
- * already taken (a request resent at the timeout was answered twice). */
-static int match(replay_t *r, json_t *st) {
-  json_t *id = json_object_get(st, "id");
-  if (!json_is_integer(id))
+ * the oldest, and so does a status we cannot read). Returns its queue
+ * position, or -1 for a late copy of a reply already taken (a request
+ * resent at the timeout was answered twice). */
+static int match(replay_t *r, const beamd_rr_status_t *s) {
+  if (!s->has_id)
     return r->qn ? 0 : -1;
   for (unsigned i = 0; i < r->qn; i++)
-    if (r->q[i].id == (uint64_t)json_integer_value(id))
+    if (r->q[i].id == s->id)
       return (int)i;
   return -1;
 }
@@ -591,9 +538,17 @@ static int match(replay_t *r, json_t *st) {
 static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
   replay_t *r = R(d);
   r->replies++;
-  json_error_t je;
-  json_t *st = json_loadb(zmq_msg_data(&parts[0]), zmq_msg_size(&parts[0]), 0, &je);
-  int at = json_is_object(st) ? match(r, st) : (r->qn ? 0 : -1);
+  for (size_t i = 0; i < n; i++)
+    r->views[i] = (beam_part_t){zmq_msg_data(&parts[i]), zmq_msg_size(&parts[i]), NULL};
+  /* Read as an answer to the oldest request: a reply to any other is
+   * discarded below before more than its id is looked at. */
+  beamd_rr_ask_t ask = {0};
+  if (r->qn)
+    ask = (beamd_rr_ask_t){r->q[0].info, r->q[0].map, r->q[0].noffer,
+                           r->land ? beamd_landing_slot_bytes(r->land) : 0};
+  beamd_rr_t rr;
+  int rc = beamd_rr_parse(&rr, r->views, n, &ask);
+  int at = match(r, &rr.st);
   if (at != 0) {
     /* A later request's reply while the oldest is unanswered (its request
      * or reply was lost: the server restarted) cannot be taken out of
@@ -601,17 +556,16 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
     if (at > 0)
       q_remove(r, (unsigned)at);
     r->discarded++;
-    json_decref(st);
+    beamd_rr_release(&rr);
     pump(d);
     return;
   }
   inflight_t *e = &r->q[0];
-  if (!json_is_object(st) || !json_is_true(json_object_get(st, "ok"))) {
-    json_t *err = json_object_get(st, "error");
+  if (rc < 0) {
     static beam_ratelimit_t rl = {.per_s = 1};
     beam_log_rl(&rl, LOG_ERR, "replay: server refused the request %s: %s", e->text,
-                json_is_string(err) ? json_string_value(err) : "unreadable status part");
-    json_decref(st);
+                rr.st.error ? rr.st.error : "unreadable status part");
+    beamd_rr_release(&rr);
     /* Sent again at the timeout, so a broken server is not hammered; it
      * stays the oldest, so later replies are discarded meanwhile. */
     e->sent_ns = beam_now_ns();
@@ -620,111 +574,95 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
   if (e->stale) {
     q_remove(r, 0);
     r->discarded++;
-    json_decref(st);
+    beamd_rr_release(&rr);
     pump(d);
     return;
   }
   int was_info = e->info;
-  on_status(d, st, was_info, n);
-  int in_shm = e->noffer && json_is_true(json_object_get(st, "shm"));
+  on_status(d, &rr.st, was_info);
   if (e->noffer)
-    shm_status(d, st);
-  if (e->map && !was_info && json_integer_value(json_object_get(st, "count")) > 0)
-    map_status(d, st);
+    shm_status(d, &rr.st);
+  if (e->map && !was_info && rr.st.count > 0)
+    map_status(d, &rr.st);
   if (was_info) {
-    json_decref(st);
+    beamd_rr_release(&rr);
     q_remove(r, 0);
     pump(d);
     return;
   }
-  uint64_t next2 = (uint64_t)json_integer_value(json_object_get(st, "next"));
-  uint64_t count = (uint64_t)json_integer_value(json_object_get(st, "count"));
-  r->eof = json_is_true(json_object_get(st, "eof"));
+  uint64_t next2 = (uint64_t)rr.st.next;
+  uint64_t count = (uint64_t)rr.st.count;
+  r->eof = rr.st.eof;
   /* "corrupt" counts this reply's frames; stale replies were dropped above,
    * so summing counts each frame once. */
-  json_t *c = json_object_get(st, "corrupt");
-  if (json_is_integer(c) && json_integer_value(c) > 0)
-    r->corrupt += (uint64_t)json_integer_value(c);
-  beam_fmap_t *rm[FMAP_REPLY];
-  size_t nrm = 0;
-  json_t *mat = NULL;
-  int map_bad = e->map ? map_parse(r, st, rm, &nrm, &mat) : 0;
+  r->corrupt += rr.st.corrupt;
+  beam_fmap_t *rm[BEAMD_RR_FILES_MAX];
+  size_t nrm = map_open(r, &rr, rm);
   uint64_t idx = next2 >= count ? next2 - count : 0;
   beam_part_t bp[2 + BEAM_MAX_PAYLOAD_PARTS];
   beamd_zmsg_owner_t zo[2 + BEAM_MAX_PAYLOAD_PARTS];
   land_owner_t lo = {0};
   fmap_owner_t fo = {0};
-  unsigned nframe = 0; /* FRAME ordinal in the reply: its landing slot is offer[nframe] */
+  beamd_rr_msg_t m;
+  int got;
   beam_graph_batch(d->graph, 1);
-  for (size_t i = 1; i < n;) {
-    beam_hdr_t h;
-    size_t k = msg_parts(parts, i, n, &h);
-    int is_frame = k > 0 && h.type == BEAM_MSG_FRAME;
-    for (size_t j = 0; j < k; j++) {
-      beamd_zmsg_owner_init(&zo[j], &parts[i + j]);
-      bp[j].data = zmq_msg_data(&parts[i + j]);
-      bp[j].size = zmq_msg_size(&parts[i + j]);
-      bp[j].owner = &zo[j].base;
+  while ((got = beamd_rr_next(&rr, &m)) > 0) {
+    for (size_t j = 0; j < m.nparts; j++) {
+      beamd_zmsg_owner_init(&zo[j], &parts[m.part + j]);
+      bp[j] = (beam_part_t){r->views[m.part + j].data, r->views[m.part + j].size, &zo[j].base};
     }
     lo.base.taken = fo.base.taken = 0;
-    const char *bad = k == 0 ? "an undecodable message" : NULL;
-    int place = 0;
-    if (!bad && is_frame && (mat || map_bad)) {
-      place = map_bad ? -1 : in_place(d, mat, nframe, rm, nrm, &h, bp, &fo);
-      if (place == -1) {
-        bad = "a malformed in-place file reference";
-        snprintf(r->map_error, sizeof r->map_error, "the server sent malformed file references");
-      }
+    if (m.src == BEAMD_RR_MAPPED && in_place(r, &m, rm, bp, &fo) < 0) {
+      /* Lossless: what is left of the reply is asked for again, read by
+       * the server this time. */
+      r->map_ask = 0;
+      BEAM_LOG(LOG_WARNING, "replay: cannot read frames in place (%s); asking for them "
+               "inside the replies or landing slots from frame index %llu on", r->map_error,
+               (unsigned long long)idx);
+      next2 = idx;
+      r->eof = 0;
+      break;
     }
-    if (place < 0) {
-      /* Lossless either way: what is left of the reply is asked for again,
-       * read by the server this time. */
+    if (m.src == BEAMD_RR_LANDED)
+      landed(r, e, &m, bp, &lo);
+    const beam_series_t *open_s = beamd_ingest_series(d);
+    if (m.h.type == BEAM_MSG_SERIES_START && open_s && open_s->series_id == m.h.series_id) {
+      /* A range asked for again from the first frame of a pass starts with
+       * the pass's SERIES_START once more; the series is open already, and
+       * taking it again would end it as aborted. */
+      continue;
+    }
+    if (m.is_frame)
+      d->in.fed_next = idx;
+    beamd_ingest_parts(d, bp, m.nparts);
+    if (lo.base.taken) {
+      e->offer[m.frame] = UINT_MAX; /* the frame holds it now */
+      r->shm_frames++;
+    }
+    r->map_frames += (uint64_t)fo.base.taken;
+    if (m.is_frame)
+      d->in.fed_next = ++idx; /* a frame dropped at ingest counts as handled */
+  }
+  if (got < 0) {
+    if (got == -BEAMD_RR_EMAP) {
+      /* As for a file we cannot read: the rest comes without "map". */
+      snprintf(r->map_error, sizeof r->map_error, "the server sent malformed file references");
       r->map_ask = 0;
       BEAM_LOG(LOG_WARNING, "replay: cannot read frames in place (%s); asking for them "
                "inside the replies or landing slots from frame index %llu on", r->map_error,
                (unsigned long long)idx);
     }
-    if (!bad && place == -2) {
-      next2 = idx;
-      r->eof = 0;
-      break;
-    }
-    if (!bad && !place && in_shm && is_frame && landed(d, e, nframe, &h, bp, &lo) < 0)
-      bad = "a landing slot it was not offered, or a payload larger than a slot,";
-    if (bad) {
-      atomic_fetch_add(&d->in.malformed, 1);
-      BEAM_LOG(LOG_ERR, "replay: reply to %s has %s at part %zu; the rest of the reply is "
-                        "skipped and asked for again", e->text, bad, i);
-      next2 = idx;
-      r->eof = 0; /* the end was in what is asked for again */
-      break;
-    }
-    const beam_series_t *open_s = beamd_ingest_series(d);
-    if (h.type == BEAM_MSG_SERIES_START && open_s && open_s->series_id == h.series_id) {
-      /* A range asked for again from the first frame of a pass starts with
-       * the pass's SERIES_START once more; the series is open already, and
-       * taking it again would end it as aborted. */
-      i += k;
-      continue;
-    }
-    if (is_frame)
-      d->in.fed_next = idx;
-    beamd_ingest_parts(d, bp, k);
-    if (lo.base.taken) {
-      e->offer[nframe] = UINT_MAX; /* the frame holds it now */
-      r->shm_frames++;
-    }
-    r->map_frames += (uint64_t)fo.base.taken;
-    if (is_frame) {
-      d->in.fed_next = ++idx; /* a frame dropped at ingest counts as handled */
-      nframe++;
-    }
-    i += k;
+    atomic_fetch_add(&d->in.malformed, 1);
+    BEAM_LOG(LOG_ERR, "replay: reply to %s has %s at part %zu; the rest of the reply is "
+                      "skipped and asked for again", e->text, beamd_rr_what(got), rr.err_part);
+    BEAM_LOG(LOG_DEBUG, "replay: part %zu: %s", rr.err_part, rr.why);
+    next2 = idx;
+    r->eof = 0; /* the end was in what is asked for again */
   }
   beam_graph_batch(d->graph, 0);
   for (size_t i = 0; i < nrm; i++)
     beam_fmap_unref(rm[i]);
-  json_decref(st);
+  beamd_rr_release(&rr);
   /* A short reply (rate limit, end of file, a skipped rest) leaves the
    * requests after it asking for the wrong range. */
   int full = count == e->credit && next2 == e->next + e->credit;
@@ -897,6 +835,7 @@ static int replay_open(beamd_t *d, void **state, const beam_cnode_t *conf, char 
   read_conf(r, conf, d->cfg->input.endpoint);
   r->parts_cap = MAX_REPLY_PARTS(r->credit);
   r->parts = calloc(r->parts_cap, sizeof *r->parts);
+  r->views = calloc(r->parts_cap, sizeof *r->views);
   /* The endpoint and a list of up to `credit` slot numbers. */
   r->req_cap = 512 + BEAM_ENDPOINT_MAX + 11u * r->credit;
   r->depth = r->cfg_depth < DEPTH_MAX ? r->cfg_depth : DEPTH_MAX;
@@ -908,7 +847,7 @@ static int replay_open(beamd_t *d, void **state, const beam_cnode_t *conf, char 
       return BEAM_ENOMEM;
     }
   }
-  if (!r->parts) {
+  if (!r->parts || !r->views) {
     snprintf(err, errlen, "input: out of memory");
     return BEAM_ENOMEM;
   }
@@ -979,6 +918,7 @@ static void replay_close(beamd_t *d, void *state) {
   if (!uv_is_closing((uv_handle_t *)&r->kick))
     uv_close((uv_handle_t *)&r->kick, NULL);
   free(r->parts);
+  free(r->views);
   while (r->qn)
     q_remove(r, 0);
   beamd_landing_close(&r->land);
