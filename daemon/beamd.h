@@ -46,6 +46,17 @@ typedef struct beamd_ingest_s {
       seq_resets, corrupt, missing;
   uint64_t paused_ns, paused_since;
   uint64_t missing_pending; /* lost since the last accepted frame (its missing_before) */
+  /* input.result_topic (ingest.c): another daemon's RESULTs as frames. A
+   * SERIES_START waits in res_pending for the first result, whose geometry
+   * is the frames' (the next start may come first: a few wait); then, for the open series: results of the topic that
+   * arrived, the next frame id expected, frames missing by frame-id gaps
+   * (and, at the end, short of nframes), the upstream's own count, and how
+   * many of max(gap, up) were counted as lost already. */
+  beam_series_t *res_pending[4]; /* in order of their starts */
+  unsigned res_npending;
+  int res_have_id;
+  uint64_t res_arrived, res_next_id, res_gap, res_up, res_counted;
+  atomic_uint_fast64_t other_topics, upstream_missing;
   beam_ratelimit_t rl;
 } beamd_ingest_t;
 

@@ -366,6 +366,14 @@ static int fill(beam_config_t *c, beam_cfg_errs_t *errs) {
   c->input.bind = beam_cfg_bool(in, "bind", 0);
   c->input.hwm = (int)beam_cfg_int(in, "hwm", 1000);
   c->input.node = in;
+  const beam_cnode_t *rt = beam_cfg_get(in, "result_topic");
+  copy_str(c->input.result_topic, sizeof c->input.result_topic, beam_cfg_str(in, "result_topic"));
+  if (c->input.result_topic[0] && c->input.mode != BEAM_IN_LIVE &&
+      c->input.mode != BEAM_IN_PULL) {
+    beam_cfg_err(errs, rt, "input.result_topic: only for input.mode live or pull (the beamd "
+                           "protocol inputs)");
+    return BEAM_ECONFIG;
+  }
   copy_ep(c->output.publish, sizeof c->output.publish, out, "publish");
   copy_ep(c->output.push, sizeof c->output.push, out, "push");
   c->output.hwm = (int)beam_cfg_int(out, "hwm", 1000);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "pipeline/cfg.h"
+#include "proto/proto.h"
 #include "pipeline/graph.h"
 
 /* In the order of input.mode's choices and of input.c's source registry. */
@@ -44,6 +45,9 @@ typedef struct beam_config_s {
     beam_ep_sec_t endpoint_sec;
     int bind;       /* bind instead of connect */
     int hwm;        /* ZMQ_RCVHWM (messages) */
+    /* Modes live and pull: RESULTs of this topic are the series' frames
+     * (a daemon chained after another, ingest.c); "" = none. */
+    char result_topic[BEAM_TOPIC_MAX + 1];
     /* The validated input map: each source reads its own sub-table
      * (input.<mode>) from it when it opens (input.h). */
     const beam_cnode_t *node;

@@ -11,8 +11,8 @@
  * and dropped; the messages around it are processed normally. */
 #include <string.h>
 
-
 #include "daemon/beamd.h"
+#include "proto/json_scan.h"
 
 static void bad(beamd_t *d, const char *what, const beam_hdr_t *h, const char *why) {
   beamd_ingest_t *in = &d->in;
@@ -36,14 +36,83 @@ static void series_lost(beamd_t *d, uint64_t n) {
   d->loss_frames = d->in.series->missing_frames;
 }
 
+/* ---- results as frames (input.result_topic) ----------------------------------
+ *
+ * A daemon chained after another takes the RESULTs of one topic (one per
+ * frame, frame_id = the frame's, as a per-frame stage such as correct
+ * publishes them) as the frames of each series; results of other topics
+ * are skipped and counted (other_topics). The upstream's SERIES_START and
+ * SERIES_END are the series boundaries; its start carries the geometry of
+ * the upstream's input, so the series starts here with the first result's
+ * geometry instead (or the start's, when the series ends without one).
+ *
+ * Losses: frames that never arrive show up as frame-id gaps (the sequence
+ * numbers of an upstream that restarted start again and say nothing), and
+ * at the end as results short of the announced nframes; the upstream's own
+ * losses come as "missing_frames" on its INCOMPLETE results and end. The
+ * series has lost max(gaps, upstream's) frames (the upstream's are gaps
+ * here too), plus what this daemon drops itself. */
+
+static int result_mode(const beamd_t *d) { return d->cfg->input.result_topic[0] != 0; }
+static void res_series_start(beamd_t *d, beam_series_t *s);
+
+static void res_reset(beamd_ingest_t *in) {
+  in->res_have_id = 0;
+  in->res_arrived = in->res_next_id = in->res_gap = in->res_up = in->res_counted = 0;
+}
+
+static void res_account(beamd_t *d) {
+  beamd_ingest_t *in = &d->in;
+  uint64_t n = in->res_gap > in->res_up ? in->res_gap : in->res_up;
+  if (in->series && n > in->res_counted) {
+    series_lost(d, n - in->res_counted);
+    in->res_counted = n;
+  }
+}
+
+static void res_gap_add(beamd_t *d, uint64_t n) {
+  atomic_fetch_add(&d->in.missing, n);
+  d->in.res_gap += n;
+}
+
+/* An INCOMPLETE result or end of the upstream: its "missing_frames" is
+ * the count so far of that series. */
+static void res_upstream(beamd_t *d, const beam_msg_t *m) {
+  beamd_ingest_t *in = &d->in;
+  beam_js_t o, v;
+  uint64_t n;
+  if (!(m->hdr.flags & BEAM_FLAG_INCOMPLETE) || !m->meta ||
+      beam_js_object(m->meta, m->meta_len, &o) < 0 || beam_js_get(o, "missing_frames", &v) != 1 ||
+      beam_js_u64(v, &n) < 0)
+    return;
+  if (n > in->res_up) {
+    atomic_fetch_add(&in->upstream_missing, n - in->res_up);
+    in->res_up = n;
+  }
+  res_account(d);
+}
+
+/* The series ends: results short of nframes never came. */
+static void res_end(beamd_t *d) {
+  beamd_ingest_t *in = &d->in;
+  uint64_t nf = in->series->nframes;
+  if (nf > in->res_arrived && nf - in->res_arrived > in->res_gap)
+    res_gap_add(d, nf - in->res_arrived - in->res_gap);
+  res_account(d);
+  res_reset(in);
+}
+
 static void track_seq(beamd_t *d, uint64_t seq) {
   beamd_ingest_t *in = &d->in;
   if (in->have_seq) {
     if (seq > in->last_seq + 1) {
       atomic_fetch_add(&in->gaps, 1);
       atomic_fetch_add(&in->lost, seq - in->last_seq - 1);
-      /* Messages lost in transport: with a series open, frames of it. */
-      series_lost(d, seq - in->last_seq - 1);
+      /* Messages lost in transport: with a series open, frames of it. With
+       * results as frames they may be results of any topic: the frame-id
+       * gaps count them instead. */
+      if (!result_mode(d))
+        series_lost(d, seq - in->last_seq - 1);
     } else if (seq <= in->last_seq) {
       /* The sender restarted (or a second sender appeared): re-base. */
       atomic_fetch_add(&in->seq_resets, 1);
@@ -66,6 +135,8 @@ static void end_series(beamd_t *d, int aborted) {
   beamd_ingest_t *in = &d->in;
   if (!in->series)
     return;
+  if (result_mode(d))
+    res_end(d);
   beam_graph_series_end(d->graph, in->series->series_id, aborted);
   if (aborted)
     atomic_fetch_add(&in->series_aborted, 1);
@@ -125,11 +196,115 @@ static void on_series_start(beamd_t *d, const beam_msg_t *m) {
     bad(d, "SERIES_START", h, "out of memory");
     return;
   }
-  beamd_ingest_series_start(d, s);
+  if (result_mode(d))
+    res_series_start(d, s); /* takes the creation ref */
+  else
+    beamd_ingest_series_start(d, s);
+}
+
+/* Results as frames: pending series i starts now, with geometry g (that
+ * result's header) or, when NULL, the upstream's SERIES_START's; the ones
+ * started before it got no result and start (and end) first. */
+static void res_start_pending(beamd_t *d, unsigned i, const beam_hdr_t *g) {
+  beamd_ingest_t *in = &d->in;
+  for (unsigned k = 0; k <= i; k++) {
+    beam_series_t *p = in->res_pending[k];
+    const beam_hdr_t *gk = k == i ? g : NULL;
+    beam_series_t *s = gk ? beam_series_new(p->series_id, (beam_dtype_t)gk->dtype, gk->ndim,
+                                            gk->shape, p->meta_json, p->meta_len)
+                          : beam_series_ref(p);
+    if (!s)
+      bad(d, "SERIES_START", gk, "out of memory");
+    else
+      beamd_ingest_series_start(d, s); /* an open series ends (aborted) first */
+    res_reset(in);
+    beam_series_unref(&p);
+  }
+  in->res_npending -= i + 1;
+  memmove(in->res_pending, in->res_pending + i + 1, in->res_npending * sizeof in->res_pending[0]);
+}
+
+/* The pending series of that id, or -1. */
+static int res_find_pending(const beamd_ingest_t *in, uint64_t series_id) {
+  for (unsigned k = 0; k < in->res_npending; k++)
+    if (in->res_pending[k]->series_id == series_id)
+      return (int)k;
+  return -1;
+}
+
+void beamd__ingest_forget_pending(beamd_t *d) {
+  beamd_ingest_t *in = &d->in;
+  for (unsigned k = 0; k < in->res_npending; k++)
+    beam_series_unref(&in->res_pending[k]);
+  in->res_npending = 0;
+}
+
+/* A daemon publishes a SERIES_START when the series enters its pipeline
+ * and the SERIES_END when the pipeline is done with it, so the next start
+ * may come before the last results and the end of the series before it.
+ * The open series therefore stays open until its end, or until the first
+ * result of a later one (then its end was lost: the upstream restarted). */
+static void res_series_start(beamd_t *d, beam_series_t *s) {
+  beamd_ingest_t *in = &d->in;
+  unsigned cap = sizeof in->res_pending / sizeof in->res_pending[0];
+  if (in->res_npending == cap)
+    res_start_pending(d, 0, NULL); /* the oldest got no result: it starts (and ends) */
+  in->res_pending[in->res_npending++] = s;
 }
 
 static void on_series_end(beamd_t *d, const beam_msg_t *m) {
+  beamd_ingest_t *in = &d->in;
+  if (result_mode(d)) {
+    int k = res_find_pending(in, m->hdr.series_id);
+    if (k >= 0)
+      res_start_pending(d, (unsigned)k, NULL);
+    if (in->series && in->series->series_id == m->hdr.series_id)
+      res_upstream(d, m);
+  }
   beamd_ingest_series_end(d, m->hdr.series_id, (m->hdr.flags & BEAM_FLAG_ABORTED) != 0);
+}
+
+/* A RESULT on the input: of input.result_topic, a frame of the series. */
+static void on_result(beamd_t *d, const beam_msg_t *m, uint64_t t_recv) {
+  beamd_ingest_t *in = &d->in;
+  const char *t = d->cfg->input.result_topic;
+  if (!result_mode(d)) {
+    atomic_fetch_add(&in->unexpected, 1);
+    bad(d, "unexpected message type on the input", &m->hdr, beam_msg_type_name(m->hdr.type));
+    return;
+  }
+  if (!m->topic || m->topic_len != strlen(t) || memcmp(m->topic, t, m->topic_len)) {
+    atomic_fetch_add(&in->other_topics, 1);
+    return;
+  }
+  const beam_hdr_t *h = &m->hdr;
+  int k = res_find_pending(in, h->series_id);
+  if (k >= 0)
+    res_start_pending(d, (unsigned)k, h);
+  if (in->series && in->series->series_id == h->series_id) {
+    uint64_t fid = h->frame_id;
+    if (!in->res_have_id || fid >= in->res_next_id) {
+      if (in->res_have_id && fid > in->res_next_id)
+        res_gap_add(d, fid - in->res_next_id);
+      in->res_have_id = 1;
+      in->res_next_id = fid + 1;
+      in->res_arrived++;
+    }
+    res_account(d);
+    res_upstream(d, m);
+  }
+  /* The result's identity and array as a frame's; the flags that only
+   * results have go (this daemon sets its own on what it publishes). */
+  beam_msg_t f = *m;
+  f.topic = NULL;
+  f.topic_len = 0;
+  f.hdr.type = BEAM_MSG_FRAME;
+  f.hdr.stage_id = 0;
+  f.hdr.flags &= ~(uint32_t)(BEAM_FLAG_PARTIAL | BEAM_FLAG_FINAL | BEAM_FLAG_ABORTED |
+                             BEAM_FLAG_INCOMPLETE | BEAM_FLAG_META);
+  f.meta = NULL;
+  f.meta_len = 0;
+  beamd_ingest_frame(d, &f, t_recv);
 }
 
 /* Keeps the buffer holding payload part 0 as frame f's data, without a
@@ -249,6 +424,7 @@ void beamd_ingest_parts(beamd_t *d, const beam_part_t *parts, size_t n) {
   case BEAM_MSG_SERIES_START: on_series_start(d, &m); break;
   case BEAM_MSG_FRAME: beamd_ingest_frame(d, &m, t_recv); break;
   case BEAM_MSG_SERIES_END: on_series_end(d, &m); break;
+  case BEAM_MSG_RESULT: on_result(d, &m, t_recv); break;
   default:
     atomic_fetch_add(&in->unexpected, 1);
     bad(d, "unexpected message type on the input", &m.hdr, beam_msg_type_name(m.hdr.type));

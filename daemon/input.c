@@ -18,6 +18,14 @@ const beamd_source_ops_t *beamd_source_find(unsigned mode) {
   return mode < sizeof sources / sizeof sources[0] ? sources[mode] : NULL;
 }
 
+/* "" (frames only) or a topic a RESULT may carry (PROTOCOL.md 9). */
+static const char *result_topic_valid(const beam_cnode_t *v) {
+  const char *t = v->scalar ? v->scalar : "";
+  return !t[0] || beam_topic_valid(t, strlen(t))
+             ? NULL
+             : "expected \"\" or a topic of 1..64 characters [a-z0-9_.-], such as corr.frame";
+}
+
 static const char *input_endpoint_valid(const beam_cnode_t *v) {
   beam_cfg_endpoint_t ep;
   return beam_cfg_endpoint(v, &ep) == 0 && ep.address[0] ? NULL : "the input needs an endpoint";
@@ -35,6 +43,10 @@ const beam_param_t beamd_input_params[] = {
      "bind the endpoint instead of connecting to it", NULL},
     {"hwm", BEAM_P_INT, "1000", 0, 0, 10000000, NULL, NULL,
      "receive high-water mark (messages); 0 = no limit", NULL},
+    {"result_topic", BEAM_P_STRING, "", 0, 0, 0, NULL, NULL,
+     "modes live and pull: take the RESULT messages of this topic (another daemon's output, "
+     "<stage>.<output>) as the frames of each series; \"\" = FRAME messages only",
+     result_topic_valid},
     {"replay", BEAM_P_MAP, NULL, 0, 0, 0, NULL, beamd_replay_params,
      "mode replay: how beamd asks a replay server for frames", NULL},
     {"dectris", BEAM_P_MAP, NULL, 0, 0, 0, NULL, beamd_dectris_params,
@@ -128,6 +140,7 @@ void beamd_ingest_stop(beamd_t *d) {
   /* An open series is ended as aborted by beam_graph_shutdown; forget it
    * here so a late end of series is not matched against it. */
   beam_series_unref(&in->series);
+  beamd__ingest_forget_pending(d);
 }
 
 void beamd_ingest_close(beamd_t *d) {
@@ -136,6 +149,7 @@ void beamd_ingest_close(beamd_t *d) {
     in->src->close(d, in->src_state);
   in->src_state = NULL;
   beam_series_unref(&in->series);
+  beamd__ingest_forget_pending(d);
   free(in->scratch);
   in->scratch = NULL;
 }

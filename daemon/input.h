@@ -146,6 +146,9 @@ int beamd_ingest_frame(beamd_t *d, const beam_msg_t *m, uint64_t t_recv);
  * its frame numbers, or an end short of the announced count): counted
  * (input.missing) and the series' end is published INCOMPLETE. */
 void beamd_ingest_missing(beamd_t *d, uint64_t n);
+/* input.result_topic: drops the series started upstream that got no
+ * result yet (stop, close). */
+void beamd__ingest_forget_pending(beamd_t *d);
 /* The open series, NULL when none (borrowed). */
 const beam_series_t *beamd_ingest_series(const beamd_t *d);
 /* Lossless sources: room in the graph for one more frame? When 0, the

@@ -53,6 +53,8 @@ static json_t *input_json(beamd_t *d) {
   json_object_set_new(o, "unexpected", U(in->unexpected));
   json_object_set_new(o, "corrupt", U(in->corrupt));
   json_object_set_new(o, "missing", U(in->missing));
+  json_object_set_new(o, "other_topics", U(in->other_topics));
+  json_object_set_new(o, "upstream_missing", U(in->upstream_missing));
   json_object_set_new(o, "seq_resets", U(in->seq_resets));
   uint64_t drops = atomic_load(&in->lost) + atomic_load(&in->dropped_busy);
   json_object_set_new(o, "dropped_total", json_integer((json_int_t)drops));

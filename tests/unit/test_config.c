@@ -805,7 +805,7 @@ static void test_dump(void **state) {
   char *d = beam_cfg_dump(c->root);
   assert_non_null(d);
   assert_non_null(strstr(d, "input:\n  mode: pull\n  endpoint: tcp://127.0.0.1:5500\n  bind: "
-                            "true\n  hwm: 1000\n  replay:\n    credit: 64\n    state_file: \"\"\n"
+                            "true\n  hwm: 1000\n  result_topic: \"\"\n  replay:\n    credit: 64\n    state_file: \"\"\n"
                             "    commit_delay: 2s\n    timeout: 10s\n    exit_on_eof: false\n"
                             "    shm: auto\n    map: true\n    depth: 2\n  dectris:\n"
                             "    format: auto\n    channel: \"\"\n    verify_hash: false\n"
