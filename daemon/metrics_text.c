@@ -68,6 +68,10 @@ void beamd_metrics_render(beamd_t *d) {
   metric(&b, "beamd_input_missing_total", "counter",
          "frames a source knows never came (detector frame-number gaps, short series)",
          A(in->missing));
+  metric(&b, "beamd_input_upstream_missing_total", "counter",
+         "frames an upstream daemon reported missing (input.result_topic)", A(in->upstream_missing));
+  metric(&b, "beamd_input_other_topics_total", "counter",
+         "results of other topics skipped (input.result_topic)", A(in->other_topics));
   metric(&b, "beamd_input_corrupt_total", "counter",
          "frames that arrived marked CORRUPT (undecodable at the source; their results are NaN)",
          A(in->corrupt));

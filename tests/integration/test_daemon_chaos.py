@@ -20,6 +20,8 @@ Mid-series gaps (and the upstream's own counts) are checked with a sender
 that speaks RESULTs to B directly, so the ids lost are known exactly.
 """
 
+import http.client
+import re
 import subprocess
 import time
 
@@ -234,6 +236,21 @@ def test_result_gaps_and_upstream_losses(tmp_path, ports, zctx, start_beamd, rec
     assert st["frames"] == 7 and st["other_topics"] == 1 and st["missing"] == 5, st
     assert st["upstream_missing"] == 3 and st["unexpected"] == 0 and st["malformed"] == 0, st
     assert st["shape_mismatch"] == 0, st
+    # The same counts where an operator's alerts read them (/metrics is
+    # refreshed once a heartbeat).
+    want = [r"^beamd_input_upstream_missing_total 3$", r"^beamd_input_other_topics_total 1$",
+            r"^beamd_input_missing_total 5$"]
+    deadline = time.monotonic() + 5
+    while True:
+        conn = http.client.HTTPConnection("127.0.0.1", ports.metrics, timeout=3)
+        conn.request("GET", "/metrics")
+        body = conn.getresponse().read().decode()
+        conn.close()
+        if all(re.search(w, body, re.M) for w in want) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for w in want:
+        assert re.search(w, body, re.M), (w, body)
 
     # A series whose start and end come without a single result: all missing.
     tx.start(sid + 1, (H, W), np.uint16, meta={"detector": "t", "frame_time": 0.01,
