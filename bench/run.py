@@ -30,9 +30,6 @@ import time
 import bench_daemon
 
 FRAME_SIZES = (512, 2048)
-# pipeline/graph.c: thread auto runs roi_sum on correct's thread up to this
-# many bytes of correct's output (float32).
-INLINE_MAX_BYTES = 2 << 20
 TRANSPORTS = ("tcp", "ipc")
 TARGET_RATIO = 0.80
 TARGET_P99_MS = 5.0
@@ -282,8 +279,8 @@ stages:
 
     def throughput(self):
         rows = []
-        for tr in TRANSPORTS:
-            for shape in FRAME_SIZES:
+        for tr in self.a.transports:
+            for shape in self.a.sizes:
                 eps = Endpoints(tr, self.tmp)
                 hwm = self.hwm_for(shape)
                 fbytes = shape * shape * 2
@@ -317,7 +314,7 @@ stages:
                 finally:
                     self.stop_daemon()
                 own = None
-                if self.a.vd_thread == "auto" and shape * shape * 4 <= INLINE_MAX_BYTES:
+                if self.a.vd_thread == "auto":
                     own = self.own_thread_runs(eps, shape, hwm, fbytes, tr)
                 raw_fps = statistics.median(x["recv"]["e2e_fps"] for x in raw)
                 bd_fps = statistics.median(x["recv"]["e2e_fps"] for x in bd)
@@ -334,12 +331,13 @@ stages:
                     for k, v in run["cpu"]["us_per_frame"].items():
                         cpu.setdefault(k, []).append(v)
                 cpu = {k: statistics.median(v) for k, v in cpu.items()}
+                runs_on = {st["name"]: st.get("runs_on") for st in stats.get("stages", [])}
                 cpu["send+recv"] = statistics.median(x["cpu"]["send_recv_us_per_frame"]
                                                      for x in bd)
                 if own:
                     own["ratio"] = own["fps"] / raw_fps if raw_fps else 0
                 rows.append({
-                    "vd_thread_own": own,
+                    "vd_thread_own": own, "vd_runs_on": runs_on.get("vd"),
                     "beamd_cpu_us_per_frame": cpu,
                     "raw_cpu_us_per_frame": statistics.median(x["cpu"]["send_recv_us_per_frame"]
                                                               for x in raw),
@@ -505,9 +503,10 @@ def summary(res):
             own = r.get("vd_thread_own")
             if own:
                 c = r.get("beamd_cpu_us_per_frame") or {}
-                L.append("  %-15s roi_sum on its own thread (thread: own): %.1f f/s, %.1f%% of raw;"
-                         " stage CPU us/frame %.0f (auto: %.0f)" % (
-                             "", own["fps"], 100 * own["ratio"], own["stage_cpu_us_per_frame"],
+                L.append("  %-15s thread auto ran roi_sum on %s; on its own thread: %.1f f/s,"
+                         " %.1f%% of raw, stage CPU us/frame %.0f (auto: %.0f)" % (
+                             "", "correct's thread" if r.get("vd_runs_on") else "its own",
+                             own["fps"], 100 * own["ratio"], own["stage_cpu_us_per_frame"],
                              sum(v for k, v in c.items() if k.startswith("st:"))))
     if "latency" in res:
         L.append("Latency frame-in -> result-out, 512x512 uint16, tcp, paced "
@@ -600,6 +599,10 @@ def main():
     ap.add_argument("--seconds", type=float, default=float(os.environ.get("BENCH_SECONDS", 3)),
                     help="length of each throughput and latency run (default 3)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--transports", nargs="+", choices=TRANSPORTS, default=list(TRANSPORTS),
+                    help="throughput cases: transports (default tcp ipc)")
+    ap.add_argument("--sizes", nargs="+", type=int, default=list(FRAME_SIZES),
+                    help="throughput cases: frame sizes, square uint16 (default 512 2048)")
     ap.add_argument("--vd-thread", choices=["auto", "own", "upstream"], default="auto",
                     help="thread key of the roi_sum stage in the throughput config (default auto)")
     ap.add_argument("--rates", type=int, nargs="+", default=[200, 1000],

@@ -102,8 +102,13 @@ static int build_graph(beamd_t *d, const beam_config_t *cfg, beam_graph_t **out,
   beam_graph_hooks_t hooks = beamd_graph_hooks_template;
   hooks.ctx = d;
   int pinned = cfg->pool.pinned;
-  beam_graph_params_t gp = {cfg->pool.frames, cfg->pool.frame_bytes, pinned, cfg->pool.pin_auto,
-                            sizeof(zmq_msg_t), cfg->pool.prefault, cfg->pool.decode_threads};
+  beam_graph_params_t gp = {.pool_frames = cfg->pool.frames,
+                            .frame_bytes = cfg->pool.frame_bytes,
+                            .pinned = pinned,
+                            .pin_auto = cfg->pool.pin_auto,
+                            .slot_user_bytes = sizeof(zmq_msg_t),
+                            .prefault = cfg->pool.prefault,
+                            .decode_threads = cfg->pool.decode_threads};
   beam_diag_t diag = {0};
   int rc = beam_graph_new(out, cfg->stages, cfg->nstages, &gp, &hooks, &diag);
   if (rc < 0)

@@ -19,6 +19,7 @@
 
 #include <jansson.h>
 
+#include "pipeline/cache.h"
 #include "pipeline/device.h"
 #include "pipeline/emit_int.h"
 
@@ -46,12 +47,11 @@ enum { IT_START, IT_FRAME, IT_END, IT_QUIT };
 #define BATCH_OUT_BYTES (2u << 20)
 
 /* `thread: auto` runs a light stage on its upstream's thread when the
- * frames it reads are at most this large: they are then still in that
- * core's cache (L2 is 1-4 MiB a core on current x86 servers). A larger
- * output is read from memory whichever core reads it, and the stages
- * then gain more from running side by side (bench/run.py throughput:
- * 512x512 float32 1 MiB faster on one thread, 2048x2048 16 MiB slower). */
-#define INLINE_MAX_BYTES (2u << 20)
+ * frames it reads stay in cache between the two (beam_cache_resident, or
+ * beam_graph_params_t.inline_max_bytes): it then reads them from the
+ * cache of the core that wrote them, and no thread is woken per frame.
+ * Frames read from memory whichever core reads them gain more from the
+ * two stages running side by side. bench/run.py throughput prints both. */
 enum { THREAD_AUTO, THREAD_OWN, THREAD_UPSTREAM };
 
 /* Shared by the END items of one series: the last stage to finish it
@@ -157,6 +157,7 @@ struct beam_graph_s {
   int pinned;
   int keep_encoded; /* a root stage can store wire bytes as they are */
   beam_decode_pool_t *dpool; /* NULL: stages decode lazily themselves */
+  size_t inline_max; /* beam_graph_params_t.inline_max_bytes */
 };
 
 /* ---- queues ------------------------------------------------------------ */
@@ -445,7 +446,8 @@ static void thread_for(node_t *nd, node_t *c, int out) {
     return;
   int want = c->thread_mode == THREAD_UPSTREAM;
   if (c->thread_mode == THREAD_AUTO && nd->series_ok && out >= 0)
-    want = out_bytes(&nd->stage.outs[out]) <= INLINE_MAX_BYTES;
+    want = nd->g->inline_max ? out_bytes(&nd->stage.outs[out]) <= nd->g->inline_max
+                             : beam_cache_resident(out_bytes(&nd->stage.outs[out]));
   if (want == c->on_upstream)
     return;
   pthread_mutex_lock(&c->q.mu);
@@ -829,6 +831,7 @@ int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
   if (!g)
     return BEAM_DIAG(d, BEAM_ENOMEM, "graph: out of memory");
   g->hooks = *hooks;
+  g->inline_max = gp->inline_max_bytes;
   g->nodes = calloc(n ? n : 1, sizeof *g->nodes);
   g->n = g->nodes ? n : 0; /* destroy walks n nodes */
   int rc = 0;
@@ -1195,6 +1198,9 @@ void beam_graph_stage_stats(const beam_graph_t *g, size_t i, beam_stage_stats_t 
   s->queue_depth = queue_depth(&nd->q);
   s->queue_cap = nd->q.cap;
   s->busy_s = (double)atomic_load(&nd->busy_ns) * 1e-9;
+  pthread_mutex_lock(&nd->q.mu); /* written under it by the upstream's thread */
+  s->runs_on = nd->on_upstream ? g->nodes[nd->upstream].stage.name : NULL;
+  pthread_mutex_unlock(&nd->q.mu);
   s->latency = &nd->lat;
   s->ncounters = nd->stage.ncounters;
   for (unsigned k = 0; k < s->ncounters; k++) {

@@ -1,5 +1,6 @@
 /* The stage graph: stages from the config, a worker thread each, bounded
- * queues between them, and hooks back to the daemon for results.
+ * queues between them (or, for a light stage, its upstream's thread and a
+ * call: stage key thread), and hooks back to the daemon for results.
  *
  * Threading: the daemon's loop thread calls beam_graph_series_start/
  * frame/series_end (ingest) and never blocks in them: it asks
@@ -64,6 +65,9 @@ typedef struct beam_graph_params_s {
   size_t slot_user_bytes; /* per input slot scratch for the ingest (0 = none) */
   int prefault;           /* write the input pool once now (resident at once) */
   unsigned decode_threads; /* decode encoded input frames ahead of the stages (decode_pool.h) */
+  /* thread auto: the largest output a light consumer reads on its
+   * upstream's thread; 0 = what stays in cache (beam_cache_resident). */
+  size_t inline_max_bytes;
 } beam_graph_params_t;
 
 /* Builds the graph: resolves backends (auto -> cuda when a GPU is present),
@@ -130,6 +134,9 @@ typedef struct beam_stage_stats_s {
   uint64_t frames_in, frames_out, results, rejected, errors, series;
   unsigned queue_depth, queue_cap;
   double busy_s; /* time inside process/end */
+  /* The stage whose thread runs this one in the current series (thread:
+   * upstream or auto), or NULL: its own. */
+  const char *runs_on;
   const beam_hist_t *latency; /* process time per frame */
   unsigned ncounters;         /* the stage's own counters (beam_stage_t.counters) */
   const char *counter_names[BEAM_STAGE_MAX_COUNTERS];

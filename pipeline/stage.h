@@ -1,6 +1,7 @@
 /* The stage interface: what every stage kind implements, per backend.
  *
- * Life cycle, all calls on the stage's own worker thread except init and
+ * Life cycle, all calls on the one thread that runs the stage (its own
+ * worker, or its upstream's: stage key `thread`, graph.c) except init and
  * destroy (graph build / teardown thread):
  *   init    reads parameters from self->cfg, loads files (masks, darks),
  *           allocates what does not depend on the frame shape. On failure it
@@ -162,8 +163,8 @@ typedef struct beam_stage_kind_s {
    "input queue depth (frames) in front of this stage", NULL},                         \
   {"thread", BEAM_P_ENUM, "auto", 0, 0, 0, "auto|own|upstream", NULL,                  \
    "own: a thread of its own; upstream: on the thread of the stage it reads (which "    \
-   "must feed nothing else); auto: upstream for a light CPU stage (roi_sum) reading "   \
-   "frames of up to 2 MiB from a CPU stage, else own", NULL}
+   "must feed nothing else); auto: upstream for a light CPU stage (roi_sum) after a "   \
+   "CPU stage when its input frames stay in the last-level cache, else own", NULL}
 
 const char *beam_stage_name_valid(const beam_cnode_t *v);
 

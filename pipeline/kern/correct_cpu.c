@@ -23,6 +23,7 @@
 #endif
 #endif
 
+#include "pipeline/cache.h"
 #include "pipeline/kern/correct.h"
 #include "pipeline/kern/kern_int.h"
 #include "pipeline/kern/kinds.h"
@@ -225,12 +226,15 @@ static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam
   return 0;
 }
 
-/* Frames whose float32 output is this large or larger are written with
- * streaming stores: such an output is out of the cache when the next
- * stage reads it anyway, and ordinary stores first read every line they
- * write (write-allocate), a third more memory traffic for a loop that is
- * memory bound at this size (2048x2048: 16 MiB written, 8 MiB read). */
-#define STREAM_MIN_BYTES (8u << 20)
+/* Frames whose float32 output will not stay in the last-level cache until
+ * the next stage reads it (beam_cache_resident) are written with
+ * streaming stores: ordinary stores first read every line they write
+ * (write-allocate), a third more memory traffic for a loop that is memory
+ * bound at that size (2048x2048: 16 MiB written, 8 MiB read). Where the
+ * output does stay, streaming would push it out to memory for the reader
+ * to fetch back: on a 2-core VM with 480 MiB of L3, 2048x2048 uint16
+ * correct -> roi_sum went from 55-61 % to 69-97 % of raw ZeroMQ without
+ * them (bench/run.py throughput); on a Zen 4 VM with 32 MiB they gained. */
 /* Pixels per block: computed into an L1-resident buffer by the loops
  * above, then streamed out, so the bits are the loops' own. */
 #define STREAM_BLOCK 2048
@@ -249,7 +253,7 @@ __attribute__((target("avx2"))) static void stream_out(float *restrict dst,
  * tables offset to match), streamed to out; 0 when it does not apply. */
 static int correct_streamed(const beam_correct_tab_t *t, const beam_correct_conf_t *c,
                             beam_dtype_t dt, const void *raw, float *out) {
-  if (t->n * sizeof(float) < STREAM_MIN_BYTES || ((uintptr_t)out & 31) ||
+  if (beam_cache_resident(t->n * sizeof(float)) || ((uintptr_t)out & 31) ||
       !__builtin_cpu_supports("avx2"))
     return 0;
   _Alignas(64) float buf[STREAM_BLOCK];

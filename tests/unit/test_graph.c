@@ -17,6 +17,7 @@
 
 #include "gpu/gpu.h"
 #include "pipeline/graph.h"
+#include "pipeline/cache.h"
 #include "pipeline/hist.h"
 
 /* ---- a test stage: out = in + add (uint32), optional delay, optional reject ---- */
@@ -315,7 +316,7 @@ static void test_graph_order_and_done(void **state) {
   g_tag_next = 0;
   g_tag_cfg[0].add = 1000;
   beam_stage_spec_t sp[] = {spec("a", "frames", 1, 4)};
-  beam_graph_params_t gp = {8, 64, 0, 0, 0, 0, 0};
+  beam_graph_params_t gp = {.pool_frames = 8, .frame_bytes = 64};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -358,7 +359,7 @@ static void test_graph_pin_auto(void **state) {
   beam_stage_spec_t sp[] = {spec("a", "frames", 1, 4)};
   beam_graph_hooks_t h = hooks(s);
   for (int pin_auto = 0; pin_auto <= 1; pin_auto++) {
-    beam_graph_params_t gp = {4, 64, 1, pin_auto, 0, 0, 0};
+    beam_graph_params_t gp = {.pool_frames = 4, .frame_bytes = 64, .pinned = 1, .pin_auto = pin_auto};
     beam_graph_t *g = NULL;
     beam_diag_t d = {0};
     assert_int_equal(beam_graph_new(&g, sp, 1, &gp, &h, &d), 0);
@@ -377,7 +378,7 @@ static void test_graph_fanout_chain(void **state) {
   g_tag_cfg[1].add = 10;  /* b: frames + 10 */
   g_tag_cfg[2].add = 100; /* c: a.frame + 100 */
   beam_stage_spec_t sp[] = {spec("a", "frames", 0, 2), spec("b", "frames", 1, 2), spec("c", "a.frame", 1, 2)};
-  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0, 0};
+  beam_graph_params_t gp = {.pool_frames = 4, .frame_bytes = 64};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -412,7 +413,7 @@ static void test_graph_backpressure(void **state) {
   g_tag_next = 0;
   g_tag_cfg[0].delay_us = 2000;
   beam_stage_spec_t sp[] = {spec("slow", "frames", 1, 2)};
-  beam_graph_params_t gp = {3, 64, 0, 0, 0, 0, 0};
+  beam_graph_params_t gp = {.pool_frames = 3, .frame_bytes = 64};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -470,7 +471,7 @@ static void test_graph_batch_wake(void **state) {
   memset(g_tag_cfg, 0, sizeof g_tag_cfg);
   g_tag_next = 0;
   beam_stage_spec_t sp[] = {spec("b", "frames", 1, 4)};
-  beam_graph_params_t gp = {64, 64, 0, 0, 0, 0, 0};
+  beam_graph_params_t gp = {.pool_frames = 64, .frame_bytes = 64};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -517,7 +518,7 @@ static void test_graph_reject_series(void **state) {
   g_tag_next = 0;
   g_tag_cfg[0].reject_series = 1;
   beam_stage_spec_t sp[] = {spec("a", "frames", 1, 4), spec("b", "a", 1, 4)};
-  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0, 0};
+  beam_graph_params_t gp = {.pool_frames = 4, .frame_bytes = 64};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -540,7 +541,7 @@ static void test_graph_shutdown_open_series(void **state) {
   memset(g_tag_cfg, 0, sizeof g_tag_cfg);
   g_tag_next = 0;
   beam_stage_spec_t sp[] = {spec("a", "frames", 1, 4)};
-  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0, 0};
+  beam_graph_params_t gp = {.pool_frames = 4, .frame_bytes = 64};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -568,7 +569,7 @@ static void test_graph_bad_input_name(void **state) {
   (void)state;
   sink_t *s = sink_new();
   beam_stage_spec_t sp[] = {spec("a", "nosuch", 1, 4)};
-  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0, 0};
+  beam_graph_params_t gp = {.pool_frames = 4, .frame_bytes = 64};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -585,7 +586,7 @@ static void test_graph_cuda_without_gpu(void **state) {
   beam_stage_spec_t sp[] = {spec("a", "frames", 1, 4)};
   sp[0].kind_def = &k;
   sp[0].backend = "cuda";
-  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0, 0};
+  beam_graph_params_t gp = {.pool_frames = 4, .frame_bytes = 64};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -607,7 +608,7 @@ static void test_graph_watermark(void **state) {
   g_tag_next = 0;
   g_tag_cfg[0].delay_us = 3000; /* a: slow */
   beam_stage_spec_t sp[] = {spec("a", "frames", 0, 8), spec("b", "a", 1, 8)};
-  beam_graph_params_t gp = {16, 64, 0, 0, 0, 0, 0};
+  beam_graph_params_t gp = {.pool_frames = 16, .frame_bytes = 64};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -735,7 +736,7 @@ static beam_graph_t *itoy_graph(sink_t *s, int grant, int wait_interrupt, int id
   beam_stage_spec_t sp[] = {spec("it", "frames", 1, 8)};
   sp[0].kind = "itoy";
   sp[0].kind_def = &itoy_kind;
-  beam_graph_params_t gp = {8, 64, 0, 0, 0, 0, 0};
+  beam_graph_params_t gp = {.pool_frames = 8, .frame_bytes = 64};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -894,7 +895,8 @@ static int run_chain(const char *mode, const uint32_t *sizes, int nseries, int n
   sp[1].kind = "ltag";
   sp[1].kind_def = &ltag_kind;
   sp[1].thread = mode;
-  beam_graph_params_t gp = {6, (size_t)1100 * 1100 * 4, 0, 0, 0, 0, 0};
+  beam_graph_params_t gp = {.pool_frames = 6, .frame_bytes = (size_t)1100 * 1100 * 4,
+                            .inline_max_bytes = 2u << 20};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -952,7 +954,7 @@ static void test_graph_thread_upstream_refused(void **state) {
   beam_stage_spec_t sp[] = {spec("a", "frames", 0, 4), spec("b", "a.frame", 1, 4),
                             spec("c", "a.frame", 1, 4)};
   sp[2].thread = "upstream";
-  beam_graph_params_t gp = {4, 64, 0, 0, 0, 0, 0};
+  beam_graph_params_t gp = {.pool_frames = 4, .frame_bytes = 64};
   beam_graph_hooks_t h = hooks(s);
   beam_graph_t *g = NULL;
   beam_diag_t d = {0};
@@ -977,6 +979,17 @@ static void test_graph_thread_upstream_refused(void **state) {
   sink_free(s);
 }
 
+static void test_cache_resident(void **state) {
+  (void)state;
+  size_t llc = beam_llc_bytes();
+  assert_int_equal(beam_llc_bytes(), llc); /* read once, the same after */
+  assert_true(beam_cache_resident(0));
+  assert_false(beam_cache_resident(SIZE_MAX));
+  size_t lim = llc ? llc / 4 : 2u << 20;
+  assert_true(beam_cache_resident(lim));
+  assert_false(beam_cache_resident(lim + 1));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pool_basics),
@@ -997,6 +1010,7 @@ int main(void) {
       cmocka_unit_test(test_graph_thread_modes),
       cmocka_unit_test(test_graph_thread_auto_switches),
       cmocka_unit_test(test_graph_thread_upstream_refused),
+      cmocka_unit_test(test_cache_resident),
   };
   return beam_run_tests(tests, NULL, NULL);
 }

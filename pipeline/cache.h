@@ -1,0 +1,27 @@
+/* The CPU's last-level cache, for decisions that depend on whether a
+ * frame just written is still in cache when the next stage reads it
+ * (streaming stores in correct, stage placement in the graph). */
+#ifndef BEAM_CACHE_H
+#define BEAM_CACHE_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bytes of the last-level cache the kernel or the C library reports (the
+ * whole L3 a virtual machine is shown, which is what its loads hit), or 0
+ * when neither knows. Read once; thread-safe. */
+size_t beam_llc_bytes(void);
+
+/* Whether a frame of `bytes` written by one stage is likely still in the
+ * last-level cache when the next stage reads it: at most a quarter of the
+ * cache, so that its input, the frames queued around it and other work
+ * fit beside it. Without a known cache size, up to 2 MiB (an L2). */
+int beam_cache_resident(size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
