@@ -58,8 +58,8 @@ class Feed:
         self.send(proto.SERIES_START, series_id=sid, shape=shape, dtype="uint16", meta=meta,
                   topic="beamd.series")
 
-    def end(self, sid, flags=0):
-        self.send(proto.SERIES_END, series_id=sid, flags=flags, topic="beamd.series")
+    def end(self, sid, flags=0, meta=None):
+        self.send(proto.SERIES_END, series_id=sid, flags=flags, topic="beamd.series", meta=meta)
 
     def result(self, topic, sid, fid, array, desc=None, flags=0, codec="raw"):
         self.send(proto.RESULT, topic=topic, series_id=sid, frame_id=fid, array=array,
@@ -158,6 +158,36 @@ def test_every_layout_and_attributes(zctx, recorder):
         assert [s(a) for a in pv.attrs["axes"]] == ["y", "x"]
     st = stats_of(p)
     assert st["written"] == 20 and st["series_complete"] == 1 and st["duplicates"] == 0
+
+
+def test_incomplete_series_says_what_it_lost(zctx, recorder):
+    """An INCOMPLETE SERIES_END (frames lost upstream, PROTOCOL.md) leaves
+    the count in the file: /entry@missing_frames, beside complete (the
+    series did end) and results_written; a clean end has no such count."""
+    feed = Feed(zctx)
+    p = recorder(feed, "--series", "2", "--timeout", "15")  # the aborted one does not count
+    feed.start(7)
+    for fid in (0, 1, 2, 5, 6):
+        feed.result("vd.sums", 7, fid, sums(fid), DESC_SUMS if fid == 0 else None,
+                    flags=proto.FLAG_INCOMPLETE if fid >= 5 else 0)
+    feed.end(7, flags=proto.FLAG_INCOMPLETE, meta={"missing_frames": 2})
+    feed.start(8)
+    feed.result("vd.sums", 8, 0, sums(0), DESC_SUMS)
+    feed.end(8, flags=proto.FLAG_INCOMPLETE | proto.FLAG_ABORTED, meta={"missing_frames": 9})
+    feed.start(9)
+    feed.result("vd.sums", 9, 0, sums(0), DESC_SUMS)
+    feed.end(9)
+    assert p.wait(15) == 0, p.stderr()
+    with h5py.File(os.path.join(p.out_dir, "series_7.h5"), "r") as f:
+        e = f["/entry"]
+        assert bool(e.attrs["complete"]) is True and e.attrs["results_written"] == 5
+        assert e.attrs["missing_frames"] == 2
+        assert list(f["/results/vd.sums/frame_id"][...]) == [0, 1, 2, 5, 6]
+    with h5py.File(os.path.join(p.out_dir, "series_8.h5.partial"), "r") as f:
+        assert bool(f["/entry"].attrs["complete"]) is False
+        assert f["/entry"].attrs["missing_frames"] == 9
+    with h5py.File(os.path.join(p.out_dir, "series_9.h5"), "r") as f:
+        assert "missing_frames" not in f["/entry"].attrs
 
 
 def test_latest_mode(zctx, recorder):

@@ -140,6 +140,9 @@ typedef struct rfile_s {
   int dirty;
   int failed; /* a write failed: closed without reopening (the disk may be full) */
   uint64_t written;
+  /* Frames the series lost upstream, from an INCOMPLETE SERIES_END
+   * (PROTOCOL.md): /entry@missing_frames, so the file says it too. */
+  uint64_t missing_frames;
   uint64_t swmr_pauses; /* SWMR ended to create objects (rfile.c) */
   size_t block_bytes; /* allocated for the topics' blocks, at most REC_FILE_BLOCKS */
   rtopic_t *topics[REC_MAX_TOPICS];

@@ -776,6 +776,8 @@ static int final_attrs(rec_ctx_t *ctx, rfile_t *f, int complete, const char *why
   if (e >= 0) {
     rc |= beam_h5_attr_bool(e, "complete", complete);
     rc |= beam_h5_attr_u64(e, "results_written", f->written);
+    if (f->missing_frames)
+      rc |= beam_h5_attr_u64(e, "missing_frames", f->missing_frames);
     if (why)
       rc |= beam_h5_attr_str(e, "incomplete_reason", why);
     H5Gclose(e);
