@@ -126,8 +126,11 @@ struct node_s {
   int thread_mode;
   int may_inline;
   int on_upstream;
-  int busy;              /* own thread inside an item (under q.mu) */
-  pthread_cond_t quiet;  /* busy cleared with the queue empty */
+  /* Own thread anywhere but asleep on an empty queue (under q.mu; 1 from
+   * the start, so that an upstream never runs our items before our thread
+   * has reached its first wait). */
+  int busy;
+  pthread_cond_t quiet;  /* signalled when busy drops to 0 */
   int quiet_init;
   node_t *inl;           /* our only consumer, when it may run on our thread */
   uint64_t nested_ns;    /* time spent in inl's items during our own (stats) */
@@ -229,18 +232,25 @@ static void queue_kick(queue_t *q) {
  * ingest_idx, so a watermark reader never sees a frame in neither place.
  * With wait 0 it returns 0 at once when the queue is empty (a stage with
  * idle work); otherwise it blocks until an item is there and returns 1. */
-static int queue_pop(queue_t *q, item_t *it, uint64_t *cur, int wait, int *busy) {
+/* busy and quiet (both may be NULL): see node_t; busy is 0 exactly while
+ * the caller sleeps here on an empty queue. */
+static int queue_pop(queue_t *q, item_t *it, uint64_t *cur, int wait, int *busy,
+                     pthread_cond_t *quiet) {
   pthread_mutex_lock(&q->mu);
   while (q->count == 0) {
     if (!wait) {
       pthread_mutex_unlock(&q->mu);
       return 0;
     }
+    if (busy && *busy) {
+      *busy = 0;
+      pthread_cond_broadcast(quiet);
+    }
     pthread_cond_wait(&q->not_empty, &q->mu);
   }
-  *it = q->buf[q->head];
   if (busy)
     *busy = 1;
+  *it = q->buf[q->head];
   if (cur && it->kind == IT_FRAME)
     *cur = it->frame->ingest_idx;
   q->head = (q->head + 1) % q->size;
@@ -723,24 +733,17 @@ static void *worker_main(void *arg) {
   for (;;) {
     item_t it;
     int idle = nd->idle_more && nd->series_ok && nd->stage.idle && !nd->stage.interrupt;
-    if (!queue_pop(&nd->q, &it, &nd->cur_idx, 0, &nd->busy)) {
+    if (!queue_pop(&nd->q, &it, &nd->cur_idx, 0, NULL, NULL)) {
       /* Nothing queued: what this stage emitted goes on now. */
       kick_consumers(nd);
       if (idle) {
         on_idle(nd);
         continue;
       }
-      queue_pop(&nd->q, &it, &nd->cur_idx, 1, &nd->busy);
+      queue_pop(&nd->q, &it, &nd->cur_idx, 1, &nd->busy, &nd->quiet);
     }
     if (run_item(nd, &it))
       break;
-    if (nd->may_inline) {
-      pthread_mutex_lock(&nd->q.mu);
-      nd->busy = 0;
-      if (!nd->q.count)
-        pthread_cond_broadcast(&nd->quiet);
-      pthread_mutex_unlock(&nd->q.mu);
-    }
   }
   if (atomic_fetch_sub(&g->running, 1) == 1 && g->hooks.on_finished)
     g->hooks.on_finished(g->hooks.ctx);
@@ -802,6 +805,7 @@ static int thread_setup(beam_graph_t *g, node_t *nd, const char *m, beam_diag_t 
   if (pthread_cond_init(&nd->quiet, NULL) != 0)
     return BEAM_DIAG(d, BEAM_ENOMEM, "graph: out of memory");
   nd->quiet_init = 1;
+  nd->busy = 1;
   if (nd->thread_mode == THREAD_OWN)
     return 0;
   node_t *up = nd->upstream >= 0 ? &g->nodes[nd->upstream] : NULL;
@@ -1161,7 +1165,7 @@ void beam_graph_destroy(beam_graph_t **gp) {
     beam_series_unref(&nd->series);
     /* Items left in a queue (only possible when workers never started). */
     item_t it;
-    while (nd->q.buf && queue_pop(&nd->q, &it, NULL, 0, NULL)) {
+    while (nd->q.buf && queue_pop(&nd->q, &it, NULL, 0, NULL, NULL)) {
       if (it.kind == IT_FRAME)
         beam_frame_unref(it.frame);
       else if (it.kind == IT_START)
