@@ -148,5 +148,5 @@ static int cu_end(beam_stage_t *self, beam_emit_t *emit) { return 0; }
 
 extern "C" const beam_stage_ops_t beam_bin_cuda_ops = {
     .kind = "bin", .backend = "cuda",
-    .init = cu_init, .start = cu_start, .process = cu_process, .end = cu_end, .destroy = cu_destroy, .light = 0,
+    .init = cu_init, .start = cu_start, .process = cu_process, .end = cu_end, .destroy = cu_destroy,
 };

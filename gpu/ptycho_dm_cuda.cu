@@ -17,5 +17,5 @@ static int cu_init(beam_stage_t *self, beam_diag_t *d) {
 
 extern "C" const beam_stage_ops_t beam_ptycho_dm_cuda_ops = {
     .kind = "ptycho_dm", .backend = "cuda",
-    .init = cu_init, .start = beam_ptycho_dm_start, .process = beam_ptycho_dm_process, .end = beam_ptycho_dm_end, .destroy = beam_ptycho_dm_destroy, .light = 0,
+    .init = cu_init, .start = beam_ptycho_dm_start, .process = beam_ptycho_dm_process, .end = beam_ptycho_dm_end, .destroy = beam_ptycho_dm_destroy,
 };

@@ -167,5 +167,5 @@ static int cu_end(beam_stage_t *self, beam_emit_t *emit) {
 
 extern "C" const beam_stage_ops_t beam_xpcs_twotime_cuda_ops = {
     .kind = "xpcs_twotime", .backend = "cuda",
-    .init = cu_init, .start = cu_start, .process = cu_process, .end = cu_end, .destroy = cu_destroy, .light = 0,
+    .init = cu_init, .start = cu_start, .process = cu_process, .end = cu_end, .destroy = cu_destroy,
 };

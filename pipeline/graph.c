@@ -819,7 +819,7 @@ static int thread_setup(beam_graph_t *g, node_t *nd, const char *m, beam_diag_t 
   if (why)
     return 0;
   if (nd->thread_mode == THREAD_AUTO &&
-      (!nd->stage.ops->light || strcmp(nd->backend, "cpu") || strcmp(up->backend, "cpu")))
+      (!nd->stage.light || strcmp(nd->backend, "cpu") || strcmp(up->backend, "cpu")))
     return 0;
   nd->may_inline = 1;
   up->inl = nd;

@@ -83,11 +83,6 @@ typedef struct beam_stage_ops_s {
   int (*process)(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *emit);
   int (*end)(beam_stage_t *self, beam_emit_t *emit);
   void (*destroy)(beam_stage_t *self);
-  /* 1: process only reads its input during the call, keeps no frame, and
-   * costs little beside moving the frame to another core (a reduction such
-   * as roi_sum). Such a stage, the only consumer of its upstream, runs on
-   * that upstream's thread under `thread: auto` (graph.c). */
-  int light;
 } beam_stage_ops_t;
 
 struct beam_stage_s {
@@ -103,6 +98,11 @@ struct beam_stage_s {
   uint64_t end_missing;    /* during end: frames the source knows never came
                             * (beam_series_t.missing_frames; final by then) */
   int (*idle)(beam_stage_t *self, beam_emit_t *emit); /* optional, see above */
+  /* Set in init by a stage whose process only reads its input during the
+   * call, keeps no frame, and costs about one read of it (roi_sum with a
+   * few ROIs): the only consumer of its upstream, it then runs on that
+   * upstream's thread under `thread: auto` (graph.c). */
+  int light;
   atomic_int interrupt;    /* set (never cleared) when the graph shuts down */
   /* Optional, set in init by a stage that can use an input frame still in
    * its wire codec (dec_state BEAM_DEC_PENDING, see frame.h) without its
@@ -163,7 +163,7 @@ typedef struct beam_stage_kind_s {
    "input queue depth (frames) in front of this stage", NULL},                         \
   {"thread", BEAM_P_ENUM, "auto", 0, 0, 0, "auto|own|upstream", NULL,                  \
    "own: a thread of its own; upstream: on the thread of the stage it reads (which "    \
-   "must feed nothing else); auto: upstream for a light CPU stage (roi_sum) after a "   \
+   "must feed nothing else); auto: upstream for a light CPU stage (roi_sum, <= 8 ROIs) after a "   \
    "CPU stage when its input frames stay in the last-level cache, else own", NULL}
 
 const char *beam_stage_name_valid(const beam_cnode_t *v);

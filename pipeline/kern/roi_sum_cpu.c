@@ -112,6 +112,9 @@ RUN_DBL(double)
 #define ROI_PREFETCH_AHEAD 16384
 #endif
 
+/* thread: auto counts roi_sum as light up to this many ROIs (stage.h). */
+#define ROI_LIGHT_MAX 8
+
 /* Where the prefetch has got to: run j, next cache line at byte b. */
 typedef struct pf_s {
   size_t j, b;
@@ -270,6 +273,11 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
   int rc = beam_roi_host_init(h, self->cfg, d);
   if (rc < 0)
     cpu_destroy(self);
+  /* Each frame is read about once when ROIs are few (runs, then sums);
+   * many overlapping ROIs read it many times over, work enough for a
+   * thread of its own. */
+  else
+    self->light = h->conf.nroi <= ROI_LIGHT_MAX;
   return rc;
 }
 
@@ -300,5 +308,5 @@ static int cpu_end(beam_stage_t *self, beam_emit_t *emit) {
 
 const beam_stage_ops_t beam_roi_sum_cpu_ops = {
     .kind = "roi_sum", .backend = "cpu",
-    .init = cpu_init, .start = cpu_start, .process = cpu_process, .end = cpu_end, .destroy = cpu_destroy, .light = 1,
+    .init = cpu_init, .start = cpu_start, .process = cpu_process, .end = cpu_end, .destroy = cpu_destroy,
 };

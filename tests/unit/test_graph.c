@@ -32,12 +32,15 @@ typedef struct tag_s {
 static tag_t g_tag_cfg[8];
 static int g_tag_next;
 
+static const beam_stage_ops_t ltag_ops;
+
 static int tag_init(beam_stage_t *self, beam_diag_t *d) {
   tag_t *t = calloc(1, sizeof *t);
   if (!t)
     return BEAM_DIAG(d, BEAM_ENOMEM, "oom");
   *t = g_tag_cfg[g_tag_next++];
   self->priv = t;
+  self->light = self->ops == &ltag_ops;
   return 0;
 }
 
@@ -72,7 +75,7 @@ static int g_ltag_same, g_ltag_n;
 
 static int tag_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *e) {
   tag_t *t = self->priv;
-  if (self->ops->light) {
+  if (self->light) {
     __atomic_add_fetch(&g_ltag_n, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&g_tag_tid, __ATOMIC_SEQ_CST) == (unsigned long)pthread_self())
       __atomic_add_fetch(&g_ltag_same, 1, __ATOMIC_SEQ_CST);
@@ -122,7 +125,6 @@ static const beam_stage_kind_t tag_kind = {"tag", "test stage", NULL, &tag_ops, 
 static const beam_stage_ops_t ltag_ops = {
     .kind = "ltag", .backend = "cpu",
     .init = tag_init, .start = tag_start, .process = tag_process, .end = tag_end, .destroy = tag_destroy,
-    .light = 1,
 };
 static const beam_stage_kind_t ltag_kind = {"ltag", "light test stage", NULL, &ltag_ops, NULL, NULL};
 
