@@ -9,8 +9,9 @@
 #   make soak            every stage kind for SOAK_MINUTES (20): RSS, fds, queues, losses
 #   make fuzz            run every decoder fuzzer (tests/fuzz/fuzz_*.c) for FUZZ_SECONDS each
 #   make deps            install the Debian packages everything here needs
-#   make install         binaries, unit, sysusers file, minimal /etc/beamd/beamd.yaml
-#                        (DESTDIR, PREFIX honoured); make uninstall removes them
+#   make install         binaries, man pages, unit, sysusers file, minimal
+#                        /etc/beamd/beamd.yaml (DESTDIR, PREFIX honoured);
+#                        make uninstall removes them
 
 # `make deps <targets>` installs packages before anything below asks
 # pkg-config for flags, so one command works on a fresh machine.
@@ -332,7 +333,7 @@ demo: all
 	BEAMD_BUILD=$(BUILD) tools/demo.sh
 
 # ---- install ----------------------------------------------------------------
-# Binaries and the viewer's page under PREFIX; the unit, the sysusers file
+# Binaries, man pages and the viewer's page under PREFIX; the unit, the sysusers file
 # and /etc/beamd where systemd looks, whatever PREFIX is. The config put in
 # /etc is the minimal safe one (loopback, a preview, no disk writes); the
 # full reference goes beside the documentation. Only the programs are
@@ -344,12 +345,15 @@ DOCDIR      := $(PREFIX)/share/doc/beamd
 VIEWDIR     := $(PREFIX)/share/beamd-view/www
 VIEW_FILES  := $(notdir $(wildcard tools/beamd-view/www/*))
 DOC_FILES   := $(notdir $(wildcard docs/*.md))
+MANDIR      := $(PREFIX)/share/man/man1
+MAN_FILES   := $(notdir $(wildcard man/man1/*.1))
 
 .PHONY: uninstall
 install: $(BUILD)/beamd $(TOOL_BIN)
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)/etc/beamd $(DESTDIR)$(UNITDIR) \
-	  $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR)/docs $(DESTDIR)$(VIEWDIR)
+	  $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR)/docs $(DESTDIR)$(VIEWDIR) $(DESTDIR)$(MANDIR)
 	install -m 755 $(BUILD)/beamd $(TOOL_BIN) $(DESTDIR)$(BINDIR)/
+	install -m 644 $(MAN_FILES:%=man/man1/%) $(DESTDIR)$(MANDIR)/
 	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' systemd/beamd.service.in \
 	  > $(DESTDIR)$(UNITDIR)/beamd.service.tmp
 	chmod 644 $(DESTDIR)$(UNITDIR)/beamd.service.tmp
@@ -378,8 +382,10 @@ uninstall:
 	rm -f $(DESTDIR)$(UNITDIR)/beamd.service $(DESTDIR)$(SYSUSERSDIR)/beamd.conf
 	rm -f $(DESTDIR)$(DOCDIR)/beamd.yaml.example $(DESTDIR)$(DOCDIR)/README.md \
 	  $(DOC_FILES:%=$(DESTDIR)$(DOCDIR)/docs/%) $(VIEW_FILES:%=$(DESTDIR)$(VIEWDIR)/%)
+	rm -f $(MAN_FILES:%=$(DESTDIR)$(MANDIR)/%)
+	@# Directories only when empty: on a real system share/man holds others' pages.
 	-rmdir $(DESTDIR)$(DOCDIR)/docs $(DESTDIR)$(DOCDIR) $(DESTDIR)$(VIEWDIR) \
-	  $(DESTDIR)$(PREFIX)/share/beamd-view 2>/dev/null
+	  $(DESTDIR)$(PREFIX)/share/beamd-view $(DESTDIR)$(MANDIR) $(DESTDIR)$(PREFIX)/share/man 2>/dev/null
 	@c=$(DESTDIR)/etc/beamd/beamd.yaml; \
 	if [ -e $$c.new ] && cmp -s etc/beamd-minimal.yaml $$c.new; then rm -f $$c.new; fi; \
 	if [ -e $$c ]; then echo "kept $$c (your configuration)"; fi

@@ -19,10 +19,10 @@
 #include "daemon/filemap.h"
 #include "daemon/input.h"
 #include "daemon/log.h"
+#include "daemon/version.h"
 #include "pipeline/graph.h"
 #include "pipeline/hist.h"
 
-#define BEAMD_VERSION "0.1.0"
 #define BEAMD_MAX_DRAINING 8
 
 typedef struct beamd_s beamd_t;

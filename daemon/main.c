@@ -10,6 +10,7 @@
 #include "daemon/beamd.h"
 #include "pipeline/device.h"
 #include "daemon/h5array.h"
+#include "daemon/stage_list.h"
 #include "daemon/stage_record.h"
 #include "pipeline/array.h"
 
@@ -20,6 +21,8 @@ static void usage(FILE *f) {
           "      --check-config FILE    validate FILE, print it normalised, exit 0 (valid) or 1\n"
           "  -q, --quiet                with --check-config: print only errors (for ExecStartPre)\n"
           "      --print-default-config print the built-in default configuration and exit\n"
+          "      --list-stages          every stage kind with its keys (type, default, range)\n"
+          "      --describe-stage KIND  one stage kind with every key it takes\n"
           "  -l, --log-level LEVEL      override log.level (err, warning, notice, info, debug)\n"
           "  -V, --version              print version and build features\n"
           "  -h, --help                 this help\n"
@@ -60,6 +63,7 @@ int main(int argc, char **argv) {
       {"print-default-config", no_argument, 0, 'p'}, {"log-level", required_argument, 0, 'l'},
       {"version", no_argument, 0, 'V'},            {"help", no_argument, 0, 'h'},
       {"quiet", no_argument, 0, 'q'},
+      {"list-stages", no_argument, 0, 'L'}, {"describe-stage", required_argument, 0, 'D'},
       {0, 0, 0, 0}};
   const char *cfg_path = NULL, *level = NULL, *check = NULL;
   int c, quiet = 0;
@@ -83,6 +87,9 @@ int main(int argc, char **argv) {
     case 'k': check = optarg; break;
     case 'q': quiet = 1; break;
     case 'p': fputs(beam_config_default_yaml(), stdout); return 0;
+    /* After beam_record_stage_register above, so `record` is listed. */
+    case 'L': beamd_stage_list(stdout); return 0;
+    case 'D': return beamd_stage_describe(stdout, stderr, optarg);
     case 'l': level = optarg; break;
     case 'V': {
       char gpu[256];

@@ -2,7 +2,9 @@
 PREFIX=/usr, reusing the programs already built in $BEAMD_BUILD (install
 builds only the programs, and they are up to date, so nothing compiles).
 
-Checks what lands where, that the unit's paths follow PREFIX, the
+Checks what lands where (a man page for every program among it, rendered by
+groff without a warning where groff is installed), that the unit's paths
+follow PREFIX, the
 sysusers line, that /etc/beamd/beamd.yaml is the minimal config (no record
 stage) and passes --check-config, that an existing config is never
 overwritten, and that uninstall leaves nothing but the operator's config."""
@@ -60,6 +62,21 @@ def test_install_and_uninstall(tmp_path):
     for prog in ["beamd"] + TOOLS:
         p = dest / "usr/bin" / prog
         assert p.is_file() and os.access(str(p), os.X_OK), prog
+
+    # A man page per program, as in man/man1.
+    groff = shutil.which("groff")
+    for prog in ["beamd"] + TOOLS:
+        page = dest / "usr/share/man/man1" / (prog + ".1")
+        assert page.is_file(), page
+        assert filecmp.cmp(str(page), os.path.join(REPO, "man", "man1", prog + ".1"), shallow=False)
+        first = [l for l in page.read_text().splitlines() if not l.startswith('.\\"')][0]
+        assert first.startswith(".TH "), (prog, first)
+        if groff:
+            r = subprocess.run([groff, "-man", "-Tutf8", "-ww", "-z", str(page)],
+                               capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0 and r.stderr == "", (prog, r.stderr)
+    assert sorted(os.listdir(dest / "usr/share/man/man1")) == sorted(
+        p + ".1" for p in ["beamd"] + TOOLS)
 
     # The unit, generated for PREFIX=/usr.
     unit = (dest / "lib/systemd/system/beamd.service").read_text()
@@ -119,3 +136,4 @@ def test_install_and_uninstall(tmp_path):
     assert cfg.read_text() == edited
     assert not (dest / "usr/share/doc/beamd").exists()
     assert not (dest / "usr/share/beamd-view").exists()
+    assert not (dest / "usr/share/man").exists()

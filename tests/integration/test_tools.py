@@ -10,6 +10,7 @@ from $BEAMD_BUILD (default build/). Every test is bounded in time.
 """
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -432,3 +433,185 @@ def test_sub_survives_garbage():
     summary = json.loads(out.splitlines()[-1])
     assert summary["malformed"] == len(junk) and summary["by_type"] == {"RESULT": 1}
     assert out.count("MALFORMED") == len(junk)
+
+
+# ---- every tool: --version, --help, man page ----------------------------------
+# The long options a tool accepts are read from its getopt tables here, not
+# from the tool, so an option added without a line in --help or the man page
+# fails. Option macros (TOOL_CURVE_LONGOPTS) expand to the options their
+# definition in tools/common lists.
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TOOLS = sorted(d for d in os.listdir(os.path.join(REPO, "tools"))
+               if os.path.isfile(os.path.join(REPO, "tools", d, "main.c")))
+LONGOPT = re.compile(r'\{\s*"([a-z0-9-]+)",\s*(?:no|required|optional)_argument')
+
+
+def _read(*parts):
+    with open(os.path.join(REPO, *parts)) as f:
+        return f.read()
+
+
+def _option_macros():
+    macros = {}
+    for h in os.listdir(os.path.join(REPO, "tools", "common")):
+        if h.endswith(".h"):
+            for m in re.finditer(r"#define (\w+)((?:.*\\\n)*.*)", _read("tools", "common", h)):
+                names = LONGOPT.findall(m.group(2))
+                if names:
+                    macros[m.group(1)] = names
+    return macros
+
+
+def long_options(src):
+    names = set(LONGOPT.findall(src))
+    for macro, opts in _option_macros().items():
+        if re.search(r"\b%s\b" % macro, src):
+            names.update(opts)
+    return names
+
+
+def tool_options(tool):
+    d = os.path.join("tools", tool)
+    src = "".join(_read(d, f) for f in sorted(os.listdir(os.path.join(REPO, d))) if f.endswith(".c"))
+    return long_options(src)
+
+
+def test_tool_list_is_complete():
+    # Guards the parametrisation below against a tool moved or renamed.
+    assert {"beamd-ctl", "beamd-fit", "beamd-keygen", "beamd-ptycho", "beamd-record",
+            "beamd-replay", "beamd-sim", "beamd-sub", "beamd-view"} <= set(TOOLS)
+    for t in TOOLS:
+        assert {"help", "version"} <= tool_options(t), t
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_tool_version_and_help(tool):
+    exe = os.path.join(BUILD, tool)
+    v = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20)
+    assert v.returncode == 0, v.stderr
+    beamd_v = subprocess.run([os.path.join(BUILD, "beamd"), "--version"], capture_output=True,
+                             text=True, timeout=20)
+    version = re.match(r"beamd (\S+)", beamd_v.stdout).group(1)
+    assert v.stdout == "%s %s\n" % (tool, version), v.stdout
+
+    h = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=20)
+    assert h.returncode == 0, h.stderr
+    assert tool in h.stdout and h.stderr == ""
+    missing = [o for o in sorted(tool_options(tool))
+               if not re.search(r"--%s\b(?!-)" % re.escape(o), h.stdout)]
+    assert not missing, "%s --help lacks %s" % (tool, missing)
+
+    # Unknown options still fail as a bad command line.
+    bad = subprocess.run([exe, "--no-such-option"], capture_output=True, text=True, timeout=20)
+    assert bad.returncode == 2, (bad.returncode, bad.stderr)
+
+
+@pytest.mark.parametrize("prog", ["beamd"] + TOOLS)
+def test_man_page_lists_every_option(prog):
+    page = _read("man", "man1", prog + ".1")
+    assert page.startswith(".\\\"") or page.startswith(".TH"), prog
+    assert re.search(r"^\.TH %s 1 " % re.escape(prog.upper().replace("-", "\\-")), page, re.M)
+    for sec in ("NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "SEE ALSO"):
+        assert re.search(r"^\.SH %s$" % sec, page, re.M), (prog, sec)
+    src = _read("daemon", "main.c") if prog == "beamd" else None
+    opts = long_options(src) if src else tool_options(prog)
+    missing = [o for o in sorted(opts)
+               if not re.search(r"\\-\\-%s(?!\\-)\b" % re.escape(o.replace("-", "\\-")), page)]
+    assert not missing, "man/man1/%s.1 lacks %s" % (prog, missing)
+
+
+# ---- beamd --list-stages / --describe-stage ------------------------------------
+# The expected keys come from the C schema tables (pipeline/kern/*.c and
+# daemon/stage_record.c), nested maps as map.key and lists of maps as
+# list[].key, so the listing is checked against the source, not itself.
+
+def _param_tables():
+    tables = {}
+    srcs = [os.path.join("pipeline", "kern", f) for f in os.listdir(os.path.join(REPO, "pipeline", "kern"))
+            if f.endswith(".c")] + [os.path.join("daemon", "stage_record.c")]
+    for s in srcs:
+        for m in re.finditer(r"beam_param_t (\w+)\[\] = \{(.*?)\};", _read(s), re.S):
+            tables[m.group(1)] = m.group(2)
+    common = re.search(r"#define BEAM_STAGE_COMMON_PARAMS((?:.*\\\n)*.*)", _read("pipeline", "stage.h"))
+    tables["BEAM_STAGE_COMMON_PARAMS"] = common.group(1)
+    return tables
+
+
+def _keys(tables, body, prefix=""):
+    out = []
+    if "BEAM_STAGE_COMMON_PARAMS" in body:
+        out += _keys(tables, tables["BEAM_STAGE_COMMON_PARAMS"])
+    entries = list(re.finditer(r'\{"(\w+)",\s*BEAM_P_(\w+)', body))
+    for i, e in enumerate(entries):
+        key = prefix + e.group(1)
+        out.append(key)
+        if e.group(2) in ("MAP", "MAP_LIST"):
+            text = body[e.end():entries[i + 1].start() if i + 1 < len(entries) else len(body)]
+            sub = [w for w in re.findall(r"\b(\w+)\b", text) if w in tables]
+            assert sub, key
+            out += _keys(tables, tables[sub[0]], key + ("[]." if e.group(2) == "MAP_LIST" else "."))
+    return out
+
+
+def expected_kinds():
+    """{kind: [keys in table order]} for every kind beamd registers."""
+    tables = _param_tables()
+    kinds = {}
+    for s in (_read("pipeline", "registry.c"), _read("daemon", "stage_record.c")):
+        for m in re.finditer(r'beam_stage_kind_t \w+ = \{\s*"(\w+)",.*?\b(\w+_params)\b', s, re.S):
+            kinds[m.group(1)] = _keys(tables, tables[m.group(2)])
+    return kinds
+
+
+def printed_keys(text):
+    return re.findall(r"^ +(\S+) \((?:[a-z ]+)[,)]", text, re.M)
+
+
+def beamd_run(*args):
+    return subprocess.run([os.path.join(BUILD, "beamd")] + list(args), capture_output=True,
+                          text=True, timeout=20)
+
+
+def test_list_stages_every_kind_and_key():
+    kinds = expected_kinds()
+    assert {"roi_sum", "correct", "record"} <= set(kinds), kinds.keys()
+    r = beamd_run("--list-stages")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    blocks = re.split(r"\n\n", r.stdout.strip())
+    common = printed_keys(blocks[0])
+    assert common == ["name", "kind", "input", "backend", "publish", "queue", "thread"], common
+    listed = {}
+    for b in blocks[1:]:
+        m = re.match(r"([a-z0-9_]+): \S", b)
+        assert m, b[:200]
+        assert re.search(r"^  backends: cpu", b, re.M), b[:200]
+        listed[m.group(1)] = common + printed_keys(b)
+    assert listed == kinds
+
+
+def test_describe_stage_roi_sum():
+    r = beamd_run("--describe-stage", "roi_sum")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("roi_sum: per frame, the sum of the pixels")
+    assert printed_keys(r.stdout) == expected_kinds()["roi_sum"]
+    # Type, default, range, enum values and doc of one key each.
+    assert "  queue (int, default 32, range 1..65536): input queue depth" in r.stdout
+    assert "  image_every (int, default 256, range 1..1000000000): publish the scan image" in r.stdout
+    assert "    rois[].shape (enum, required, one of disk|annulus|rect): ROI geometry" in r.stdout
+    assert "    masks.file (file, required): " in r.stdout
+
+
+def test_describe_stage_record_is_registered():
+    r = beamd_run("--describe-stage", "record")
+    assert r.returncode == 0, r.stderr
+    assert printed_keys(r.stdout) == expected_kinds()["record"]
+    assert "  backends: cpu\n" in r.stdout
+
+
+def test_describe_stage_unknown_kind():
+    r = beamd_run("--describe-stage", "nope")
+    assert r.returncode == 1 and r.stdout == ""
+    assert 'unknown stage kind "nope"' in r.stderr
+    for k in expected_kinds():
+        assert re.search(r"\b%s\b" % k, r.stderr), (k, r.stderr)

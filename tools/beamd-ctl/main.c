@@ -16,9 +16,11 @@
 
 static void usage(FILE *f) {
   fprintf(f, "usage: beamd-ctl [-e ENDPOINT] [-t SECONDS] [--pretty] status|stats|reload|stop|ping\n"
-             "  -e, --endpoint  control endpoint (default tcp://127.0.0.1:5601, or $BEAMD_CONTROL)\n"
-             "  -t, --timeout   seconds to wait for the reply (default 5)\n"
-             "  -p, --pretty    indent the JSON reply\n" TOOL_CURVE_USAGE);
+             "  -e, --endpoint EP   control endpoint (default tcp://127.0.0.1:5601,\n"
+             "                      or $BEAMD_CONTROL)\n"
+             "  -t, --timeout S     seconds to wait for the reply (default 5)\n"
+             "  -p, --pretty        indent the JSON reply\n" TOOL_CURVE_USAGE
+             "  -h, --help          this text\n" TOOL_VERSION_USAGE);
 }
 
 int main(int argc, char **argv) {
@@ -27,6 +29,7 @@ int main(int argc, char **argv) {
                                        {"pretty", no_argument, 0, 'p'},
                                        TOOL_CURVE_LONGOPTS,
                                        {"help", no_argument, 0, 'h'},
+                                       TOOL_VERSION_LONGOPT,
                                        {0, 0, 0, 0}};
   const char *ep = getenv("BEAMD_CONTROL") ? getenv("BEAMD_CONTROL") : "tcp://127.0.0.1:5601";
   double timeout = 5;
@@ -40,6 +43,7 @@ int main(int argc, char **argv) {
     case 't': timeout = atof(optarg); break;
     case 'p': pretty = 1; break;
     case 'h': usage(stdout); return 0;
+    case TOOL_OPT_VERSION: tool_print_version(); return 0;
     default:
       if (tool_curve_opt(&curve, c, optarg))
         break;

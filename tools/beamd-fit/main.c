@@ -67,7 +67,8 @@ static void usage(FILE *f) {
 "  --progress             progress lines even when stderr is no terminal\n"
 "  --quiet                no progress and no summary\n"
 "  -o, --output FILE      the maps (layout: docs/fit.md)\n"
-"  --help                 this text\n");
+"  --help                 this text\n"
+"  --version              print the version (beamd's) and exit\n");
 }
 
 enum {
@@ -90,7 +91,8 @@ static const struct option long_opts[] = {
   {"cuda-starts", required_argument, 0, O_CUDA_STARTS},
   {"threads", required_argument, 0, O_THREADS}, {"tile", required_argument, 0, O_TILE},
   {"progress", no_argument, 0, O_PROGRESS}, {"quiet", no_argument, 0, O_QUIET},
-  {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0},
+  {"help", no_argument, 0, O_HELP},
+  TOOL_VERSION_LONGOPT, {0, 0, 0, 0},
 };
 
 /* Names the issue and the other tools use, besides the engine's own. */
@@ -290,6 +292,7 @@ static int parse_args(int argc, char **argv, bf_opts_t *o) {
     case O_PROGRESS: o->progress = 1; break;
     case O_QUIET: o->quiet = 1; break;
     case O_HELP: return 1;
+    case TOOL_OPT_VERSION: return TOOL_ARGS_VERSION;
     default: return tool_bad_option(argv, 1);
     }
   }

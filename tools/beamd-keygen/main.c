@@ -19,7 +19,8 @@ static void usage(FILE *f) {
 "  --pyzmq     name the files NAME.key and NAME.key_secret, as pyzmq does\n"
 "  --force     overwrite existing files\n"
 "  --print     also print the public key (Z85) on stdout\n"
-"  --help      this text\n");
+"  --help      this text\n"
+"  --version   print the version (beamd's) and exit\n");
 }
 
 int main(int argc, char **argv) {
@@ -29,6 +30,7 @@ int main(int argc, char **argv) {
                                      {"force", no_argument, 0, O_FORCE},
                                      {"print", no_argument, 0, O_PRINT},
                                      {"help", no_argument, 0, O_HELP},
+                                     TOOL_VERSION_LONGOPT,
                                      {0, 0, 0, 0}};
   tool_cli_init("beamd-keygen");
   const char *dir = ".";
@@ -41,6 +43,7 @@ int main(int argc, char **argv) {
     case O_FORCE: force = 1; break;
     case O_PRINT: print = 1; break;
     case O_HELP: usage(stdout); return 0;
+    case TOOL_OPT_VERSION: tool_print_version(); return 0;
     default:
       tool_bad_option(argv, 1);
       tool_log("try --help");

@@ -99,7 +99,8 @@ static void usage(FILE *f) {
 "  --png DIR              object amplitude/phase and probe mode amplitudes\n"
 "  --progress-every N     plain progress lines when stderr is no terminal\n"
 "  --quiet                no progress\n"
-"  --help                 this text\n");
+"  --help                 this text\n"
+"  --version              print the version (beamd's) and exit\n");
 }
 
 enum {
@@ -131,7 +132,8 @@ static const struct option long_opts[] = {
   {"diverge-factor", required_argument, 0, O_DIVERGE},
   {"max-memory", required_argument, 0, O_MAXMEM}, {"png", required_argument, 0, O_PNG},
   {"progress-every", required_argument, 0, O_PROGRESS}, {"quiet", no_argument, 0, O_QUIET},
-  {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0},
+  {"help", no_argument, 0, O_HELP},
+  TOOL_VERSION_LONGOPT, {0, 0, 0, 0},
 };
 
 static int parse_center(const char *s, opts_t *o) {
@@ -217,6 +219,7 @@ static int parse_args(int argc, char **argv, opts_t *o) {
     case O_PROGRESS: if (tool_parse_u64("progress-every", optarg, 1, UINT32_MAX, &u)) return -1; o->progress_every = (uint32_t)u; break;
     case O_QUIET: o->quiet = 1; break;
     case O_HELP: return 1;
+    case TOOL_OPT_VERSION: return TOOL_ARGS_VERSION;
     default: return tool_bad_option(argv, 1);
     }
   }

@@ -71,7 +71,8 @@ static void usage(FILE *f) {
 "  --xpcs-qmap FILE[:/DATASET]  HDF5 label image of the XPCS stage (dataset default\n"
 "                       /labels): gives /xpcs/qmap/dynamic_roi_map and mask\n"
 TOOL_CURVE_USAGE
-"  --help               this text\n");
+"  --help               this text\n"
+"  --version            print the version (beamd's) and exit\n");
 }
 
 static int parse_secs(const char *opt, const char *s, double lo, double *out) {
@@ -99,6 +100,7 @@ static int parse_args(int argc, char **argv, rec_opts_t *o) {
       {"hwm", required_argument, 0, O_HWM},         {"stats-json", no_argument, 0, O_STATS_JSON},
       TOOL_CURVE_LONGOPTS,
       {"help", no_argument, 0, O_HELP},
+      TOOL_VERSION_LONGOPT,
       {"xpcs-layout", required_argument, 0, O_XPCS_LAYOUT},
       {"xpcs-qmap", required_argument, 0, O_XPCS_QMAP},       {0, 0, 0, 0}};
   int c;
@@ -153,6 +155,7 @@ static int parse_args(int argc, char **argv, rec_opts_t *o) {
     case O_HWM: if (tool_parse_u64_max("hwm", optarg, INT32_MAX, &u)) return -1; o->hwm = (int)u; break;
     case O_STATS_JSON: o->stats_json = 1; break;
     case O_HELP: return 1;
+    case TOOL_OPT_VERSION: return TOOL_ARGS_VERSION;
     case O_XPCS_LAYOUT:
       if (!strcmp(optarg, "aps")) o->xpcs_layout = REC_XPCS_APS;
       else if (!strcmp(optarg, "none")) o->xpcs_layout = REC_XPCS_NONE;

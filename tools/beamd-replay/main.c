@@ -54,7 +54,8 @@ static void usage(FILE *f) {
 "  --quiet              no start-up lines and no progress line\n"
 "  --stats-json         print one JSON line of totals on stdout at exit\n"
 TOOL_CURVE_USAGE
-"  --help               this text\n");
+"  --help               this text\n"
+"  --version            print the version (beamd's) and exit\n");
 }
 
 enum {
@@ -82,6 +83,7 @@ static const struct option long_opts[] = {
   {"stats-json", no_argument, 0, OPT_STATS},
   TOOL_CURVE_LONGOPTS,
   {"help", no_argument, 0, OPT_HELP},
+  TOOL_VERSION_LONGOPT,
   {0, 0, 0, 0},
 };
 
@@ -139,6 +141,7 @@ static int parse_args(int argc, char **argv, rp_opts_t *o) {
     case OPT_QUIET: o->quiet = 1; break;
     case OPT_STATS: o->stats_json = 1; break;
     case OPT_HELP: return 1;
+    case TOOL_OPT_VERSION: return TOOL_ARGS_VERSION;
     default:
       if (tool_curve_opt(&curve, c, optarg))
         break;

@@ -115,7 +115,8 @@ static void usage(FILE *f) {
 "  --quiet                no progress messages on stderr\n"
 "  --stats-json           print one JSON line of totals on stdout at exit\n"
 TOOL_CURVE_USAGE
-"  --help                 this text\n");
+"  --help                 this text\n"
+"  --version              print the version (beamd's) and exit\n");
 }
 
 static int parse_shape(const char *s, sim_opts_t *o) {
@@ -194,6 +195,7 @@ static const struct option long_opts[] = {
   {"stats-json", no_argument, 0, OPT_STATS},
   TOOL_CURVE_LONGOPTS,
   {"help", no_argument, 0, OPT_HELP},
+  TOOL_VERSION_LONGOPT,
   {"xpcs-rings", required_argument, 0, OPT_XRINGS},
   {"xpcs-rate-min", required_argument, 0, OPT_XRMIN},
   {"xpcs-rate-max", required_argument, 0, OPT_XRMAX},
@@ -351,6 +353,7 @@ static int parse_args(int argc, char **argv, sim_opts_t *o) {
     case OPT_QUIET: o->quiet = 1; break;
     case OPT_STATS: o->stats_json = 1; break;
     case OPT_HELP: return 1;
+    case TOOL_OPT_VERSION: return TOOL_ARGS_VERSION;
     case OPT_XRINGS:
       if (tool_parse_u64("xpcs-rings", optarg, 1, 1024, &u)) return -1;
       o->xpcs_rings = (uint32_t)u;

@@ -73,7 +73,8 @@ static void usage(FILE *f) {
 "  --save-h5 FILE      append arrays to FILE, one dataset per topic\n"
 "  --stats             print a JSON summary line at exit\n"
 TOOL_CURVE_USAGE
-"  --help              this text\n");
+"  --help              this text\n"
+"  --version           print the version (beamd's) and exit\n");
 }
 
 enum {
@@ -97,6 +98,7 @@ static const struct option long_opts[] = {
   {"stats", no_argument, 0, OPT_STATS},
   TOOL_CURVE_LONGOPTS,
   {"help", no_argument, 0, OPT_HELP},
+  TOOL_VERSION_LONGOPT,
   {0, 0, 0, 0},
 };
 
@@ -149,6 +151,7 @@ static int parse_args(int argc, char **argv, sub_opts_t *o) {
     case OPT_SAVE_H5: o->save_h5 = optarg; break;
     case OPT_STATS: o->stats = 1; break;
     case OPT_HELP: return 1;
+    case TOOL_OPT_VERSION: return TOOL_ARGS_VERSION;
     default:
       if (tool_curve_opt(&curve, c, optarg))
         break;

@@ -47,7 +47,8 @@ static void usage(FILE *f) {
 "                      else the source tree's tools/beamd-view/www)\n"
 "  --verbose           log connections and every refused request\n"
 TOOL_CURVE_USAGE
-"  --help              this text\n", DEFAULT_PORT);
+"  --help              this text\n"
+"  --version           print the version (beamd's) and exit\n", DEFAULT_PORT);
 }
 
 enum {
@@ -70,6 +71,7 @@ static const struct option long_opts[] = {
   {"verbose", no_argument, 0, OPT_VERBOSE},
   TOOL_CURVE_LONGOPTS,
   {"help", no_argument, 0, OPT_HELP},
+  TOOL_VERSION_LONGOPT,
   {0, 0, 0, 0},
 };
 
@@ -134,6 +136,7 @@ static int parse_args(int argc, char **argv, view_opts_t *o) {
     case OPT_ASSETS: o->assets = optarg; break;
     case OPT_VERBOSE: o->verbose = 1; break;
     case OPT_HELP: return 1;
+    case TOOL_OPT_VERSION: return TOOL_ARGS_VERSION;
     default:
       if (tool_curve_opt(&curve, c, optarg))
         break;

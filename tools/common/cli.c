@@ -2,6 +2,8 @@
  * conventions are described in cli.h. */
 #include "tools/common/cli.h"
 
+#include "daemon/version.h"
+
 #include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
@@ -91,7 +93,13 @@ int tool_no_operands(int argc, char *const *argv) {
   return 0;
 }
 
+void tool_print_version(void) { printf("%s %s\n", g_prog, BEAMD_VERSION); }
+
 int tool_args_exit(int parsed, void (*usage)(FILE *)) {
+  if (parsed == TOOL_ARGS_VERSION) {
+    tool_print_version();
+    return 0;
+  }
   if (parsed == 1) {
     usage(stdout);
     return 0;

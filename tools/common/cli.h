@@ -1,14 +1,21 @@
-/* Command-line conventions shared by the beamd tools (beamd-sim, beamd-sub,
- * beamd-record, beamd-replay): every message goes to stderr as
- * "<program>: ...", a bad option value reads
+/* Command-line conventions shared by the beamd tools: every message goes
+ * to stderr as "<program>: ...", a bad option value reads
  * "<program>: bad value for --OPT: 'VALUE' (WHY)", and a bad command line
  * exits 2 after "<program>: try --help". The program name is set once by
  * tool_cli_init() at the top of main(). */
 #ifndef BEAMD_TOOLS_COMMON_CLI_H
 #define BEAMD_TOOLS_COMMON_CLI_H
 
+#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
+
+/* --version in every tool: the long option, its getopt value and its help
+ * line. A parse_args returning TOOL_ARGS_VERSION has tool_args_exit print
+ * it, as 1 does for --help. */
+enum { TOOL_OPT_VERSION = 0x7d00, TOOL_ARGS_VERSION = 2 };
+#define TOOL_VERSION_LONGOPT {"version", no_argument, 0, TOOL_OPT_VERSION}
+#define TOOL_VERSION_USAGE "  --version           print the version (beamd's) and exit\n"
 
 /* Program name used as the prefix of every message; a static string. */
 void tool_cli_init(const char *prog);
@@ -42,9 +49,14 @@ int tool_bad_option(char *const *argv, int tell_missing);
  * argument, else -1 after naming the first one left. */
 int tool_no_operands(int argc, char *const *argv);
 
-/* After parse_args, whose result is 0 (go on), 1 (--help) or < 0 (error
- * already printed): returns -1 to go on, else the exit code for main (0
- * after printing usage on stdout, 2 after "try --help"). */
+/* "<program> <version>" on stdout: the version is beamd's, so a tool and
+ * the daemon it talks to can be matched at a glance. */
+void tool_print_version(void);
+
+/* After parse_args, whose result is 0 (go on), 1 (--help),
+ * TOOL_ARGS_VERSION or < 0 (error already printed): returns -1 to go on,
+ * else the exit code for main (0 after printing usage or the version on
+ * stdout, 2 after "try --help"). */
 int tool_args_exit(int parsed, void (*usage)(FILE *));
 
 #endif
