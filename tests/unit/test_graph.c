@@ -243,10 +243,10 @@ static void fill(beam_frame_t *f, uint64_t sid, uint64_t fid) {
     ((uint32_t *)f->data)[k] = (uint32_t)fid;
 }
 
-/* Feeds n frames of 16 uint32 (value = frame id) as the loop thread would:
- * waits (spins) for room instead of blocking. */
-static void feed(beam_graph_t *g, uint64_t sid, int n, int end) {
-  uint32_t shape[4] = {4, 4, 0, 0};
+/* Feeds n frames of h x w uint32 (value = frame id) as the loop thread
+ * would: waits (spins) for room instead of blocking. */
+static void feed_shape(beam_graph_t *g, uint64_t sid, int n, uint32_t h, uint32_t w, int end) {
+  uint32_t shape[4] = {h, w, 0, 0};
   beam_series_t *s = beam_series_new(sid, BEAM_DT_U32, 2, shape, NULL, 0);
   beam_graph_series_start(g, s);
   for (int i = 0; i < n; i++) {
@@ -255,11 +255,19 @@ static void feed(beam_graph_t *g, uint64_t sid, int n, int end) {
     beam_frame_t *f = beam_graph_input_slot(g);
     assert_non_null(f);
     fill(f, sid, (uint64_t)i);
+    f->shape[0] = h;
+    f->shape[1] = w;
+    f->nbytes = (size_t)h * w * 4;
+    for (size_t k = 0; k < (size_t)h * w; k++)
+      ((uint32_t *)f->data)[k] = (uint32_t)i;
     beam_graph_frame(g, f);
   }
   if (end)
     beam_graph_series_end(g, sid, 0);
 }
+
+/* n frames of 4x4 (fill's geometry). */
+static void feed(beam_graph_t *g, uint64_t sid, int n, int end) { feed_shape(g, sid, n, 4, 4, end); }
 
 /* ---- tests ---- */
 
@@ -855,27 +863,6 @@ static void test_graph_idle_stops(void **state) {
 
 /* ---- where a stage runs (stage key thread) ---- */
 
-/* n frames of h x w uint32 (value = frame id) in series sid. */
-static void feed_shape(beam_graph_t *g, uint64_t sid, int n, uint32_t h, uint32_t w) {
-  uint32_t shape[4] = {h, w, 0, 0};
-  beam_series_t *s = beam_series_new(sid, BEAM_DT_U32, 2, shape, NULL, 0);
-  beam_graph_series_start(g, s);
-  for (int i = 0; i < n; i++) {
-    while (!beam_graph_room(g))
-      usleep(50);
-    beam_frame_t *f = beam_graph_input_slot(g);
-    assert_non_null(f);
-    fill(f, sid, (uint64_t)i);
-    f->shape[0] = h;
-    f->shape[1] = w;
-    f->nbytes = (size_t)h * w * 4;
-    for (size_t k = 0; k < (size_t)h * w; k++)
-      ((uint32_t *)f->data)[k] = (uint32_t)i;
-    beam_graph_frame(g, f);
-  }
-  beam_graph_series_end(g, sid, 0);
-}
-
 static int done_n(sink_t *s) {
   pthread_mutex_lock(&s->mu);
   int d = s->done;
@@ -904,7 +891,7 @@ static int run_chain(const char *mode, const uint32_t *sizes, int nseries, int n
   beam_diag_t d = {0};
   assert_int_equal(beam_graph_new(&g, sp, 2, &gp, &h, &d), 0);
   for (int k = 0; k < nseries; k++) {
-    feed_shape(g, (uint64_t)k + 1, nframes, sizes[k], sizes[k]);
+    feed_shape(g, (uint64_t)k + 1, nframes, sizes[k], sizes[k], 1);
     for (int i = 0; i < 5000 && done_n(s) <= k; i++)
       usleep(1000);
     assert_int_equal(done_n(s), k + 1);
