@@ -27,6 +27,10 @@ const beam_param_t beam_xpcs_multitau_params[] = {
      "publish partial results every N frames (0 = at series end only)", NULL},
     {"intensities", BEAM_P_BOOL, "false", 0, 0, 0, NULL, NULL,
      "also publish G, IP and IF as outputs g_num, ip, if (numerator, past and future intensities)", NULL},
+    {"intensity_rows", BEAM_P_ENUM, "g2", 0, 0, 0, "g2|pairs", NULL,
+     "rows of g_num, ip, if (with intensities): g2, the rows g2 has (cut at the first zero past "
+     "intensity of any ROI); pairs, every lag with pairs so far, so a dark ROI leaves its neighbours' "
+     "G, IP and IF (and lags) published", NULL},
     {"normalization", BEAM_P_ENUM, "roi", 0, 0, 0, "roi|per_pixel", NULL,
      "roi: G/(IP IF) of ROI means (scikit-beam); per_pixel: per-pixel G/(IP IF) averaged over the ROI, "
      "with standard errors as output g2_err (the per-pixel statistic of APS boost_corr's errors)", NULL},
@@ -75,6 +79,10 @@ int beam_xmt_init(beam_xmt_t *x, const beam_cnode_t *cfg, beam_diag_t *d) {
   int64_t pe = beam_cfg_int(cfg, "publish_every", 1000);
   x->conf.publish_every = pe > 0 ? (uint64_t)pe : 0;
   x->conf.with_sums = beam_cfg_bool(cfg, "intensities", 0);
+  const char *irows = beam_cfg_str(cfg, "intensity_rows");
+  x->conf.sum_rows_pairs = irows && strcmp(irows, "pairs") == 0;
+  if (x->conf.sum_rows_pairs && !x->conf.with_sums)
+    return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": intensity_rows: pairs needs intensities: true");
   const char *norm = beam_cfg_str(cfg, "normalization");
   if (norm && strcmp(norm, "roi") != 0 && strcmp(norm, "per_pixel") != 0)
     return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": normalization must be roi or per_pixel, got \"%s\"", norm);
@@ -328,35 +336,19 @@ static void pixel_g2(const beam_xmt_t *x, size_t t, size_t r, double *mean, doub
   *err = cnt > 0 ? sqrt(v / cnt) / sqrt(cnt) : NAN;
 }
 
-int beam_xmt_publish(beam_xmt_t *x, beam_emit_t *emit, uint32_t flag) {
-  int64_t dark;
-  if (x->conf.per_pixel)
-    fold_pixels(x);
-  size_t rows = beam_xmt_rows(x, &dark), R = x->R;
-  beam_frame_t *f = beam_emit_get(emit, BEAM_XMT_OUT_INFO);
-  if (!f)
-    return 0;
-  int64_t *info = f->data;
-  info[BEAM_XMT_INFO_FRAMES] = (int64_t)x->nframes;
-  info[BEAM_XMT_INFO_BAD] = (int64_t)x->nbad;
-  info[BEAM_XMT_INFO_ROWS] = (int64_t)rows;
-  info[BEAM_XMT_INFO_NLAGS] = (int64_t)x->nlags;
-  info[BEAM_XMT_INFO_DARK_LABEL] = dark;
-  info[BEAM_XMT_INFO_DARK_ROW] = rows < x->nlags ? (int64_t)rows : -1;
-  f->flags = flag;
-  beam_emit_put(emit, f);
-  /* A zero-length array cannot go on the wire (PROTOCOL.md: no zero
-   * dimension): with no row to show, info alone says so. */
-  if (rows == 0)
-    return 0;
+/* g2 (and g2_err for per_pixel) of the first rows rows; < 0 when the
+ * graph is shutting down. */
+static int publish_g2(beam_xmt_t *x, beam_emit_t *emit, uint32_t flag, size_t rows) {
+  size_t R = x->R;
+  beam_frame_t *f;
   if (!(f = beam_emit_get(emit, BEAM_XMT_OUT_G2)))
-    return 0;
+    return -1;
   double *g2 = f->data;
   if (x->conf.per_pixel) {
     beam_frame_t *fe = beam_emit_get(emit, x->out_err);
     if (!fe) {
       beam_emit_drop(emit, f);
-      return 0;
+      return -1;
     }
     double *ge = fe->data;
     for (size_t t = 0; t < rows; t++)
@@ -378,12 +370,43 @@ int beam_xmt_publish(beam_xmt_t *x, beam_emit_t *emit, uint32_t flag) {
   set_rows(f, rows, R);
   f->flags = flag;
   beam_emit_put(emit, f);
+  return 0;
+}
+
+int beam_xmt_publish(beam_xmt_t *x, beam_emit_t *emit, uint32_t flag) {
+  int64_t dark;
+  if (x->conf.per_pixel)
+    fold_pixels(x);
+  size_t rows = beam_xmt_rows(x, &dark), R = x->R;
+  /* Rows of g_num/ip/if and lags: g2's, or every leading lag with pairs. */
+  size_t srows = rows;
+  if (x->conf.sum_rows_pairs)
+    while (srows < x->nlags && x->npairs[srows] > 0)
+      srows++;
+  beam_frame_t *f = beam_emit_get(emit, BEAM_XMT_OUT_INFO);
+  if (!f)
+    return 0;
+  int64_t *info = f->data;
+  info[BEAM_XMT_INFO_FRAMES] = (int64_t)x->nframes;
+  info[BEAM_XMT_INFO_BAD] = (int64_t)x->nbad;
+  info[BEAM_XMT_INFO_ROWS] = (int64_t)rows;
+  info[BEAM_XMT_INFO_NLAGS] = (int64_t)x->nlags;
+  info[BEAM_XMT_INFO_DARK_LABEL] = dark;
+  info[BEAM_XMT_INFO_DARK_ROW] = rows < x->nlags ? (int64_t)rows : -1;
+  f->flags = flag;
+  beam_emit_put(emit, f);
+  /* A zero-length array cannot go on the wire (PROTOCOL.md: no zero
+   * dimension): with no row to show, info alone says so. */
+  if (srows == 0)
+    return 0;
+  if (rows > 0 && publish_g2(x, emit, flag, rows) < 0)
+    return 0;
   if (!(f = beam_emit_get(emit, BEAM_XMT_OUT_LAGS)))
     return 0;
   double *lg = f->data;
-  for (size_t t = 0; t < rows; t++)
+  for (size_t t = 0; t < srows; t++)
     lg[t] = (double)x->lag_steps[t] * x->lag_scale;
-  set_rows(f, rows, 0);
+  set_rows(f, srows, 0);
   f->flags = flag;
   beam_emit_put(emit, f);
   if (!x->conf.with_sums)
@@ -393,7 +416,7 @@ int beam_xmt_publish(beam_xmt_t *x, beam_emit_t *emit, uint32_t flag) {
       return 0;
     const void *a = o == BEAM_XMT_OUT_G ? x->G : o == BEAM_XMT_OUT_IP ? x->IP : x->IF;
     double *v = f->data;
-    for (size_t t = 0; t < rows; t++) {
+    for (size_t t = 0; t < srows; t++) {
       int lev = (int)beam_xmt_level_of(x, t);
       for (size_t r = 0; r < R; r++) {
         size_t k = t * R + r;
@@ -402,7 +425,7 @@ int beam_xmt_publish(beam_xmt_t *x, beam_emit_t *emit, uint32_t flag) {
         v[k] = ldexp(acc_d(x, a, k) / den, o == BEAM_XMT_OUT_G ? -2 * lev : -lev);
       }
     }
-    set_rows(f, rows, R);
+    set_rows(f, srows, R);
     f->flags = flag;
     beam_emit_put(emit, f);
   }

@@ -60,6 +60,7 @@ typedef struct beam_xmt_conf_s {
   unsigned levels, nb;
   uint64_t publish_every; /* 0 = at series end only */
   int with_sums;          /* also publish G, IP, IF */
+  int sum_rows_pairs;     /* intensity_rows: pairs (their rows past g2's cut) */
   int per_pixel;          /* normalization: per_pixel (APS) instead of roi */
   unsigned threads;       /* CPU: threads over pixel tiles (0 = online cores,
                            * at most BEAM_XMT_AUTO_THREADS); CUDA ignores it */

@@ -49,6 +49,7 @@ def multitau_numpy(frames, bad, lab, levels, nb):
     masks = [flat == v for v in sorted(set(flat[flat > 0].tolist()))]
     nlags = (levels + 1) * nb // 2
     G, IP, IF = (np.zeros((nlags, len(masks))) for _ in range(3))
+    paired = np.zeros(nlags, bool)
     for lev in range(levels):
         nl = n >> lev
         xl = x[:nl << lev].reshape(nl, 2 ** lev, -1).mean(axis=1)
@@ -61,6 +62,7 @@ def multitau_numpy(frames, bad, lab, levels, nb):
             if not good.any():
                 continue
             a, b = a[good], b[good]
+            paired[t] = True
             for r, m in enumerate(masks):
                 G[t, r] = np.mean(np.mean(a[:, m] * b[:, m], axis=1))
                 IP[t, r] = np.mean(np.mean(a[:, m], axis=1))
@@ -72,8 +74,12 @@ def multitau_numpy(frames, bad, lab, levels, nb):
         dark = [v for v, z in zip(sorted(set(flat[flat > 0].tolist())), IP[rows] == 0) if z][0]
     with np.errstate(divide="ignore", invalid="ignore"):
         g2 = G / (IP * IF)
+    # intensity_rows: pairs: every leading lag with pairs, dark ROIs or not
+    prow = int(np.argmin(paired)) if not paired.all() else nlags
     return {"rows": rows, "g2": g2[:rows], "G": G[:rows], "IP": IP[:rows], "IF": IF[:rows],
-            "lags": lag_steps(levels, nb)[:rows], "dark": dark, "nlags": nlags}
+            "lags": lag_steps(levels, nb)[:rows], "dark": dark, "nlags": nlags,
+            "pair_rows": prow, "G_all": G[:prow], "IP_all": IP[:prow], "IF_all": IF[:prow],
+            "lags_all": lag_steps(levels, nb)[:prow]}
 
 
 def multitau_per_pixel_numpy(frames, bad, lab, levels, nb):
@@ -210,6 +216,51 @@ def test_dark_roi_empties_output(tmp_path, ports, zctx, start_beamd, receivers):
     for k in (20, "final"):
         m = n if k == "final" else k
         _compare(got[k], multitau_numpy(frames[:m], np.zeros(m, bool), lab, LEVELS, NB), m, 0)
+
+
+def test_dark_roi_keeps_intensities_with_pairs_rows(tmp_path, ports, zctx, start_beamd, receivers):
+    """intensity_rows: pairs: a dark ROI still cuts g2 (none here), but G,
+    IP and IF of every ROI (the dark one's zeros included) and the lags
+    are published for every lag that has pairs, against numpy."""
+    rng = np.random.default_rng(6)
+    lab = labels_image(rng)
+    np.save(tmp_path / "labels.npy", lab)
+    rx, tx = _start(tmp_path, ports, zctx, start_beamd, receivers,
+                    {"file": str(tmp_path / "labels.npy")}, intensity_rows="pairs")
+    sid, n = 10, 24
+    frames = rng.poisson(3.0, size=(n, H, W)).astype(np.uint16)
+    frames[:, lab == 12] = 0
+    tx.start(sid, (H, W), np.uint16, meta={"frame_time": FRAME_TIME})
+    for k in range(n):
+        tx.frame(sid, k, frames[k])
+    tx.end(sid)
+    rx.wait_series_end(sid, timeout=15)
+    rx.wait_for(lambda ms: any(m[0] == "mt.info" and m[1].flags & proto.FLAG_FINAL for m in ms),
+                timeout=5, what="final mt.info")
+    got = _results(rx, sid)
+    for k in (20, "final"):
+        m = n if k == "final" else k
+        ref = multitau_numpy(frames[:m], np.zeros(m, bool), lab, LEVELS, NB)
+        assert ref["rows"] == 0 and ref["dark"] == 12 and ref["pair_rows"] > 8, ref["pair_rows"]
+        res = got[k]
+        assert "g2" not in res
+        assert res["info"][1].tolist()[2] == 0  # g2 rows: cut as before
+        np.testing.assert_allclose(res["lags"][1], ref["lags_all"] * FRAME_TIME, rtol=1e-15, atol=0)
+        dark_col = sorted(set(lab[lab > 0].tolist())).index(12)
+        for name, out in (("G_all", "g_num"), ("IP_all", "ip"), ("IF_all", "if")):
+            a = res[out][1]
+            assert a.shape == (ref["pair_rows"], len(LABELS)), (name, a.shape)
+            np.testing.assert_allclose(a, ref[name], rtol=1e-12, atol=0, err_msg=name)
+            assert (a[:, dark_col] == 0).all(), name
+
+
+def test_intensity_rows_pairs_needs_intensities(tmp_path, ports, start_beamd):
+    st = {"name": "mt", "kind": "xpcs_multitau", "backend": "cpu",
+          "rois": {"file": str(tmp_path / "l.npy")}, "intensity_rows": "pairs"}
+    np.save(tmp_path / "l.npy", np.ones((H, W), np.int32))
+    b = start_beamd(make_config(ports, [st], mode="pull"), ready=False)
+    assert b.wait(10) == 1, b.stderr()
+    assert "intensity_rows: pairs needs intensities: true" in b.stderr()
 
 
 def test_per_pixel_matches_numpy(tmp_path, ports, zctx, start_beamd, receivers):
