@@ -186,6 +186,53 @@ def test_kill_middle_daemon(tmp_path, zctx, start_beamd, receivers):
     assert not rx.decode_errors()
 
 
+def test_kill_middle_daemon_recorded(tmp_path, zctx, start_beamd, run_tool):
+    """The same kill with beamd-record as the last hop: the killed series'
+    file holds exactly the results B published and says how many frames
+    the series lost (/entry@missing_frames); the next series' file is
+    complete and says nothing of losses."""
+    import h5py
+    H, W, N, N2 = 256, 256, 200, 20
+    rois = [{"name": "all", "shape": "rect", "rect": [0, 0, W, H]}]
+    rng = np.random.default_rng(9)
+    frames = frames_for(rng, N, H, W)
+    frames2 = frames_for(rng, N2, H, W)
+    pa, pb = Ports(), Ports()
+    a = start_beamd(a_config(pa), name="beamd-a")
+    b = start_beamd(b_config(pb, pa.ep_push, rois), name="beamd-b")
+    tx = Sender(zctx, pa.ep_input, zmq.PUSH, send_timeout=20)
+    sid, sid2 = 51, 52
+    send_series(tx, sid, frames)
+    b.wait_stats(lambda s: s["input"]["paused"] and s["input"]["frames"] > 0, timeout=20,
+                 what="B held up by its PUSH")
+    time.sleep(0.3)
+    a.p.kill()
+    a.p.wait(timeout=5)
+    out = tmp_path / "rec"
+    out.mkdir()
+    # --series counts complete series: the killed one ends ABORTED
+    rec = run_tool("beamd-record", ["--connect", pb.ep_push, "--pull", "--dir", str(out),
+                                    "--series", "1", "--timeout", "40", "--stats-json"])
+    start_beamd(a.cfg, name="beamd-a")
+    send_series(tx, sid2, frames2)
+    assert rec.wait(45) == 0, rec.stderr()
+    st = b.stats()["input"]
+    with h5py.File(out / ("series_%d.h5.partial" % sid), "r") as f:  # ended ABORTED
+        e = f["/entry"]
+        k = int(e.attrs["results_written"])
+        assert 0 < k < N, k
+        assert e.attrs["missing_frames"] == N - k and bool(e.attrs["complete"]) is False
+        assert list(f["/results/vd.sums/frame_id"][...]) == list(range(k))
+        sums = f["/results/vd.sums/data"][...][:, 0]
+        np.testing.assert_array_equal(sums, frames[:k].reshape(k, -1).sum(axis=1).astype(sums.dtype))
+    assert st["missing"] == N - k, (st, k)
+    with h5py.File(out / ("series_%d.h5" % sid2), "r") as f:
+        e = f["/entry"]
+        assert bool(e.attrs["complete"]) is True and e.attrs["results_written"] == N2
+        assert "missing_frames" not in e.attrs
+    tx.close()
+
+
 def test_result_gaps_and_upstream_losses(tmp_path, ports, zctx, start_beamd, receivers):
     """RESULTs sent to B directly: frame-id gaps, another topic, an
     upstream's INCOMPLETE count, and an end short of nframes."""
