@@ -12,7 +12,6 @@
 #include <string.h>
 
 #include "daemon/beamd.h"
-#include "proto/json_scan.h"
 
 static void bad(beamd_t *d, const char *what, const beam_hdr_t *h, const char *why) {
   beamd_ingest_t *in = &d->in;
@@ -79,11 +78,8 @@ static void res_gap_add(beamd_t *d, uint64_t n) {
  * the count so far of that series. */
 static void res_upstream(beamd_t *d, const beam_msg_t *m) {
   beamd_ingest_t *in = &d->in;
-  beam_js_t o, v;
   uint64_t n;
-  if (!(m->hdr.flags & BEAM_FLAG_INCOMPLETE) || !m->meta ||
-      beam_js_object(m->meta, m->meta_len, &o) < 0 || beam_js_get(o, "missing_frames", &v) != 1 ||
-      beam_js_u64(v, &n) < 0)
+  if (!beam_msg_missing_frames(m, &n))
     return;
   if (n > in->res_up) {
     atomic_fetch_add(&in->upstream_missing, n - in->res_up);
@@ -264,15 +260,11 @@ static void on_series_end(beamd_t *d, const beam_msg_t *m) {
   beamd_ingest_series_end(d, m->hdr.series_id, (m->hdr.flags & BEAM_FLAG_ABORTED) != 0);
 }
 
-/* A RESULT on the input: of input.result_topic, a frame of the series. */
+/* A RESULT on an input with input.result_topic: of that topic, a frame of
+ * the series. */
 static void on_result(beamd_t *d, const beam_msg_t *m, uint64_t t_recv) {
   beamd_ingest_t *in = &d->in;
   const char *t = d->cfg->input.result_topic;
-  if (!result_mode(d)) {
-    atomic_fetch_add(&in->unexpected, 1);
-    bad(d, "unexpected message type on the input", &m->hdr, beam_msg_type_name(m->hdr.type));
-    return;
-  }
   if (!m->topic || m->topic_len != strlen(t) || memcmp(m->topic, t, m->topic_len)) {
     atomic_fetch_add(&in->other_topics, 1);
     return;
@@ -424,7 +416,12 @@ void beamd_ingest_parts(beamd_t *d, const beam_part_t *parts, size_t n) {
   case BEAM_MSG_SERIES_START: on_series_start(d, &m); break;
   case BEAM_MSG_FRAME: beamd_ingest_frame(d, &m, t_recv); break;
   case BEAM_MSG_SERIES_END: on_series_end(d, &m); break;
-  case BEAM_MSG_RESULT: on_result(d, &m, t_recv); break;
+  case BEAM_MSG_RESULT: /* frames only with input.result_topic */
+    if (result_mode(d)) {
+      on_result(d, &m, t_recv);
+      break;
+    }
+    /* fall through */
   default:
     atomic_fetch_add(&in->unexpected, 1);
     bad(d, "unexpected message type on the input", &m.hdr, beam_msg_type_name(m.hdr.type));

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "proto/err.h"
+#include "proto/json_scan.h"
 
 const beam_limits_t beam_limits_default = {
     .max_raw_bytes = (uint64_t)1 << 30,
@@ -353,4 +354,11 @@ int beam_msg_parse(const beam_part_t *parts, size_t nparts,
   }
   *out = m;
   return 0;
+}
+
+int beam_msg_missing_frames(const beam_msg_t *msg, uint64_t *n) {
+  beam_js_t o, v;
+  return (msg->hdr.flags & BEAM_FLAG_INCOMPLETE) && msg->meta &&
+         beam_js_object(msg->meta, msg->meta_len, &o) == 0 &&
+         beam_js_get(o, "missing_frames", &v) == 1 && beam_js_u64(v, n) == 0;
 }

@@ -206,6 +206,11 @@ int beam_msg_payload(const beam_msg_t *msg, void *dst, void *scratch,
 void beam_bitshuffle(const void *in, void *out, size_t n, size_t elem_size);
 void beam_bitunshuffle(const void *in, void *out, size_t n, size_t elem_size);
 
+/* The loss count an INCOMPLETE message carries (PROTOCOL.md: a result's
+ * or SERIES_END's metadata {"missing_frames": N}): 1 and *n when the flag
+ * is set and the count is there and readable, else 0. */
+int beam_msg_missing_frames(const beam_msg_t *msg, uint64_t *n);
+
 /* Topic validity: 1..BEAM_TOPIC_MAX chars of [a-z0-9_.-]. */
 int beam_topic_valid(const char *t, size_t len);
 

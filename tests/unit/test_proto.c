@@ -711,6 +711,32 @@ static void test_golden_messages(void **state) {
   }
 }
 
+/* The loss count of an INCOMPLETE message, read only where PROTOCOL.md
+ * puts it. */
+static void test_missing_frames(void **state) {
+  (void)state;
+  beam_msg_t m;
+  memset(&m, 0, sizeof m);
+  uint64_t n = 0;
+  const char *js = "{\"missing_frames\": 17, \"other\": 1}";
+  m.meta = js;
+  m.meta_len = strlen(js);
+  assert_int_equal(beam_msg_missing_frames(&m, &n), 0); /* no INCOMPLETE flag */
+  m.hdr.flags = BEAM_FLAG_INCOMPLETE;
+  assert_int_equal(beam_msg_missing_frames(&m, &n), 1);
+  assert_int_equal(n, 17);
+  const char *bad[] = {"{\"missing_frames\": -3}", "{\"missing_frames\": 2.5}", "{\"other\": 4}",
+                       "[17]", "{\"missing_frames\": 17", ""};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    m.meta = bad[i];
+    m.meta_len = strlen(bad[i]);
+    assert_int_equal(beam_msg_missing_frames(&m, &n), 0);
+  }
+  m.meta = NULL;
+  m.meta_len = 0;
+  assert_int_equal(beam_msg_missing_frames(&m, &n), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layout),
@@ -730,6 +756,7 @@ int main(void) {
       cmocka_unit_test(test_names),
       cmocka_unit_test(test_topics_limits),
       cmocka_unit_test(test_golden_messages),
+      cmocka_unit_test(test_missing_frames),
   };
   return beam_run_tests(tests, NULL, NULL);
 }

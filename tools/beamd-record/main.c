@@ -223,16 +223,6 @@ static void fatal(state_t *st) {
   st->failed = 1;
 }
 
-/* {"missing_frames": N} of an INCOMPLETE SERIES_END; at least 1 when the
- * flag came without a readable count. */
-static uint64_t end_missing(const beam_msg_t *m) {
-  json_t *d = m->meta_len ? json_loadb(m->meta, m->meta_len, 0, NULL) : NULL;
-  json_t *v = json_object_get(d, "missing_frames");
-  uint64_t n = json_is_integer(v) && json_integer_value(v) > 0 ? (uint64_t)json_integer_value(v) : 1;
-  json_decref(d);
-  return n;
-}
-
 static void close_file(state_t *st, rfile_t **slot, int complete, const char *why) {
   if (rfile_close(&st->ctx, slot, complete, why) < 0)
     fatal(st);
@@ -344,8 +334,10 @@ static void handle(state_t *st, zmq_msg_t *parts, size_t n, int overflow) {
     if (!f)
       return;
     remember_closed(st, sid);
+    /* at least 1 when the flag came without a readable count */
+    uint64_t lost;
     if (m.hdr.flags & BEAM_FLAG_INCOMPLETE)
-      (*f)->missing_frames = end_missing(&m);
+      (*f)->missing_frames = beam_msg_missing_frames(&m, &lost) && lost > 0 ? lost : 1;
     if (m.hdr.flags & BEAM_FLAG_ABORTED) {
       st->c.series_aborted++;
       close_file(st, f, 0, "SERIES_END with the ABORTED flag");
