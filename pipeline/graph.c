@@ -362,6 +362,12 @@ typedef struct emit_ctx_s {
  * waking them (small frames, BATCH_OUT_BYTES): before this worker waits,
  * for its next item or for an output slot (which only they can give
  * back), and when it has nothing more queued. */
+/* Whether kick_consumers has anything to wake: ours, or those of a
+ * consumer running on this thread. */
+static int kick_pending(const node_t *nd) {
+  return nd->kick || (nd->inl && nd->inl->on_upstream && kick_pending(nd->inl));
+}
+
 static void kick_consumers(node_t *nd) {
   if (nd->inl && nd->inl->on_upstream)
     kick_consumers(nd->inl);
@@ -449,8 +455,8 @@ static void wait_quiet(node_t *nd) {
 }
 
 /* At a series start (on the upstream's thread): whether consumer c runs on
- * this thread for the series. upstream: always; auto: when it is light
- * and the frame it reads stays in this core's cache (INLINE_MAX_BYTES). */
+ * this thread for the series. upstream: always; auto: when the frame it
+ * reads stays in cache (beam_cache_resident, or the graph's inline_max). */
 static void thread_for(node_t *nd, node_t *c, int out) {
   if (!c->may_inline)
     return;
@@ -713,7 +719,7 @@ static int run_item(node_t *nd, item_t *it) {
     break;
   }
   /* Nothing more queued: what this item produced goes on now. */
-  if (!nd->on_upstream && queue_depth(&nd->q) == 0)
+  if (!nd->on_upstream && kick_pending(nd) && queue_depth(&nd->q) == 0)
     kick_consumers(nd);
   atomic_fetch_sub(&g->inflight, 1);
   room_maybe(g);
