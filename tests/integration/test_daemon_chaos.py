@@ -25,6 +25,7 @@ import re
 import subprocess
 import time
 
+import h5py
 import numpy as np
 import zmq
 
@@ -69,6 +70,25 @@ def sums_of(rx, sid):
             assert hdr.frame_id not in got, "duplicate result for frame %d" % hdr.frame_id
             got[hdr.frame_id] = (hdr, arr, meta)
     return got
+
+
+def chain_and_kill(zctx, start_beamd, rois, sid, frames):
+    """Starts A and B, sends series sid to A with nobody taking B's output,
+    and kills A (SIGKILL) once B is held up by its PUSH: the rest of the
+    series is then in flight in A. Returns (a, b, a's ports, b's ports,
+    the sender)."""
+    pa, pb = Ports(), Ports()
+    a = start_beamd(a_config(pa), name="beamd-a")
+    b = start_beamd(b_config(pb, pa.ep_push, rois), name="beamd-b")
+    tx = Sender(zctx, pa.ep_input, zmq.PUSH, send_timeout=20)
+    send_series(tx, sid, frames)  # all queued: A's input has no high-water mark
+    st = b.wait_stats(lambda s: s["input"]["paused"] and s["input"]["frames"] > 0, timeout=20,
+                      what="B held up by its PUSH")
+    time.sleep(0.3)  # B's pool and slots are full: what it holds now stays at that
+    assert b.stats()["input"]["frames"] < len(frames), st["input"]
+    a.p.kill()
+    a.p.wait(timeout=5)
+    return a, b, pa, pb, tx
 
 
 def full_rois(n, h, w):
@@ -136,18 +156,8 @@ def test_kill_middle_daemon(tmp_path, zctx, start_beamd, receivers):
     rng = np.random.default_rng(5)
     frames = frames_for(rng, N, H, W)
     frames2 = frames_for(rng, N2, H, W)
-    pa, pb = Ports(), Ports()
-    a = start_beamd(a_config(pa), name="beamd-a")
-    b = start_beamd(b_config(pb, pa.ep_push, rois), name="beamd-b")
-    tx = Sender(zctx, pa.ep_input, zmq.PUSH, send_timeout=20)
     sid = 41
-    send_series(tx, sid, frames)  # all queued: A's input has no high-water mark
-    st = b.wait_stats(lambda s: s["input"]["paused"] and s["input"]["frames"] > 0, timeout=20,
-                      what="B held up by its PUSH")
-    time.sleep(0.3)  # B's pool and slots are full: what it holds now stays at that
-    assert b.stats()["input"]["frames"] < N, st["input"]
-    a.p.kill()  # SIGKILL
-    a.p.wait(timeout=5)
+    a, b, pa, pb, tx = chain_and_kill(zctx, start_beamd, rois, sid, frames)
 
     rx = Receiver(zctx, pb.ep_push, kind=zmq.PULL)
     receivers.append(rx)
@@ -191,23 +201,13 @@ def test_kill_middle_daemon_recorded(tmp_path, zctx, start_beamd, run_tool):
     file holds exactly the results B published and says how many frames
     the series lost (/entry@missing_frames); the next series' file is
     complete and says nothing of losses."""
-    import h5py
     H, W, N, N2 = 256, 256, 200, 20
     rois = [{"name": "all", "shape": "rect", "rect": [0, 0, W, H]}]
     rng = np.random.default_rng(9)
     frames = frames_for(rng, N, H, W)
     frames2 = frames_for(rng, N2, H, W)
-    pa, pb = Ports(), Ports()
-    a = start_beamd(a_config(pa), name="beamd-a")
-    b = start_beamd(b_config(pb, pa.ep_push, rois), name="beamd-b")
-    tx = Sender(zctx, pa.ep_input, zmq.PUSH, send_timeout=20)
     sid, sid2 = 51, 52
-    send_series(tx, sid, frames)
-    b.wait_stats(lambda s: s["input"]["paused"] and s["input"]["frames"] > 0, timeout=20,
-                 what="B held up by its PUSH")
-    time.sleep(0.3)
-    a.p.kill()
-    a.p.wait(timeout=5)
+    a, b, pa, pb, tx = chain_and_kill(zctx, start_beamd, rois, sid, frames)
     out = tmp_path / "rec"
     out.mkdir()
     # --series counts complete series: the killed one ends ABORTED

@@ -125,6 +125,15 @@ def _start(tmp_path, ports, zctx, start_beamd, receivers, rois, **extra):
     return rx, Sender(zctx, ports.ep_input, __import__("zmq").PUSH)
 
 
+def _send_series(tx, sid, frames, bad=None, meta=None):
+    """SERIES_START, every frame (BAD where bad says), SERIES_END."""
+    n, h, w = frames.shape
+    tx.start(sid, (h, w), np.uint16, meta=meta)
+    for k in range(n):
+        tx.frame(sid, k, frames[k], flags=proto.FLAG_BAD if bad is not None and bad[k] else 0)
+    tx.end(sid)
+
+
 def _results(rx, sid):
     """{(frames so far, final): {output: (header, array, meta)}}"""
     out = {}
@@ -166,10 +175,7 @@ def test_multitau_matches_numpy(tmp_path, ports, zctx, start_beamd, receivers):
     frames = rng.poisson(lam, size=(n, H, W)).astype(np.uint16)
     bad = np.zeros(n, bool)
     bad[[9, 33]] = True  # spoil level-3 frames 1 and 4: lag row 13 has no pair
-    tx.start(sid, (H, W), np.uint16, meta={"frame_time": FRAME_TIME})
-    for k in range(n):
-        tx.frame(sid, k, frames[k], flags=proto.FLAG_BAD if bad[k] else 0)
-    tx.end(sid)
+    _send_series(tx, sid, frames, bad, meta={"frame_time": FRAME_TIME})
     rx.wait_series_end(sid, timeout=15)
     rx.wait_for(lambda ms: any(m[0] == "mt.if" and m[1].flags & proto.FLAG_FINAL for m in ms),
                 timeout=5, what="final mt.if")
@@ -202,10 +208,7 @@ def test_dark_roi_empties_output(tmp_path, ports, zctx, start_beamd, receivers):
     sid, n = 9, 24
     frames = rng.poisson(3.0, size=(n, H, W)).astype(np.uint16)
     frames[:, lab == 12] = 0
-    tx.start(sid, (H, W), np.uint16)
-    for k in range(n):
-        tx.frame(sid, k, frames[k])
-    tx.end(sid)
+    _send_series(tx, sid, frames)
     rx.wait_series_end(sid, timeout=15)
     rx.wait_for(lambda ms: any(m[0] == "mt.info" and m[1].flags & proto.FLAG_FINAL for m in ms),
                 timeout=5, what="final mt.info")
@@ -230,10 +233,7 @@ def test_dark_roi_keeps_intensities_with_pairs_rows(tmp_path, ports, zctx, start
     sid, n = 10, 24
     frames = rng.poisson(3.0, size=(n, H, W)).astype(np.uint16)
     frames[:, lab == 12] = 0
-    tx.start(sid, (H, W), np.uint16, meta={"frame_time": FRAME_TIME})
-    for k in range(n):
-        tx.frame(sid, k, frames[k])
-    tx.end(sid)
+    _send_series(tx, sid, frames, meta={"frame_time": FRAME_TIME})
     rx.wait_series_end(sid, timeout=15)
     rx.wait_for(lambda ms: any(m[0] == "mt.info" and m[1].flags & proto.FLAG_FINAL for m in ms),
                 timeout=5, what="final mt.info")
@@ -280,10 +280,7 @@ def test_per_pixel_matches_numpy(tmp_path, ports, zctx, start_beamd, receivers):
     frames = rng.poisson(lam, size=(n, H, W)).astype(np.uint16)
     bad = np.zeros(n, bool)
     bad[15] = True
-    tx.start(sid, (H, W), np.uint16, meta={"frame_time": FRAME_TIME})
-    for k in range(n):
-        tx.frame(sid, k, frames[k], flags=proto.FLAG_BAD if bad[k] else 0)
-    tx.end(sid)
+    _send_series(tx, sid, frames, bad, meta={"frame_time": FRAME_TIME})
     rx.wait_series_end(sid, timeout=15)
     rx.wait_for(lambda ms: any(m[0] == "mt.if" and m[1].flags & proto.FLAG_FINAL for m in ms),
                 timeout=5, what="final mt.if")  # published last
@@ -335,10 +332,7 @@ def test_threads_bit_identical(tmp_path, ports, zctx, start_beamd, receivers):
     frames[5::9, h // 2:] += 20000  # above int16 once two are summed
     bad = np.zeros(n, bool)
     bad[13] = True
-    tx.start(sid, (h, w), np.uint16, meta={"frame_time": FRAME_TIME})
-    for k in range(n):
-        tx.frame(sid, k, frames[k], flags=proto.FLAG_BAD if bad[k] else 0)
-    tx.end(sid)
+    _send_series(tx, sid, frames, bad, meta={"frame_time": FRAME_TIME})
     rx.wait_series_end(sid, timeout=30)
     rx.wait_for(lambda ms: sum(1 for m in ms if m[0].endswith(".if") and m[1].flags & proto.FLAG_FINAL) >= 5,
                 timeout=20, what="five final if")
