@@ -9,8 +9,12 @@ messages encoded once, blobs zero-copy) as SIMPLON stream v1 (4M) and v2
 
 - raw: `dectris_send recv`, a plain PULL that counts image messages: what
   ZeroMQ alone carries of the same messages on this machine;
+- raw + write(): the same receiver also writing every image message into a
+  file beside where record writes (tmpfs when there is one): the least any
+  recorder must do, so what this machine can store at all;
 - record: beamd (input.mode dectris) -> a `record` stage with compress
-  bslz4, which stores the blobs as they came (pass-through, never decoded;
+  bslz4 (check: full; record_framing: check: framing), which stores the
+  blobs as they came (pass-through, never decoded;
   its `passthrough` counter must equal the frames). A run ends when the
   stage renames its file; the file's mtime is the end time;
 - roi_sum, roi_sum_d2: beamd -> one `roi_sum` stage (a 64 x 64 rect, so the
@@ -148,11 +152,11 @@ class Dx:
 
     # ---- one run -----------------------------------------------------------
 
-    def raw_run(self, ep, shape, stream, hwm, seconds):
+    def raw_run(self, ep, shape, stream, hwm, seconds, store=None):
         self.series += 1
         recv = subprocess.Popen([self.ds, "recv", "--endpoint", ep, "--bind", "--hwm", str(hwm),
-                                 "--timeout", "20"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                 "--timeout", "20"] + (["--store", store] if store else []),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         snd = None
         try:
             time.sleep(0.3)  # let the receiver bind before the first image
@@ -162,6 +166,8 @@ class Dx:
             bench_daemon.stop(recv)
             if snd:
                 self.finish_sender(snd)
+            if store and os.path.exists(store):
+                os.unlink(store)
         if recv.returncode != 0:
             raise RuntimeError("dectris_send recv failed (%d): %s %s" %
                                (recv.returncode, err.strip(), out.strip()))
@@ -185,6 +191,8 @@ class Dx:
             bench_daemon.stop(recv)
             if snd:
                 self.finish_sender(snd)
+            if store and os.path.exists(store):
+                os.unlink(store)
         if recv.returncode != 0:
             raise RuntimeError("zthroughput recv failed (%d): %s %s" %
                                (recv.returncode, err.strip(), out.strip()))
@@ -239,7 +247,7 @@ class Dx:
         pool = max(16, min(64, POOL_BYTES // fb))
         dec = 2 if graph.endswith("_d2") else 0
         if graph.startswith("record"):
-            check = "framing" if graph == "record_framing" else "decode"
+            check = "framing" if graph == "record_framing" else "full"
             stage = (f"""  - {{name: rec, kind: record, input: frames, dir: "{rec_dir}", compress: bslz4,
       check: {check}, queue: {pool + 8}}}""")
             out_ep = ""
@@ -286,6 +294,23 @@ stages:
                      (name, tr, rep + 1, raw[-1]["fps"]))
         raw_fps = statistics.median(x["fps"] for x in raw)
         row["raw"] = {"fps": raw_fps, "gbps": raw_fps * blob / 1e9, "runs": raw}
+        store_fps = None
+        if any(g.startswith("record") for g in graphs):
+            # The same receiver writing what it receives into a file where
+            # record writes: what this machine can store at all.
+            base = "/dev/shm" if os.path.isdir("/dev/shm") else self.tmp
+            st_dir = tempfile.mkdtemp(prefix="beamd-dectris-raw-", dir=base)
+            runs = []
+            try:
+                for rep in range(self.reps):
+                    runs.append(self.raw_run(self.endpoint(tr, "raw"), shape, stream, hwm,
+                                             self.seconds, os.path.join(st_dir, "raw.bin")))
+                    self.log("  %-6s %s raw + write  rep %d: %9.1f frames/s" %
+                             (name, tr, rep + 1, runs[-1]["fps"]))
+            finally:
+                shutil.rmtree(st_dir, ignore_errors=True)
+            store_fps = statistics.median(x["fps"] for x in runs)
+            row["raw_store"] = {"fps": store_fps, "gbps": store_fps * blob / 1e9, "runs": runs}
         for g in graphs:
             in_ep, out_ep = self.endpoint(tr, "in"), self.endpoint(tr, "out")
             ctl_ep = "tcp://127.0.0.1:%d" % free_port()
@@ -322,6 +347,7 @@ stages:
                 busy[s1["name"]] = (s1.get("busy_s", 0) or 0) - (s0.get("busy_s", 0) or 0)
             measured_s = sum(x["fps"] and x["send"]["frames"] / x["fps"] for x in runs)
             ent = {"fps": fps, "gbps": fps * blob / 1e9, "ratio_raw": fps / raw_fps if raw_fps else 0,
+                   "ratio_store": fps / store_fps if store_fps and g.startswith("record") else None,
                    "decode_threads": dec, "pool_frames": pool, "pool_frame_bytes": fb,
                    "stage_busy_frac": {k: v / measured_s if measured_s else None
                                        for k, v in busy.items()},
@@ -389,7 +415,7 @@ def run(build, seconds=2.0, reps=3, log=print, tmp=None, cases=DEFAULT_CASES,
     return res
 
 
-GRAPH_LABEL = {"record": "record (pass)", "record_framing": "record (pass, check framing)",
+GRAPH_LABEL = {"record": "record (pass)", "record_framing": "record (pass, framing)",
                "roi_sum": "roi_sum dt0", "roi_sum_d2": "roi_sum dt2"}
 
 
@@ -409,11 +435,19 @@ def summary_lines(res):
         L.append("  %-6s %-3s %-14s %9.1f %7.3f %8s %-26s %s" %
                  (r["case"], r["transport"], "raw ZeroMQ", r["raw"]["fps"], r["raw"]["gbps"], "-",
                   "-", ld))
+        if r.get("raw_store"):
+            rs = r["raw_store"]
+            L.append("  %-6s %-3s %-14s %9.1f %7.3f %7.1f%% %-26s" %
+                     ("", "", "raw + write()", rs["fps"], rs["gbps"],
+                      100 * rs["fps"] / r["raw"]["fps"] if r["raw"]["fps"] else 0,
+                      "what this machine stores"))
         for g, e in r["graphs"].items():
             if g.startswith("record"):
                 note = "target >= %.0f%%: %s" % (100 * res["target_passthrough"],
                                                 "ok" if e["ratio_raw"] >= res["target_passthrough"]
                                                 else "BELOW")
+                if e.get("ratio_store"):
+                    note += "; %.1f%% of raw + write()" % (100 * e["ratio_store"])
             elif "ratio_decoder" in e:
                 note = "%5.1f%% of %.1f" % (100 * e["ratio_decoder"], e["decoder_fps_x_threads"])
             else:

@@ -25,10 +25,13 @@
  *       ipc a PUSH that closes while its peer is still reading loses its
  *       last message (the end), linger or not, so the driver stops it
  *       once the receiver has seen the end.
- *   dectris_send recv --endpoint EP [--bind] [--hwm N] [--timeout S]
+ *   dectris_send recv --endpoint EP [--bind] [--hwm N] [--timeout S] [--store F]
  *       PULL; counts image messages (by the v1 htype / v2 type, nothing
  *       decoded) until the end message, and reports the rate between the
  *       first and the last image: raw ZeroMQ carrying the same messages.
+ *       With --store F it also write()s every part of each image message
+ *       to the file F, on the receiving thread: the least any recorder
+ *       must do, the yardstick of what this machine can store.
  *   dectris_send decode --shape S [--mean M] [--bank K] [--bank-file F]
  *                       [--reps R] [--min-seconds T]
  *       beam_codec_decode of the bank's blobs in a loop on one thread: the
@@ -38,6 +41,7 @@
  * Each mode prints one JSON object on stdout; diagnostics go to stderr.
  * Not a general tool: it exists to produce repeatable figures. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <sched.h>
@@ -48,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <zmq.h>
 
@@ -68,7 +73,7 @@ typedef struct opts_s {
   int bind, stream;
   uint32_t h, w;
   double mean, seconds, timeout_s, min_seconds, hold_s;
-  const char *bank_file;
+  const char *bank_file, *store;
   uint64_t frames, series;
   unsigned bank, slots, reps;
   int hwm;
@@ -80,7 +85,7 @@ static void usage(FILE *f) {
           "                         [--mean M] [--seconds S | --frames N] [--series ID]\n"
           "                         [--bank K] [--bank-file F] [--slots N] [--hwm N]\n"
           "                         [--timeout S] [--hold S]\n"
-          "       dectris_send recv --endpoint EP [--bind] [--hwm N] [--timeout S]\n"
+          "       dectris_send recv --endpoint EP [--bind] [--hwm N] [--timeout S] [--store F]\n"
           "       dectris_send decode --shape S [--mean M] [--bank K] [--bank-file F]\n"
           "                           [--reps R] [--min-seconds T]\n");
 }
@@ -295,12 +300,31 @@ static int kind_of(const uint8_t *p, size_t n) {
   return K_OTHER;
 }
 
+static int write_all(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n) {
+    ssize_t w = write(fd, c, n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return -1;
+    c += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
 static int do_recv(const opts_t *o) {
   void *ctx = zmq_ctx_new(), *s = NULL;
   if (open_sock(ctx, ZMQ_PULL, o, &s) < 0)
     return 1;
   int tmo = (int)(o->timeout_s * 1000);
   zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+  int fd = -1;
+  if (o->store && (fd = open(o->store, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
+    fprintf(stderr, "dectris_send recv: %s: %s\n", o->store, strerror(errno));
+    return 1;
+  }
   uint64_t messages = 0, counted = 0, bytes = 0, starts = 0, other = 0;
   uint64_t t_first = 0, t_last = 0;
   int ended = 0, timed_out = 0;
@@ -332,6 +356,11 @@ static int do_recv(const opts_t *o) {
     uint64_t t = bench_now_ns(CLOCK_MONOTONIC);
     messages++;
     if (kind == K_IMAGE) {
+      for (int i = 0; fd >= 0 && i < n && i < MAX_PARTS; i++)
+        if (write_all(fd, zmq_msg_data(&parts[i]), zmq_msg_size(&parts[i])) < 0) {
+          fprintf(stderr, "dectris_send recv: %s: %s\n", o->store, strerror(errno));
+          return 1;
+        }
       if (!counted)
         t_first = t;
       t_last = t;
@@ -357,6 +386,8 @@ done:;
          messages, counted, bytes, starts, other, el, fps,
          el > 0 && counted ? (double)bytes / (double)counted * fps / 1e9 : 0.0, t_first, t_last,
          ended ? "true" : "false", timed_out ? "true" : "false");
+  if (fd >= 0)
+    close(fd);
   zmq_close(s);
   zmq_ctx_term(ctx);
   return ended ? 0 : 3;
@@ -446,10 +477,10 @@ int main(int argc, char **argv) {
       {"hwm", required_argument, 0, 'H'},      {"timeout", required_argument, 0, 'T'},
       {"reps", required_argument, 0, 'r'},     {"min-seconds", required_argument, 0, 'M'},
       {"hold", required_argument, 0, 'o'},     {"bank-file", required_argument, 0, 'f'},
-      {0, 0, 0, 0}};
+      {"store", required_argument, 0, 'w'},    {0, 0, 0, 0}};
   int c;
   optind = 2;
-  while ((c = getopt_long(argc, argv, "e:bv:s:m:S:n:i:k:l:H:T:r:M:o:f:", lo, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "e:bv:s:m:S:n:i:k:l:H:T:r:M:o:f:w:", lo, NULL)) != -1) {
     uint64_t u;
     int bad = 0;
     switch (c) {
@@ -469,6 +500,7 @@ int main(int argc, char **argv) {
     case 'M': bad = parse_pos_double(optarg, &o.min_seconds); break;
     case 'o': bad = parse_pos_double(optarg, &o.hold_s); break;
     case 'f': o.bank_file = optarg; break;
+    case 'w': o.store = optarg; break;
     default: usage(stderr); return 2;
     }
     if (bad) {

@@ -21,11 +21,15 @@
  * it is stored as it came (process_encoded), never decoded and re-encoded.
  * Its encoded bytes are borrowed under beam_frame_encoded_lend, copied, and
  * given back at once, so other stages that decode the frame wait for a
- * memcpy, not for the disk. The copy is checked before it is stored: the
+ * memcpy, not for the disk; when this stage is the graph's only reader (one
+ * root, no decode pool) nobody waits, and the bytes are checked and stored
+ * in place under the loan. They are checked before they are stored: the
  * framing must describe exactly this frame's bytes and every LZ4 block must
- * decompress to its stated size, so a chunk that the filter could not read
- * is never written; anything else goes the ordinary way (decode, whose
- * failure makes the frame CORRUPT as before, then encode).
+ * decode to its stated size (check: full proves that by walking the block's
+ * sequences, proto/lz4_check.c, at a fifth of the cost of decompressing
+ * it), so a chunk that the filter could not read is never written; anything
+ * else goes the ordinary way (decode, whose failure makes the frame CORRUPT
+ * as before, then encode).
  *
  * Threads: init runs on the graph build thread and does not touch HDF5; all
  * HDF5 calls are made from start/process/end on the stage's worker thread.
@@ -51,6 +55,7 @@
 #include <lz4.h>
 
 #include "daemon/h5util.h"
+#include "proto/lz4_check.h"
 
 #define REC_IDS_FLUSH 1024u     /* companions (frame_id ...) written in batches of this */
 #define REC_IDS_BUF 2048u       /* >= REC_IDS_FLUSH + the largest chunk_frames */
@@ -58,6 +63,7 @@
 #define REC_FLUSH_NS 1000000000ull
 #define REC_FRAMING_HDR 12u      /* 32008 chunk: BE u64 raw bytes, BE u32 block bytes */
 #define REC_BSHUF_MULT 8u        /* bitshuffle blocks are multiples of 8 elements */
+enum { REC_CHECK_FULL, REC_CHECK_DECODE, REC_CHECK_FRAMING };
 #define REC_CTR_PASSTHROUGH 0    /* self->counters[]: frames stored without decoding */
 
 static const char *prefix_valid(const beam_cnode_t *v) {
@@ -76,10 +82,11 @@ const beam_param_t beam_record_params[] = {
      "chunk compression: bslz4 (HDF5 filter 32008) or none", NULL},
     {"chunk_frames", BEAM_P_INT, "1", 0, 1, 1024, NULL, NULL,
      "frames per HDF5 chunk", NULL},
-    {"check", BEAM_P_ENUM, "decode", 0, 0, 0, "decode|framing", NULL,
-     "bitshuffle-LZ4 frames stored as they came: decode = every LZ4 block decompressed to check "
-     "it; framing = block headers and sizes only (faster; a corrupt LZ4 stream inside intact "
-     "framing would be stored)", NULL},
+    {"check", BEAM_P_ENUM, "full", 0, 0, 0, "full|decode|framing", NULL,
+     "bitshuffle-LZ4 frames stored as they came: full = every LZ4 block's sequences walked, "
+     "which proves it decompresses to its stated size without decompressing it; decode = every "
+     "block decompressed (the same guarantee, several times slower); framing = block headers "
+     "and sizes only (a corrupt LZ4 stream inside intact framing would be stored)", NULL},
     BEAM_PARAM_END};
 
 typedef struct rec_s {
@@ -87,7 +94,7 @@ typedef struct rec_s {
   char dir[4096];
   char prefix[132];
   int bslz4;
-  int check_decode; /* check: decode (else framing) */
+  int check; /* REC_CHECK_*: how far a pass-through chunk is checked */
   unsigned chunk_frames;
   /* series (copied: the stage keeps no reference to the series object) */
   int open;
@@ -199,7 +206,9 @@ static int rec_init(beam_stage_t *self, beam_diag_t *d) {
     snprintf(s->prefix, sizeof s->prefix, "%s", prefix ? prefix : "");
     s->bslz4 = !comp || !strcmp(comp, "bslz4");
     s->chunk_frames = (unsigned)cf;
-    s->check_decode = !check || strcmp(check, "framing") != 0;
+    s->check = !check || !strcmp(check, "full") ? REC_CHECK_FULL
+               : !strcmp(check, "decode")       ? REC_CHECK_DECODE
+                                                : REC_CHECK_FRAMING;
     rc = check_dir(s->dir, d);
   }
   self->process_encoded = rec_process_encoded;
@@ -553,12 +562,12 @@ static uint64_t rd_be(const uint8_t *p, int n) {
 }
 
 /* 1 when src is a 32008 chunk the filter will turn into exactly raw_bytes:
- * the checks of beam_codec_decode, with each LZ4 block decompressed into
- * scratch (block bytes) but not bit-unshuffled, which cannot fail. Without
- * decode (check: framing) the LZ4 streams themselves are taken on trust:
+ * the checks of beam_codec_decode, each LZ4 block walked (full) or
+ * decompressed into scratch (decode), never bit-unshuffled, which cannot
+ * fail. With check: framing the LZ4 streams themselves are taken on trust:
  * only the framing must account for every byte. */
 static int bslz4_chunk_ok(const uint8_t *src, size_t len, size_t raw_bytes, size_t es,
-                          uint8_t *scratch, int decode) {
+                          uint8_t *scratch, int check) {
   if (len < REC_FRAMING_HDR || rd_be(src, 8) != raw_bytes)
     return 0;
   size_t bbytes = (size_t)rd_be(src + 8, 4);
@@ -577,7 +586,10 @@ static int bslz4_chunk_ok(const uint8_t *src, size_t len, size_t raw_bytes, size
     pos += 4;
     if (c > len - pos || c > (size_t)LZ4_MAX_INPUT_SIZE)
       return 0;
-    if (decode) {
+    if (check == REC_CHECK_FULL) {
+      if (!beam_lz4_block_check(src + pos, c, cnt * es))
+        return 0;
+    } else if (check == REC_CHECK_DECODE) {
       int got = LZ4_decompress_safe((const char *)src + pos, (char *)scratch, (int)c,
                                     (int)(cnt * es));
       if (got < 0 || (size_t)got != cnt * es)
@@ -589,6 +601,9 @@ static int bslz4_chunk_ok(const uint8_t *src, size_t len, size_t raw_bytes, size
   }
   return len - pos == (n % REC_BSHUF_MULT) * es;
 }
+
+static int store_passthrough(beam_stage_t *self, rec_t *s, const beam_frame_t *in, const void *chunk,
+                             size_t len, uint32_t flags);
 
 /* Pass-through (see the top of the file). Returns 1 when the frame was
  * stored (or its store failed: < 0), 0 to have it decoded and given to
@@ -621,14 +636,31 @@ static int rec_process_encoded(beam_stage_t *self, beam_frame_t *in, beam_emit_t
     flags = in->flags;
     int fits = in->codec == BEAM_CODEC_BSLZ4 && !(in->flags & BEAM_FLAG_CORRUPT) &&
                in->nbytes == s->frame_bytes && same_geometry(s, in) && len <= s->enc_cap;
+    /* keep_encoded is 0 only when this stage is the graph's one root and
+     * no decode pool runs: no one else will ever ask for these pixels, so
+     * the loan may last the check and the write, and the copy is saved. */
+    int sole = !in->keep_encoded;
+    if (fits && sole) {
+      int rc = bslz4_chunk_ok(in->data, len, s->frame_bytes, s->elem, s->scratch, s->check)
+                   ? store_passthrough(self, s, in, in->data, len, flags)
+                   : 0;
+      beam_frame_encoded_return(in);
+      return rc;
+    }
     if (fits)
       memcpy(s->enc, in->data, len);
     beam_frame_encoded_return(in);
     if (!fits)
       return 0;
+    if (!bslz4_chunk_ok(chunk, len, s->frame_bytes, s->elem, s->scratch, s->check))
+      return 0;
   }
-  if (!decoded_ok && !bslz4_chunk_ok(chunk, len, s->frame_bytes, s->elem, s->scratch, s->check_decode))
-    return 0;
+  return store_passthrough(self, s, in, chunk, len, flags);
+}
+
+/* Stores a checked pass-through chunk: 1, or < 0 when the store failed. */
+static int store_passthrough(beam_stage_t *self, rec_t *s, const beam_frame_t *in, const void *chunk,
+                             size_t len, uint32_t flags) {
   add_row(s, in, flags);
   int rc = store_chunk(self, s, 1, chunk, len, 0, &self->diag);
   if (rc < 0)

@@ -604,6 +604,11 @@ static void test_passthrough_fallbacks(void **state) {
   static const int spoil[6] = {SPOIL_NONE, SPOIL_SIZE, SPOIL_NONE, SPOIL_BODY, SPOIL_TRAIL, SPOIL_NONE};
   fb_case_t bad = {NULL, NULL, "bad_", BEAM_CODEC_BSLZ4, 0, spoil};
   assert_int_equal(run_case(&bad, 6, 1, 1), 3);
+  /* check: decode decompresses where full (the default) walks: the same verdicts. */
+  g_check = "decode";
+  fb_case_t dec = {NULL, NULL, "dec_", BEAM_CODEC_BSLZ4, 0, spoil};
+  assert_int_equal(run_case(&dec, 6, 1, 1), 3);
+  g_check = NULL;
 }
 
 /* check: framing takes the LZ4 streams on trust: the broken body is stored
