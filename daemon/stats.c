@@ -94,6 +94,7 @@ static json_t *stages_json(beam_graph_t *g) {
     json_object_set_new(o, "queue_cap", json_integer(s.queue_cap));
     json_object_set_new(o, "busy_s", json_real(s.busy_s));
     json_object_set_new(o, "runs_on", s.runs_on ? json_string(s.runs_on) : json_null());
+    json_object_set_new(o, "fused", json_integer((json_int_t)s.fused));
     json_object_set_new(o, "latency", latency(s.latency));
     for (unsigned k = 0; k < s.ncounters; k++) /* stage-specific, e.g. record's passthrough */
       json_object_set_new(o, s.counter_names[k], json_integer((json_int_t)s.counters[k]));

@@ -51,7 +51,12 @@ enum { IT_START, IT_FRAME, IT_END, IT_QUIT };
  * beam_graph_params_t.inline_max_bytes): it then reads them from the
  * cache of the core that wrote them, and no thread is woken per frame.
  * Frames read from memory whichever core reads them gain more from the
- * two stages running side by side. bench/run.py throughput prints both. */
+ * two stages running side by side. bench/run.py throughput prints both.
+ * Except where the two fuse (stage.h map / reduce_mapped: the upstream's
+ * output is then made a tile at a time for the consumer and never written
+ * whole), which works at any size: auto then takes the upstream's thread
+ * whatever the cache, and gives it back at once if the consumer's start
+ * did not offer fusion for the series. */
 enum { THREAD_AUTO, THREAD_OWN, THREAD_UPSTREAM };
 
 /* Shared by the END items of one series: the last stage to finish it
@@ -141,6 +146,7 @@ struct node_s {
   uint64_t last_fid;     /* its frame_id: end results carry it */
   void *dec_scratch;     /* stages reading "frames": lazy decode (beam_frame_decode) */
   atomic_uint_fast64_t frames_in, frames_out, results, rejected, errors, nseries, busy_ns;
+  atomic_uint_fast64_t fused; /* frames whose output went to inl by tile fusion */
   beam_hist_t lat;
 };
 
@@ -457,13 +463,7 @@ static void wait_quiet(node_t *nd) {
 /* At a series start (on the upstream's thread): whether consumer c runs on
  * this thread for the series. upstream: always; auto: when the frame it
  * reads stays in cache (beam_cache_resident, or the graph's inline_max). */
-static void thread_for(node_t *nd, node_t *c, int out) {
-  if (!c->may_inline)
-    return;
-  int want = c->thread_mode == THREAD_UPSTREAM;
-  if (c->thread_mode == THREAD_AUTO && nd->series_ok && out >= 0)
-    want = nd->g->inline_max ? out_bytes(&nd->stage.outs[out]) <= nd->g->inline_max
-                             : beam_cache_resident(out_bytes(&nd->stage.outs[out]));
+static void set_on_upstream(node_t *c, int want) {
   if (want == c->on_upstream)
     return;
   pthread_mutex_lock(&c->q.mu);
@@ -473,11 +473,29 @@ static void thread_for(node_t *nd, node_t *c, int out) {
   pthread_mutex_unlock(&c->q.mu);
 }
 
+/* Returns 1 when the choice rests on tile fusion alone (the frame would
+ * not stay in cache): forward takes it back if c's start then declines. */
+static int thread_for(node_t *nd, node_t *c, int out) {
+  if (!c->may_inline)
+    return 0;
+  int want = c->thread_mode == THREAD_UPSTREAM, for_fusion = 0;
+  if (c->thread_mode == THREAD_AUTO && nd->series_ok && out >= 0) {
+    want = nd->g->inline_max ? out_bytes(&nd->stage.outs[out]) <= nd->g->inline_max
+                             : beam_cache_resident(out_bytes(&nd->stage.outs[out]));
+    /* Fused, the output is never written whatever its size. */
+    if (!want && out == 0 && nd->stage.map && !nd->publish)
+      want = for_fusion = 1;
+  }
+  set_on_upstream(c, want);
+  return for_fusion;
+}
+
 static void forward(node_t *nd, const item_t *it) {
   for (unsigned c = 0; c < nd->ncons; c++) {
     item_t copy = *it;
+    int for_fusion = 0;
     if (it->kind == IT_START) {
-      thread_for(nd, nd->cons[c].node, nd->cons[c].resolved);
+      for_fusion = thread_for(nd, nd->cons[c].node, nd->cons[c].resolved);
       beam_series_ref(copy.series);
       int o = nd->cons[c].resolved;
       if (nd->series_ok && o >= 0) {
@@ -491,6 +509,9 @@ static void forward(node_t *nd, const item_t *it) {
     }
     atomic_fetch_add(&nd->g->inflight, 1);
     deliver(nd, nd->cons[c].node, &copy, 0);
+    /* Its start just ran here: without fusion, its own thread again. */
+    if (for_fusion && !nd->cons[c].node->stage.reduce_mapped)
+      set_on_upstream(nd->cons[c].node, 0);
   }
 }
 
@@ -599,6 +620,89 @@ static void on_start(node_t *nd, item_t *it) {
   resolve_consumers(nd);
 }
 
+/* ---- tile fusion (stage.h map / reduce_mapped) ---------------------------- */
+
+/* nd's consumer that takes frame f by tile fusion, or NULL: it runs on
+ * nd's thread this series and is the only reader of nd's output, which is
+ * not published (so nothing else needs the output frame). */
+static node_t *fused_consumer(const node_t *nd, const beam_frame_t *f) {
+  node_t *c = nd->inl;
+  if (!c || !c->on_upstream || !nd->stage.map || !c->stage.reduce_mapped || nd->publish ||
+      (f->flags & BEAM_FLAG_CORRUPT) || !nd->series_ok || nd->stage.nouts < 1 ||
+      nd->outs[0].ncons != 1 || nd->outs[0].cons[0] != c || !c->series_ok ||
+      c->series->series_id != f->series_id)
+    return NULL;
+  for (unsigned o = 1; o < nd->stage.nouts; o++)
+    if (nd->outs[o].ncons)
+      return NULL;
+  return c;
+}
+
+typedef struct fuse_ctx_s {
+  node_t *nd;
+  const beam_frame_t *in;
+  uint64_t ns; /* time in nd's map: nd's own, not the consumer's */
+  int rc;      /* nd's first error */
+} fuse_ctx_t;
+
+static int fuse_produce(void *ctx, size_t off, size_t n, void *out) {
+  fuse_ctx_t *fc = ctx;
+  uint64_t t0 = beam_now_ns();
+  int rc = fc->nd->stage.map(&fc->nd->stage, fc->in, off, n, out);
+  fc->ns += beam_now_ns() - t0;
+  if (rc < 0 && fc->rc == 0)
+    fc->rc = rc;
+  return rc;
+}
+
+/* In place of nd's process and then c's, as deliver and on_frame would
+ * run them: c sees the frame nd would have emitted (identity, geometry)
+ * without its pixels, which nd's map makes tile by tile as c asks. Counted
+ * as both would have been; returns nd's error, if any (c then emitted
+ * nothing). */
+static int run_fused(node_t *nd, node_t *c, const beam_frame_t *f) {
+  const beam_outdesc_t *od = &nd->stage.outs[0];
+  beam_frame_t view;
+  memset(&view, 0, sizeof view);
+  beam_frame_copy_ident(&view, f);
+  view.flags &= ~(uint32_t)BEAM_FLAG_META;
+  view.dtype = od->dtype;
+  view.ndim = od->ndim;
+  memcpy(view.shape, od->shape, sizeof view.shape);
+  view.nbytes = out_bytes(od);
+  pthread_mutex_lock(&c->q.mu); /* as deliver: the watermark reads it */
+  c->cur_idx = f->ingest_idx;
+  pthread_mutex_unlock(&c->q.mu);
+  fuse_ctx_t fc = {nd, f, 0, 0};
+  emit_ctx_t ec = {c, &view};
+  beam_emit_t e = {&ec, emit_get, emit_put, emit_drop};
+  beam_diag_clear(&c->stage.diag);
+  uint64_t t0 = beam_now_ns(), n0 = c->nested_ns;
+  int rc = c->stage.reduce_mapped(&c->stage, &view, fuse_produce, &fc, &e);
+  uint64_t dt = beam_now_ns() - t0;
+  nd->nested_ns += dt - fc.ns;
+  c->last_idx = f->ingest_idx;
+  c->last_fid = f->frame_id;
+  pthread_mutex_lock(&c->q.mu);
+  c->cur_idx = UINT64_MAX;
+  pthread_mutex_unlock(&c->q.mu);
+  if (fc.rc < 0)
+    return fc.rc; /* nd rejects the frame: c never saw it */
+  atomic_fetch_add(&nd->results, 1);
+  atomic_fetch_add(&nd->fused, 1);
+  atomic_fetch_add(&c->frames_in, 1);
+  uint64_t cdt = dt - fc.ns - (c->nested_ns - n0);
+  atomic_fetch_add(&c->busy_ns, cdt);
+  beam_hist_add(&c->lat, cdt);
+  if (rc < 0) {
+    atomic_fetch_add(&c->errors, 1);
+    report(c, f->series_id, f->frame_id, c->stage.diag.msg[0] ? c->stage.diag.msg : beam_strerror(rc));
+  } else {
+    atomic_fetch_add(&c->frames_out, 1);
+  }
+  return 0;
+}
+
 static void on_frame(node_t *nd, beam_frame_t *f) {
   atomic_fetch_add(&nd->frames_in, 1);
   if (!nd->series_ok || f->series_id != nd->series->series_id) {
@@ -627,8 +731,10 @@ static void on_frame(node_t *nd, beam_frame_t *f) {
    * (keep_encoded): the stage may still store those as they are. */
   if (rc == 0 && enc && atomic_load(&f->dec_state) == BEAM_DEC_DONE && f->enc_data)
     rc = nd->stage.process_encoded(&nd->stage, f, &e);
-  if (rc == 0)
-    rc = nd->stage.ops->process(&nd->stage, f, &e);
+  if (rc == 0) {
+    node_t *c = fused_consumer(nd, f);
+    rc = c ? run_fused(nd, c, f) : nd->stage.ops->process(&nd->stage, f, &e);
+  }
   uint64_t dt = beam_now_ns() - t0 - (nd->nested_ns - n0);
   atomic_fetch_add(&nd->busy_ns, dt);
   beam_hist_add(&nd->lat, dt);
@@ -1210,6 +1316,7 @@ void beam_graph_stage_stats(const beam_graph_t *g, size_t i, beam_stage_stats_t 
   s->busy_s = (double)atomic_load(&nd->busy_ns) * 1e-9;
   pthread_mutex_lock(&nd->q.mu); /* written under it by the upstream's thread */
   s->runs_on = nd->on_upstream ? g->nodes[nd->upstream].stage.name : NULL;
+  s->fused = atomic_load(&nd->fused);
   pthread_mutex_unlock(&nd->q.mu);
   s->latency = &nd->lat;
   s->ncounters = nd->stage.ncounters;

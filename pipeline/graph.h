@@ -137,6 +137,9 @@ typedef struct beam_stage_stats_s {
   /* The stage whose thread runs this one in the current series (thread:
    * upstream or auto), or NULL: its own. */
   const char *runs_on;
+  /* Frames whose output this stage never wrote: its consumer took them
+   * by tile fusion, range by range (stage.h map / reduce_mapped). */
+  uint64_t fused;
   const beam_hist_t *latency; /* process time per frame */
   unsigned ncounters;         /* the stage's own counters (beam_stage_t.counters) */
   const char *counter_names[BEAM_STAGE_MAX_COUNTERS];

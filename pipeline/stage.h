@@ -51,6 +51,10 @@ using std::atomic_uint_fast64_t;
 
 typedef struct beam_stage_s beam_stage_t;
 typedef struct beam_emit_s beam_emit_t;
+/* Tile fusion (beam_stage_s.reduce_mapped): fills out with elements
+ * [off, off + n) of the upstream's output for the frame; < 0 on error (the
+ * upstream's: the reduction then emits nothing and returns it). */
+typedef int (*beam_produce_fn)(void *ctx, size_t off, size_t n, void *out);
 
 /* What a stage receives: the series' frame geometry, or the upstream
  * stage's output geometry. */
@@ -115,6 +119,23 @@ struct beam_stage_s {
    * process; take its encoded bytes only through beam_frame_encoded_lend,
    * since other stages may decode it at the same time. */
   int (*process_encoded)(beam_stage_t *self, beam_frame_t *in, beam_emit_t *emit);
+  /* Tile fusion, both optional. A pointwise stage, whose process emits for
+   * each frame (not CORRUPT) exactly one output-0 frame with the input's
+   * element count, element i a function of input element i alone, sets
+   * `map` in init: it writes elements [off, off + n) of that output for
+   * `in` into out (n elements of output 0's dtype), or returns < 0 where
+   * process would reject the frame. A light reduction that can sum its
+   * input piece by piece sets `reduce_mapped` in start (or clears it) for
+   * the series: instead of the frame's pixels (in->data is NULL; identity,
+   * dtype and shape are the upstream output's) it receives produce, which
+   * fills any range of them into its own buffer, and emits what process
+   * would, bit for bit. When such a stage runs on such an upstream's
+   * thread as its only reader (nothing published, no other consumer), the
+   * graph calls them in place of the upstream's process and its own, so
+   * the upstream's output is never written to memory (graph.c). */
+  int (*map)(beam_stage_t *self, const beam_frame_t *in, size_t off, size_t n, void *out);
+  int (*reduce_mapped)(beam_stage_t *self, const beam_frame_t *in, beam_produce_fn produce,
+                       void *ctx, beam_emit_t *emit);
   /* Stage-specific counters, named in init (static strings) and counted by
    * the stage's own thread; stats and metrics read them from any thread. */
   struct {

@@ -187,6 +187,8 @@ typedef struct cpu_s {
   beam_indesc_t in;
 } cpu_t;
 
+static int cpu_map(beam_stage_t *self, const beam_frame_t *in, size_t off, size_t n, void *out);
+
 static void cpu_destroy(beam_stage_t *self) {
   cpu_t *s = self->priv;
   if (!s)
@@ -205,6 +207,8 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
   int rc = beam_correct_conf_load(&s->conf, self->cfg, d);
   if (rc < 0)
     cpu_destroy(self);
+  else
+    self->map = cpu_map;
   return rc;
 }
 
@@ -224,6 +228,20 @@ static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam
     return rc;
   s->in = *in;
   return 0;
+}
+
+/* The tables of elements [off, off + n): the loops on them give those
+ * elements' bits exactly. */
+static beam_correct_tab_t tab_range(const beam_correct_tab_t *t, size_t off, size_t n) {
+  beam_correct_tab_t b = *t;
+  b.n = n;
+  if (b.dark)
+    b.dark += off;
+  if (b.flat)
+    b.flat += off;
+  if (b.bad)
+    b.bad += off;
+  return b;
 }
 
 /* Frames whose float32 output will not stay in the last-level cache until
@@ -259,14 +277,7 @@ static int correct_streamed(const beam_correct_tab_t *t, const beam_correct_conf
   _Alignas(64) float buf[STREAM_BLOCK];
   size_t esz = beam_dtype_size(dt);
   for (size_t off = 0; off < t->n; off += STREAM_BLOCK) {
-    beam_correct_tab_t b = *t;
-    b.n = t->n - off < STREAM_BLOCK ? t->n - off : STREAM_BLOCK;
-    if (b.dark)
-      b.dark += off;
-    if (b.flat)
-      b.flat += off;
-    if (b.bad)
-      b.bad += off;
+    beam_correct_tab_t b = tab_range(t, off, t->n - off < STREAM_BLOCK ? t->n - off : STREAM_BLOCK);
     beam_correct_cpu(&b, c, dt, (const char *)raw + off * esz, buf);
     stream_out(out + off, buf, b.n);
   }
@@ -296,6 +307,20 @@ static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *
       beam_correct_cpu(&s->tab, &s->conf, in->dtype, in->data, f->data);
   }
   beam_emit_put(emit, f);
+  return 0;
+}
+
+/* Tile fusion (stage.h): the same loop on elements [off, off + n), the
+ * tables offset to match, so the bits are process's own. */
+static int cpu_map(beam_stage_t *self, const beam_frame_t *in, size_t off, size_t n, void *out) {
+  cpu_t *s = self->priv;
+  int rc = beam__frame_matches(self, in, s->in.dtype, s->in.ndim, s->in.shape);
+  if (rc < 0)
+    return rc;
+  if (off > s->tab.n || n > s->tab.n - off)
+    return BEAM_DIAG(&self->diag, BEAM_EINVAL, "correct: range %zu+%zu outside the frame", off, n);
+  beam_correct_tab_t b = tab_range(&s->tab, off, n);
+  beam_correct_cpu(&b, &s->conf, in->dtype, (const char *)in->data + off * beam_dtype_size(in->dtype), out);
   return 0;
 }
 

@@ -139,6 +139,10 @@ double beam_roi_weight(const beam_roi_sum_conf_t *c, size_t r, uint32_t h, uint3
  *     (n - 1) 2^-53 S of the exact sum (recursive-summation bound), so
  *     |fast - ref| <= 2 n 2^-53 S; in practice far less. */
 void beam_roi_sum_runs(beam_roi_runs_t *r, beam_dtype_t dt, const void *frame, double *sums);
+/* The same sums of a float32 frame that is never whole in memory: produce
+ * fills each range of it that the runs read (tile fusion, stage.h), and
+ * the sums equal beam_roi_sum_runs's bit for bit. < 0: produce's error. */
+int beam_roi_sum_runs_mapped(beam_roi_runs_t *r, beam_produce_fn produce, void *ctx, double *sums);
 void beam_roi_sum_lists(const beam_roi_lists_t *l, beam_dtype_t dt, const void *frame, double *sums);
 void beam_roi_sum_cpu(beam_roi_host_t *h, beam_dtype_t dt, const void *frame, double *sums);
 void beam_roi_sum_ref(const beam_roi_sum_conf_t *c, beam_dtype_t dt, uint32_t h, uint32_t w,

@@ -64,6 +64,14 @@ RUN_INT(int16_t, int64_t, int32_t, (size_t)1 << 16)  /* -2^31 <= sum < 2^31 */
 RUN_INT(int32_t, int64_t, int64_t, SIZE_MAX)
 
 #define LANES 16 /* the pairwise combination below assumes 16 */
+static inline double lanes_sum(double *a) {
+  for (int j = 0; j < 8; j++)
+    a[j] += a[j + 8];
+  for (int j = 0; j < 4; j++)
+    a[j] += a[j + 4];
+  return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
 #define RUN_DBL(T)                                                             \
   static inline double run_##T(const T *restrict p, size_t n) {                \
     if (n < LANES) {                                                           \
@@ -77,11 +85,7 @@ RUN_INT(int32_t, int64_t, int64_t, SIZE_MAX)
     for (; i + LANES <= n; i += LANES)                                         \
       for (int j = 0; j < LANES; j++)                                          \
         a[j] += (double)p[i + j];                                              \
-    for (int j = 0; j < 8; j++)                                                \
-      a[j] += a[j + 8];                                                        \
-    for (int j = 0; j < 4; j++)                                                \
-      a[j] += a[j + 4];                                                        \
-    double s = (a[0] + a[2]) + (a[1] + a[3]);                                  \
+    double s = lanes_sum(a);                                                   \
     for (; i < n; i++)                                                         \
       s += (double)p[i];                                                       \
     return s;                                                                  \
@@ -173,6 +177,72 @@ void beam_roi_sum_runs(beam_roi_runs_t *r, beam_dtype_t dt, const void *frame, d
     ROI_DTYPES(RUNS_CASE)
   default: BEAM_ASSERT(!"roi_sum: dtype not accepted at start");
   }
+}
+
+/* Tile fusion (stage.h reduce_mapped), float32 input: the runs in order,
+ * grouped so that each group's pixels fit one tile, which produce fills
+ * (only pixels some ROI covers, and gaps inside a group, are ever made);
+ * a run longer than a tile is made piece by piece with its lanes carried
+ * across pieces of whole lanes. Each run is thus summed by run_float's own
+ * operations in run_float's order, into the same accumulators in the same
+ * order: the sums are beam_roi_sum_runs's, bit for bit. */
+#define ROI_TILE 8192 /* float32 elements (32 KiB, stays in L1/L2); a multiple of LANES */
+
+static int run_float_long(beam_produce_fn produce, void *ctx, size_t start, size_t len, float *tile,
+                          double *out) {
+  double a[LANES] = {0};
+  size_t body = len - len % LANES, done = 0;
+  while (done < body) {
+    size_t m = body - done < ROI_TILE ? body - done : ROI_TILE;
+    int rc = produce(ctx, start + done, m, tile);
+    if (rc < 0)
+      return rc;
+    for (size_t i = 0; i < m; i += LANES)
+      for (int j = 0; j < LANES; j++)
+        a[j] += (double)tile[i + j];
+    done += m;
+  }
+  double s = lanes_sum(a);
+  if (len > body) {
+    int rc = produce(ctx, start + body, len - body, tile);
+    if (rc < 0)
+      return rc;
+    for (size_t i = 0; i < len - body; i++)
+      s += (double)tile[i];
+  }
+  *out = s;
+  return 0;
+}
+
+ROI_CLONES
+int beam_roi_sum_runs_mapped(beam_roi_runs_t *r, beam_produce_fn produce, void *ctx, double *sums) {
+  float tile[ROI_TILE];
+  double *acc = r->acc;
+  for (size_t k = 0; k < r->nroi; k++)
+    acc[k] = 0;
+  for (size_t k = 0; k < r->n;) {
+    const beam_roi_run_t *u = &r->run[k];
+    size_t off = u->start, end = off + u->len, j = k + 1;
+    int rc;
+    if (u->len > ROI_TILE) {
+      double v;
+      if ((rc = run_float_long(produce, ctx, off, u->len, tile, &v)) < 0)
+        return rc;
+      acc[u->roi] += v;
+      k++;
+      continue;
+    }
+    for (; j < r->n && (size_t)r->run[j].start + r->run[j].len - off <= ROI_TILE; j++)
+      if ((size_t)r->run[j].start + r->run[j].len > end)
+        end = (size_t)r->run[j].start + r->run[j].len;
+    if ((rc = produce(ctx, off, end - off, tile)) < 0)
+      return rc;
+    for (; k < j; k++)
+      acc[r->run[k].roi] += run_float(tile + (r->run[k].start - off), r->run[k].len);
+  }
+  for (size_t k = 0; k < r->nroi; k++)
+    sums[k] = acc[k];
+  return 0;
 }
 
 /* Unit weights: ACC is an integer type (exact) or double (4 lanes). */
@@ -281,9 +351,17 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
   return rc;
 }
 
+static int cpu_reduce_mapped(beam_stage_t *self, const beam_frame_t *in, beam_produce_fn produce,
+                             void *ctx, beam_emit_t *emit);
+
 static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in,
                      beam_diag_t *d) {
-  return beam_roi_host_start(self, self->priv, in, 1, d);
+  beam_roi_host_t *h = self->priv;
+  int rc = beam_roi_host_start(self, h, in, 1, d);
+  /* Pieces add in the runs' order only on the runs path (float32 is what
+   * a pointwise upstream such as correct makes). */
+  self->reduce_mapped = rc == 0 && h->runs.run && in->dtype == BEAM_DT_F32 ? cpu_reduce_mapped : NULL;
+  return rc;
 }
 
 static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *emit) {
@@ -297,6 +375,24 @@ static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *
   if (!f)
     return 0;
   beam_roi_sum_cpu(h, in->dtype, in->data, f->data);
+  beam_roi_host_record(h, in->frame_id, f->data);
+  beam_emit_put(emit, f);
+  return beam_roi_host_image(h, emit, 0);
+}
+
+static int cpu_reduce_mapped(beam_stage_t *self, const beam_frame_t *in, beam_produce_fn produce,
+                             void *ctx, beam_emit_t *emit) {
+  beam_roi_host_t *h = self->priv;
+  int rc = beam__frame_matches(self, in, h->in.dtype, h->in.ndim, h->in.shape);
+  if (rc < 0)
+    return rc;
+  beam_frame_t *f = beam_emit_get(emit, 0);
+  if (!f)
+    return 0;
+  if ((rc = beam_roi_sum_runs_mapped(&h->runs, produce, ctx, f->data)) < 0) {
+    beam_emit_drop(emit, f);
+    return rc;
+  }
   beam_roi_host_record(h, in->frame_id, f->data);
   beam_emit_put(emit, f);
   return beam_roi_host_image(h, emit, 0);

@@ -128,3 +128,47 @@ def test_simulator_counter_roi_sums_match_numpy(tmp_path, ports, zctx, start_bea
     idx = np.arange(h * w, dtype=np.int64).reshape(h, w)
     frames = {f: ((f + idx) & 0xFFFF).astype(np.uint16) for f in ids}
     _check_results(rx, 5, frames, dark, None, mask, h, w)
+
+
+def test_correct_fused_into_roi_sum(tmp_path, ports, zctx, start_beamd, receivers):
+    """correct unpublished -> roi_sum on its thread (auto): the two fuse
+    (correct makes only the tiles roi_sum reads, stats `fused`), and the
+    sums are the numpy ones exactly, as on roi_sum's own thread (no fusion)
+    in a second daemon. 300 x 400 is larger than one tile; a CORRUPT frame
+    goes the ordinary way (NaN sums)."""
+    h, w, n = 300, 400, 12
+    rng = np.random.default_rng(11)
+    stages, dark, flat, mask = _stages(tmp_path, h, w, rng)
+    stages[0]["publish"] = False
+    frames = {fid: rng.integers(0, 60000, size=(h, w)).astype(np.uint16) for fid in range(n)}
+    masks = roi_masks(ROIS, h, w)
+    for mode, fused in (("auto", n), ("own", 0)):
+        stages[1]["thread"] = mode
+        cfg = make_config(ports, stages, mode="pull")
+        b = start_beamd(cfg)
+        rx = Receiver(zctx, ports.ep_publish)
+        receivers.append(rx)
+        rx.wait_live()
+        tx = Sender(zctx, ports.ep_input, zmq.PUSH)
+        sid = 40 + fused
+        tx.start(sid, (h, w), np.uint16)
+        for fid in range(n):
+            tx.frame(sid, fid, frames[fid], codec=("raw", "bslz4")[fid % 2])
+        tx.frame(sid, n, None, flags=proto.FLAG_CORRUPT, shape=(h, w), dtype=np.uint16)
+        tx.end(sid)
+        rx.wait_series_end(sid, timeout=15)
+        rx.wait_for(lambda ms: sum(1 for m in ms if m[0] == "vd.sums") >= n + 1, timeout=5,
+                    what="%d vd.sums" % (n + 1))
+        got = {m[1].frame_id: m[2] for m in rx.snapshot("vd.sums")}
+        assert not rx.snapshot("corr.frame")
+        for fid in range(n):
+            c = correct_ref(frames[fid], dark, flat, mask).astype(np.float64)
+            ref = np.array([c[m].sum() for m in masks])
+            assert np.array_equal(got[fid], ref), (mode, fid, got[fid].tolist(), ref.tolist())
+        assert np.isnan(got[n]).all()
+        st = b.stats()
+        assert stage(st, "corr")["fused"] == fused, stage(st, "corr")
+        assert stage(st, "vd")["frames_in"] == n + 1 and stage(st, "vd")["errors"] == 0
+        assert stage(st, "vd")["runs_on"] == ("corr" if mode == "auto" else None)
+        tx.close()
+        b.kill()

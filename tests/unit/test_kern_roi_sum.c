@@ -352,6 +352,92 @@ static void test_fast_disjoint(void **state) { check_vs_ref(disjoint_cfg, 67, 80
 static void test_fast_overlap(void **state) { check_vs_ref(overlap_cfg, 67, 80, LAYOUT_RUNS); }
 static void test_fast_thin_rings(void **state) { check_vs_ref(thin_rings_cfg, 67, 80, LAYOUT_LISTS); }
 
+/* Tile fusion: produce hands out ranges of a frame held whole here, and
+ * counts what it was asked for. */
+typedef struct mapsrc_s {
+  const float *px;
+  size_t n, made, calls;
+  int fail_at; /* call number that fails (0: none) */
+} mapsrc_t;
+
+static int map_from(void *ctx, size_t off, size_t n, void *out) {
+  mapsrc_t *m = ctx;
+  assert_true(n > 0 && off < m->n && n <= m->n - off);
+  if (++m->calls == (size_t)m->fail_at)
+    return BEAM_EIO;
+  memcpy(out, m->px + off, n * sizeof(float));
+  m->made += n;
+  return 0;
+}
+
+/* The sums made tile by tile equal the sums over the whole frame bit for
+ * bit, on frames large enough for many tiles and for runs longer than a
+ * tile (overlap_cfg's "all", the top rows of disjoint_cfg), and only the
+ * pixels some ROI covers (and gaps inside a tile) are ever made. */
+static void check_mapped(beam_cnode_t *(*mkcfg)(void), uint32_t hh, uint32_t ww) {
+  uint32_t shp[2] = {hh, ww};
+  bh_t *h = make(mkcfg(), 0, NULL);
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(h, BEAM_DT_F32, 2, shp, &d), 0);
+  beam_roi_host_t *host = h->st.priv;
+  assert_non_null(host->runs.run);
+  assert_non_null(h->st.reduce_mapped);
+  size_t nroi = host->conf.nroi;
+  double *whole = malloc(nroi * sizeof *whole), *tiled = malloc(nroi * sizeof *tiled);
+  for (uint64_t fr = 0; fr < 3; fr++) {
+    beam_frame_t *in = bh_frame_new(BEAM_DT_F32, 2, shp, fr);
+    fill_any(in, 77 * fr + 5);
+    beam_roi_sum_runs(&host->runs, BEAM_DT_F32, in->data, whole);
+    mapsrc_t m = {in->data, (size_t)hh * ww, 0, 0, 0};
+    assert_int_equal(beam_roi_sum_runs_mapped(&host->runs, map_from, &m, tiled), 0);
+    assert_memory_equal(whole, tiled, nroi * sizeof *whole);
+    if (!(m.calls > ((size_t)hh * ww > 100000 ? 3u : 0u))) /* several tiles on the big frames */
+      fail_msg("%ux%u: %zu calls, %zu made", hh, ww, m.calls, m.made);
+    m.fail_at = (int)m.calls; /* the last piece fails: the error comes out */
+    m.calls = 0;
+    assert_int_equal(beam_roi_sum_runs_mapped(&host->runs, map_from, &m, tiled), BEAM_EIO);
+    bh_frame_free(in);
+  }
+  free(whole);
+  free(tiled);
+  bh_free(&h);
+}
+
+static void test_mapped_bitwise(void **state) {
+  (void)state;
+  check_mapped(disjoint_cfg, 67, 80);
+  check_mapped(overlap_cfg, 67, 80);
+  check_mapped(disjoint_cfg, 330, 411);
+  check_mapped(overlap_cfg, 330, 411);
+  /* Only the covered part of the frame is made: a small disk in a big frame. */
+  beam_cnode_t *cfg = bh_stage_cfg("roi_sum"), *rois = bh_seq();
+  add_round(rois, "bf", "disk", "radius", "20", NULL);
+  bh_put(cfg, "rois", rois);
+  bh_t *h = make(cfg, 0, NULL);
+  beam_diag_t d = {0};
+  uint32_t shp[2] = {500, 500};
+  assert_int_equal(bh_start(h, BEAM_DT_F32, 2, shp, &d), 0);
+  beam_frame_t *in = bh_frame_new(BEAM_DT_F32, 2, shp, 0);
+  fill_any(in, 9);
+  mapsrc_t m = {in->data, 250000, 0, 0, 0};
+  double a, b;
+  beam_roi_sum_runs(&((beam_roi_host_t *)h->st.priv)->runs, BEAM_DT_F32, in->data, &a);
+  assert_int_equal(beam_roi_sum_runs_mapped(&((beam_roi_host_t *)h->st.priv)->runs, map_from, &m, &b), 0);
+  assert_memory_equal(&a, &b, sizeof a);
+  assert_true(m.made < 41 * 500); /* the disk's rows, not the frame */
+  bh_frame_free(in);
+  /* Not offered where the pieces would not add in the runs' order: other
+   * dtypes, index lists. */
+  assert_int_equal(bh_start(h, BEAM_DT_U16, 2, shp, &d), 0);
+  assert_null(h->st.reduce_mapped);
+  bh_free(&h);
+  h = make(thin_rings_cfg(), 0, NULL);
+  uint32_t small[2] = {67, 80};
+  assert_int_equal(bh_start(h, BEAM_DT_F32, 2, small, &d), 0);
+  assert_null(h->st.reduce_mapped);
+  bh_free(&h);
+}
+
 static char label_file[256];
 static beam_cnode_t *file_cfg(void) {
   beam_cnode_t *cfg = bh_stage_cfg("roi_sum"), *mk = bh_map();
@@ -646,7 +732,8 @@ int main(void) {
       cmocka_unit_test(test_random_f32),    cmocka_unit_test(test_labels),
       cmocka_unit_test(test_weights),       cmocka_unit_test(test_scan_image),
       cmocka_unit_test(test_config_errors), cmocka_unit_test(test_start_errors),
-      cmocka_unit_test(test_fast_disjoint), cmocka_unit_test(test_fast_overlap),
+      cmocka_unit_test(test_fast_disjoint),
+      cmocka_unit_test(test_mapped_bitwise), cmocka_unit_test(test_fast_overlap),
       cmocka_unit_test(test_fast_thin_rings), cmocka_unit_test(test_fast_labels),
       cmocka_unit_test(test_fast_weights),  cmocka_unit_test(test_exact_large),
   };
