@@ -32,7 +32,7 @@ typedef struct tag_s {
 static tag_t g_tag_cfg[8];
 static int g_tag_next;
 
-static const beam_stage_ops_t ltag_ops;
+static const beam_stage_ops_t ltag_ops, rtag_ops;
 
 static int tag_init(beam_stage_t *self, beam_diag_t *d) {
   tag_t *t = calloc(1, sizeof *t);
@@ -40,7 +40,7 @@ static int tag_init(beam_stage_t *self, beam_diag_t *d) {
     return BEAM_DIAG(d, BEAM_ENOMEM, "oom");
   *t = g_tag_cfg[g_tag_next++];
   self->priv = t;
-  self->light = self->ops == &ltag_ops;
+  self->light = self->ops == &ltag_ops || self->ops == &rtag_ops;
   return 0;
 }
 
@@ -127,6 +127,96 @@ static const beam_stage_ops_t ltag_ops = {
     .init = tag_init, .start = tag_start, .process = tag_process, .end = tag_end, .destroy = tag_destroy,
 };
 static const beam_stage_kind_t ltag_kind = {"ltag", "light test stage", NULL, &ltag_ops, NULL, NULL};
+
+/* Tile fusion (stage.h map / reduce_mapped): mtag is tag with one output
+ * and a map (out = in + add, any range; fails on frame ids of 7 mod 10
+ * when g_map_fail is set); rtag is the light tag whose reduce_mapped
+ * builds its output through produce in pieces of 3 elements, then adds its
+ * own add, as its process would. */
+static int g_map_fail, g_reduce_calls;
+
+static int mtag_start(beam_stage_t *self, const beam_series_t *s, const beam_indesc_t *in,
+                      beam_diag_t *d) {
+  int rc = tag_start(self, s, in, d);
+  self->nouts = 1;
+  return rc;
+}
+
+static int mtag_map(beam_stage_t *self, const beam_frame_t *in, size_t off, size_t n, void *out) {
+  tag_t *t = self->priv;
+  if (g_map_fail && in->frame_id % 10 == 7)
+    return BEAM_DIAG(&self->diag, BEAM_EIO, "map fails on purpose");
+  const uint32_t *src = in->data;
+  for (size_t i = 0; i < n; i++)
+    ((uint32_t *)out)[i] = src[off + i] + t->add;
+  return 0;
+}
+
+static int mtag_init(beam_stage_t *self, beam_diag_t *d) {
+  int rc = tag_init(self, d);
+  self->map = mtag_map;
+  return rc;
+}
+
+static int mtag_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *e) {
+  beam_frame_t *f = beam_emit_get(e, 0);
+  if (!f)
+    return BEAM_ESTATE;
+  int rc = mtag_map(self, in, 0, beam_frame_elems(in), f->data);
+  if (rc < 0) {
+    beam_emit_drop(e, f);
+    return rc;
+  }
+  beam_emit_put(e, f);
+  return 0;
+}
+
+static int mtag_end(beam_stage_t *self, beam_emit_t *e) {
+  (void)self;
+  (void)e;
+  return 0;
+}
+
+static int rtag_reduce(beam_stage_t *self, const beam_frame_t *in, beam_produce_fn produce, void *ctx,
+                       beam_emit_t *e) {
+  tag_t *t = self->priv;
+  __atomic_add_fetch(&g_reduce_calls, 1, __ATOMIC_SEQ_CST);
+  assert_null(in->data);
+  beam_frame_t *f = beam_emit_get(e, 0);
+  if (!f)
+    return BEAM_ESTATE;
+  uint32_t *dst = f->data;
+  size_t n = beam_frame_elems(in);
+  for (size_t off = 0; off < n; off += 3) {
+    int rc = produce(ctx, off, n - off < 3 ? n - off : 3, dst + off);
+    if (rc < 0) {
+      beam_emit_drop(e, f);
+      return rc;
+    }
+  }
+  for (size_t i = 0; i < n; i++)
+    dst[i] += t->add;
+  beam_emit_put(e, f);
+  return 0;
+}
+
+static int rtag_start(beam_stage_t *self, const beam_series_t *s, const beam_indesc_t *in,
+                      beam_diag_t *d) {
+  int rc = tag_start(self, s, in, d);
+  self->reduce_mapped = rtag_reduce;
+  return rc;
+}
+
+static const beam_stage_ops_t mtag_ops = {
+    .kind = "mtag", .backend = "cpu",
+    .init = mtag_init, .start = mtag_start, .process = mtag_process, .end = mtag_end, .destroy = tag_destroy,
+};
+static const beam_stage_kind_t mtag_kind = {"mtag", "pointwise test stage", NULL, &mtag_ops, NULL, NULL};
+static const beam_stage_ops_t rtag_ops = {
+    .kind = "rtag", .backend = "cpu",
+    .init = tag_init, .start = rtag_start, .process = tag_process, .end = tag_end, .destroy = tag_destroy,
+};
+static const beam_stage_kind_t rtag_kind = {"rtag", "fusable light test stage", NULL, &rtag_ops, NULL, NULL};
 
 /* ---- a fake loop: collects results and series completions ---- */
 
@@ -968,6 +1058,69 @@ static void test_graph_thread_upstream_refused(void **state) {
   sink_free(s);
 }
 
+/* a (mtag, unpublished) -> c (rtag): fused at any frame size under auto
+ * (1024 x 1024 uint32 is past inline_max: fusion alone puts c on a's
+ * thread), every value right; not fused with thread own or when a
+ * publishes; a map error is a's (counted there, c never sees the frame). */
+static void run_fusion(const char *mode, int publish, int fail, uint32_t side, int want_fused) {
+  sink_t *s = sink_new();
+  memset(g_tag_cfg, 0, sizeof g_tag_cfg);
+  g_tag_next = 0;
+  g_tag_cfg[0].add = 1;
+  g_tag_cfg[1].add = 100;
+  g_map_fail = fail;
+  g_reduce_calls = 0;
+  beam_stage_spec_t sp[] = {spec("a", "frames", publish, 4), spec("c", "a.frame", 1, 4)};
+  sp[0].kind = "mtag";
+  sp[0].kind_def = &mtag_kind;
+  sp[1].kind = "rtag";
+  sp[1].kind_def = &rtag_kind;
+  sp[1].thread = mode;
+  beam_graph_params_t gp = {.pool_frames = 6, .frame_bytes = (size_t)1024 * 1024 * 4,
+                            .inline_max_bytes = 2u << 20};
+  beam_graph_hooks_t h = hooks(s);
+  beam_graph_t *g = NULL;
+  beam_diag_t d = {0};
+  assert_int_equal(beam_graph_new(&g, sp, 2, &gp, &h, &d), 0);
+  int n = 30;
+  feed_shape(g, 1, n, side, side, 1);
+  for (int i = 0; i < 5000 && done_n(s) < 1; i++)
+    usleep(1000);
+  assert_int_equal(done_n(s), 1);
+  int got = 0;
+  for (int i = 0; i < s->n; i++) {
+    if (strcmp(s->topic[i], "c.frame"))
+      continue;
+    assert_true(!fail || s->fid[i] % 10 != 7);
+    assert_int_equal(s->v0[i], (uint32_t)s->fid[i] + 101);
+    got++;
+  }
+  int lost = fail ? 3 : 0;
+  assert_int_equal(got, n - lost);
+  beam_stage_stats_t sa, sc;
+  beam_graph_stage_stats(g, 0, &sa);
+  beam_graph_stage_stats(g, 1, &sc);
+  assert_int_equal(sa.fused, want_fused ? (uint64_t)(n - lost) : 0);
+  assert_int_equal(g_reduce_calls, want_fused ? n : 0); /* failing frames too: the map fails inside */
+  assert_int_equal(sa.errors, (uint64_t)lost);
+  assert_int_equal(sc.frames_in, (uint64_t)(n - lost));
+  assert_int_equal(sc.frames_out, (uint64_t)(n - lost));
+  assert_int_equal(sc.errors, 0);
+  assert_int_equal(beam_graph_input_free(g), 6);
+  beam_graph_destroy(&g);
+  sink_free(s);
+}
+
+static void test_graph_fusion(void **state) {
+  (void)state;
+  run_fusion(NULL, 0, 0, 4, 1);
+  run_fusion(NULL, 0, 0, 1024, 1);
+  run_fusion("upstream", 0, 1, 16, 1);
+  run_fusion("own", 0, 0, 16, 0);
+  run_fusion(NULL, 1, 0, 16, 0);
+  run_fusion(NULL, 1, 1, 16, 0);
+}
+
 static void test_cache_resident(void **state) {
   (void)state;
   size_t llc = beam_llc_bytes();
@@ -999,6 +1152,7 @@ int main(void) {
       cmocka_unit_test(test_graph_thread_modes),
       cmocka_unit_test(test_graph_thread_auto_switches),
       cmocka_unit_test(test_graph_thread_upstream_refused),
+      cmocka_unit_test(test_graph_fusion),
       cmocka_unit_test(test_cache_resident),
   };
   return beam_run_tests(tests, NULL, NULL);
