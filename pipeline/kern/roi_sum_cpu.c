@@ -364,24 +364,10 @@ static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam
   return rc;
 }
 
-static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *emit) {
-  beam_roi_host_t *h = self->priv;
-  if (in->flags & BEAM_FLAG_CORRUPT)
-    return beam_roi_host_corrupt(h, emit);
-  int rc = beam__frame_matches(self, in, h->in.dtype, h->in.ndim, h->in.shape);
-  if (rc < 0)
-    return rc;
-  beam_frame_t *f = beam_emit_get(emit, 0);
-  if (!f)
-    return 0;
-  beam_roi_sum_cpu(h, in->dtype, in->data, f->data);
-  beam_roi_host_record(h, in->frame_id, f->data);
-  beam_emit_put(emit, f);
-  return beam_roi_host_image(h, emit, 0);
-}
-
-static int cpu_reduce_mapped(beam_stage_t *self, const beam_frame_t *in, beam_produce_fn produce,
-                             void *ctx, beam_emit_t *emit) {
+/* One frame's sums, from its pixels or (produce set: tile fusion) from
+ * its upstream's map, then the scan image. */
+static int sum_frame(beam_stage_t *self, const beam_frame_t *in, beam_produce_fn produce, void *ctx,
+                     beam_emit_t *emit) {
   beam_roi_host_t *h = self->priv;
   int rc = beam__frame_matches(self, in, h->in.dtype, h->in.ndim, h->in.shape);
   if (rc < 0)
@@ -389,13 +375,26 @@ static int cpu_reduce_mapped(beam_stage_t *self, const beam_frame_t *in, beam_pr
   beam_frame_t *f = beam_emit_get(emit, 0);
   if (!f)
     return 0;
-  if ((rc = beam_roi_sum_runs_mapped(&h->runs, produce, ctx, f->data)) < 0) {
+  if (!produce)
+    beam_roi_sum_cpu(h, in->dtype, in->data, f->data);
+  else if ((rc = beam_roi_sum_runs_mapped(&h->runs, produce, ctx, f->data)) < 0) {
     beam_emit_drop(emit, f);
     return rc;
   }
   beam_roi_host_record(h, in->frame_id, f->data);
   beam_emit_put(emit, f);
   return beam_roi_host_image(h, emit, 0);
+}
+
+static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *emit) {
+  if (in->flags & BEAM_FLAG_CORRUPT)
+    return beam_roi_host_corrupt(self->priv, emit);
+  return sum_frame(self, in, NULL, NULL, emit);
+}
+
+static int cpu_reduce_mapped(beam_stage_t *self, const beam_frame_t *in, beam_produce_fn produce,
+                             void *ctx, beam_emit_t *emit) {
+  return sum_frame(self, in, produce, ctx, emit);
 }
 
 static int cpu_end(beam_stage_t *self, beam_emit_t *emit) {

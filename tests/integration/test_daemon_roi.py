@@ -43,6 +43,16 @@ def _stages(tmp_path, h, w, rng, with_flat=True, with_mask=True):
     return stages, dark, flat, mask
 
 
+def _daemon(stages, ports, zctx, start_beamd, receivers):
+    """A pull-mode beamd running stages, a subscriber to its results and a
+    PUSH sender to its input."""
+    b = start_beamd(make_config(ports, stages, mode="pull"))
+    rx = Receiver(zctx, ports.ep_publish)
+    receivers.append(rx)
+    rx.wait_live()
+    return b, rx, Sender(zctx, ports.ep_input, zmq.PUSH)
+
+
 def _check_results(rx, series_id, frames, dark, flat, mask, h, w):
     """frames: {frame_id: raw array}. Every frame has exactly one vd.sums
     and one corr.frame, both equal to the numpy reference."""
@@ -73,12 +83,7 @@ def _check_results(rx, series_id, frames, dark, flat, mask, h, w):
 def test_python_sender_roi_sums_match_numpy(tmp_path, ports, zctx, start_beamd, receivers):
     rng = np.random.default_rng(7)
     stages, dark, flat, mask = _stages(tmp_path, H, W, rng)
-    cfg = make_config(ports, stages, mode="pull")
-    b = start_beamd(cfg)
-    rx = Receiver(zctx, ports.ep_publish)
-    receivers.append(rx)
-    rx.wait_live()
-    tx = Sender(zctx, ports.ep_input, zmq.PUSH)
+    b, rx, tx = _daemon(stages, ports, zctx, start_beamd, receivers)
     sid = 11
     frames = {}
     tx.start(sid, (H, W), np.uint16)
@@ -144,12 +149,7 @@ def test_correct_fused_into_roi_sum(tmp_path, ports, zctx, start_beamd, receiver
     masks = roi_masks(ROIS, h, w)
     for mode, fused in (("auto", n), ("own", 0)):
         stages[1]["thread"] = mode
-        cfg = make_config(ports, stages, mode="pull")
-        b = start_beamd(cfg)
-        rx = Receiver(zctx, ports.ep_publish)
-        receivers.append(rx)
-        rx.wait_live()
-        tx = Sender(zctx, ports.ep_input, zmq.PUSH)
+        b, rx, tx = _daemon(stages, ports, zctx, start_beamd, receivers)
         sid = 40 + fused
         tx.start(sid, (h, w), np.uint16)
         for fid in range(n):
