@@ -172,8 +172,7 @@ int beamd_publish_open(beamd_t *d, char *err, size_t errlen) {
 static void out_send(beamd_t *d, beamd_out_t *o, omsg_t *m) {
   /* Each endpoint numbers its own messages so receivers can count gaps. */
   uint64_t seq = o->seq++;
-  for (int i = 0; i < 8; i++) /* header offset 32: seq, little-endian */
-    m->hdr[32 + i] = (uint8_t)(seq >> (8 * i));
+  beam_hdr_set_seq(m->hdr, seq);
   size_t bytes = sizeof m->hdr + (m->frame ? m->frame->nbytes : 0) + m->meta_len;
   if (!o->lossless) {
     if (omsg_send(o, m) == 0) {
@@ -306,19 +305,6 @@ static int want_desc(beamd_t *d, const beam_frame_t *f, uint64_t now) {
   return 1;
 }
 
-/* The descriptor with "missing_frames": n added (a result of a series that
- * lost frames), into buf; the descriptor itself when it does not fit. */
-static const char *desc_with_loss(const char *desc, uint64_t n, char *buf, size_t cap) {
-  size_t len = strlen(desc);
-  while (len && desc[len - 1] != '}')
-    len--;
-  if (!len)
-    return desc;
-  int k = snprintf(buf, cap, "%.*s%s\"missing_frames\":%llu}", (int)(len - 1), desc,
-                   len > 2 ? "," : "", (unsigned long long)n);
-  return k > 0 && (size_t)k < cap ? buf : desc;
-}
-
 void beamd_publish_result(beamd_t *d, beam_frame_t *f) {
   uint64_t now = beam_now_ns();
   const char *desc = beam_pool_desc(f->pool);
@@ -331,8 +317,8 @@ void beamd_publish_result(beamd_t *d, beam_frame_t *f) {
   char lossbuf[8192];
   if (lossy) {
     /* f may be shared with stages reading it: the flag goes in the header. */
-    if (desc)
-      desc = desc_with_loss(desc, d->loss_frames, lossbuf, sizeof lossbuf);
+    if (desc && beam_meta_with_missing(desc, d->loss_frames, lossbuf, sizeof lossbuf) > 0)
+      desc = lossbuf;
   }
   int with_desc = desc && (want_desc(d, f, now) || lossy);
   beam_hdr_t h = {0};
@@ -385,8 +371,7 @@ void beamd_publish_series(beamd_t *d, const beam_series_t *s, int type, int abor
   if (type == BEAM_MSG_SERIES_END && s->missing_frames) {
     h.flags |= BEAM_FLAG_INCOMPLETE;
     /* How many: the metadata part of an INCOMPLETE SERIES_END. */
-    m.meta_len = (size_t)snprintf(endmeta, sizeof endmeta, "{\"missing_frames\":%llu}",
-                                  (unsigned long long)s->missing_frames);
+    m.meta_len = (size_t)beam_meta_with_missing(NULL, s->missing_frames, endmeta, sizeof endmeta);
     m.meta = endmeta;
     h.flags |= BEAM_FLAG_META;
     h.meta_size = (uint32_t)m.meta_len;

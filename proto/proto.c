@@ -8,6 +8,7 @@
 #include "proto/proto.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "proto/err.h"
@@ -354,6 +355,23 @@ int beam_msg_parse(const beam_part_t *parts, size_t nparts,
   }
   *out = m;
   return 0;
+}
+
+int beam_meta_with_missing(const char *obj, uint64_t n, char *buf, size_t cap) {
+  size_t len = obj ? strlen(obj) : 2;
+  while (obj && len && (obj[len - 1] == ' ' || obj[len - 1] == '\n' || obj[len - 1] == '\t'))
+    len--;
+  if (obj && (len < 2 || obj[0] != '{' || obj[len - 1] != '}'))
+    return -1;
+  int empty = !obj || len == 2;
+  int k = snprintf(buf, cap, "%.*s%s\"missing_frames\":%llu}", obj ? (int)(len - 1) : 1,
+                   obj ? obj : "{", empty ? "" : ",", (unsigned long long)n);
+  return k > 0 && (size_t)k < cap ? k : -1;
+}
+
+void beam_hdr_set_seq(uint8_t *hdr, uint64_t seq) {
+  for (int i = 0; i < 8; i++) /* offset 32, little-endian (beam_hdr_encode) */
+    hdr[32 + i] = (uint8_t)(seq >> (8 * i));
 }
 
 int beam_msg_missing_frames(const beam_msg_t *msg, uint64_t *n) {

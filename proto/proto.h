@@ -210,6 +210,16 @@ void beam_bitunshuffle(const void *in, void *out, size_t n, size_t elem_size);
  * or SERIES_END's metadata {"missing_frames": N}): 1 and *n when the flag
  * is set and the count is there and readable, else 0. */
 int beam_msg_missing_frames(const beam_msg_t *msg, uint64_t *n);
+/* The other side: the metadata that says so, into buf (cap bytes, NUL
+ * terminated). obj NULL: {"missing_frames":N} alone (SERIES_END); else the
+ * JSON object obj (a result's descriptor) with the key added last. Returns
+ * the length, or -1 when it does not fit or obj is not an object (the
+ * caller then sends obj unchanged). */
+int beam_meta_with_missing(const char *obj, uint64_t n, char *buf, size_t cap);
+
+/* Sets the seq field of a header already encoded by beam_hdr_encode (an
+ * endpoint numbers the messages it sends, one encoding shared by all). */
+void beam_hdr_set_seq(uint8_t *hdr, uint64_t seq);
 
 /* Topic validity: 1..BEAM_TOPIC_MAX chars of [a-z0-9_.-]. */
 int beam_topic_valid(const char *t, size_t len);

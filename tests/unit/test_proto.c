@@ -737,6 +737,43 @@ static void test_missing_frames(void **state) {
   assert_int_equal(beam_msg_missing_frames(&m, &n), 0);
 }
 
+/* What beam_meta_with_missing writes, beam_msg_missing_frames reads back;
+ * the rest of the object is kept as it was. */
+static void test_meta_with_missing(void **state) {
+  (void)state;
+  char buf[128];
+  const char *objs[] = {NULL, "{}", "{\"stage\":\"vd\",\"shape\":[3]}", "{\"a\":1} \n"};
+  const char *want[] = {"{\"missing_frames\":9}", "{\"missing_frames\":9}",
+                        "{\"stage\":\"vd\",\"shape\":[3],\"missing_frames\":9}",
+                        "{\"a\":1,\"missing_frames\":9}"};
+  for (size_t i = 0; i < sizeof objs / sizeof *objs; i++) {
+    int k = beam_meta_with_missing(objs[i], 9, buf, sizeof buf);
+    assert_int_equal(k, (int)strlen(want[i]));
+    assert_string_equal(buf, want[i]);
+    beam_msg_t m;
+    memset(&m, 0, sizeof m);
+    m.hdr.flags = BEAM_FLAG_INCOMPLETE;
+    m.meta = buf;
+    m.meta_len = (size_t)k;
+    uint64_t n = 0;
+    assert_int_equal(beam_msg_missing_frames(&m, &n), 1);
+    assert_int_equal(n, 9);
+  }
+  assert_int_equal(beam_meta_with_missing("[1]", 9, buf, sizeof buf), -1);
+  assert_int_equal(beam_meta_with_missing("", 9, buf, sizeof buf), -1);
+  assert_int_equal(beam_meta_with_missing("{}", 9, buf, 10), -1); /* does not fit */
+  /* The sequence number set after encoding is the one decoded. */
+  beam_hdr_t h = {0}, back;
+  h.type = BEAM_MSG_SERIES_END;
+  h.series_id = 5;
+  uint8_t enc[BEAM_HDR_SIZE_V1];
+  assert_int_equal(beam_hdr_encode(&h, enc, sizeof enc), (int)BEAM_HDR_SIZE_V1);
+  beam_hdr_set_seq(enc, 0x0102030405060708ull);
+  const char *why = NULL;
+  assert_int_equal(beam_hdr_decode(enc, sizeof enc, &beam_limits_default, &back, &why), 0);
+  assert_true(back.seq == 0x0102030405060708ull && back.series_id == 5);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layout),
@@ -757,6 +794,7 @@ int main(void) {
       cmocka_unit_test(test_topics_limits),
       cmocka_unit_test(test_golden_messages),
       cmocka_unit_test(test_missing_frames),
+      cmocka_unit_test(test_meta_with_missing),
   };
   return beam_run_tests(tests, NULL, NULL);
 }
