@@ -495,3 +495,33 @@ int beam_h5_attrs_from_json(hid_t obj, const char *json, size_t len, int skip_ex
   json_decref(root);
   return n;
 }
+
+/* Writes rows row0 .. row0+k-1 of ds (extent (row0 + k, *ext)) from buf of
+ * k rows of shape; the rest of each row, where shape is smaller than ext,
+ * keeps the fill value. */
+int beam_h5_append_rows(hid_t ds, uint64_t row0, uint64_t k, hid_t memtype, const void *buf,
+                        unsigned ndim, const hsize_t *ext, const uint32_t *shape) {
+  hsize_t dims[BEAM_MAX_NDIM + 1], start[BEAM_MAX_NDIM + 1] = {0}, count[BEAM_MAX_NDIM + 1];
+  dims[0] = row0 + k;
+  start[0] = row0;
+  count[0] = k;
+  for (unsigned i = 0; i < ndim; i++) {
+    dims[i + 1] = ext[i];
+    count[i + 1] = shape[i];
+  }
+  if (H5Dset_extent(ds, dims) < 0)
+    return -1;
+  hid_t fs = H5Dget_space(ds), ms = H5Screate_simple((int)ndim + 1, count, NULL);
+  int rc = fs >= 0 && ms >= 0 &&
+                   H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0 &&
+                   H5Dwrite(ds, memtype, ms, fs, H5P_DEFAULT, buf) >= 0
+               ? 0
+               : -1;
+  /* H5Sclose would clear the error stack that says why the write failed. */
+  hid_t es = rc < 0 ? H5Eget_current_stack() : -1;
+  if (ms >= 0) H5Sclose(ms);
+  if (fs >= 0) H5Sclose(fs);
+  if (es >= 0)
+    H5Eset_current_stack(es);
+  return rc;
+}

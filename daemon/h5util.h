@@ -77,6 +77,13 @@ int beam_h5_scalar_f64(hid_t loc, const char *path, double v, const char *units)
  * walk is left for those. */
 int beam_h5_chunk_size(hid_t dset, const hsize_t *off, hsize_t *n, char *why, size_t wl);
 
+/* Writes rows row0 .. row0+k-1 of the extendible dataset ds, growing it to
+ * (row0 + k, *ext), from buf of k rows of shape (ndim 0: a 1-D dataset of
+ * scalars); where shape is smaller than ext the rest of each row keeps the
+ * fill value. -1 with HDF5's error stack kept (it says why). */
+int beam_h5_append_rows(hid_t ds, uint64_t row0, uint64_t k, hid_t memtype, const void *buf,
+                        unsigned ndim, const hsize_t *ext, const uint32_t *shape);
+
 /* Whether `path` names a link under loc. H5Lexists fails (rather than
  * answering 0) when an intermediate group is missing, so each parent is
  * tested in turn. Leaves the error stack clear. */

@@ -391,35 +391,15 @@ static int rec_start(beam_stage_t *self, const beam_series_t *series, const beam
   return 0;
 }
 
-/* Appends n values to a 1-D dataset that has `have` rows. */
-static int append_1d(hid_t ds, uint64_t have, const void *buf, size_t n, hid_t memtype) {
-  hsize_t nd = have + n, start = have, count = n;
-  if (H5Dset_extent(ds, &nd) < 0)
-    return -1;
-  hid_t fs = H5Dget_space(ds), ms = H5Screate_simple(1, &count, NULL);
-  int rc = fs >= 0 && ms >= 0 &&
-                   H5Sselect_hyperslab(fs, H5S_SELECT_SET, &start, NULL, &count, NULL) >= 0 &&
-                   H5Dwrite(ds, memtype, ms, fs, H5P_DEFAULT, buf) >= 0
-               ? 0
-               : -1;
-  /* H5Sclose would clear the error stack that says why the write failed. */
-  hid_t es = rc < 0 ? H5Eget_current_stack() : -1;
-  if (ms >= 0) H5Sclose(ms);
-  if (fs >= 0) H5Sclose(fs);
-  if (es >= 0)
-    H5Eset_current_stack(es);
-  return rc;
-}
-
 /* Writes the companions of the rows whose pixels are on disk (rows
  * [ids_written, committed)); rows of a chunk still being filled wait. */
 static int flush_ids(beam_stage_t *self, rec_t *s, beam_diag_t *d) {
   unsigned n = (unsigned)(s->committed - s->ids_written);
   if (!n)
     return 0;
-  if (append_1d(s->fid, s->ids_written, s->ids, n, H5T_NATIVE_UINT64) < 0 ||
-      append_1d(s->tacq, s->ids_written, s->tacqs, n, H5T_NATIVE_UINT64) < 0 ||
-      append_1d(s->flg, s->ids_written, s->flags, n, H5T_NATIVE_UINT32) < 0) {
+  if (beam_h5_append_rows(s->fid, s->ids_written, n, H5T_NATIVE_UINT64, s->ids, 0, NULL, NULL) < 0 ||
+      beam_h5_append_rows(s->tacq, s->ids_written, n, H5T_NATIVE_UINT64, s->tacqs, 0, NULL, NULL) < 0 ||
+      beam_h5_append_rows(s->flg, s->ids_written, n, H5T_NATIVE_UINT32, s->flags, 0, NULL, NULL) < 0) {
     /* Leave the three companions at the same length; retried next time. */
     hsize_t len = s->ids_written;
     H5Dset_extent(s->fid, &len);

@@ -441,36 +441,6 @@ static rtopic_t *topic_new(rec_ctx_t *ctx, rfile_t *f, const char *name, const b
   return t;
 }
 
-/* Writes rows row0 .. row0+k-1 of ds (extent (row0 + k, *ext)) from buf of
- * k rows of shape; the rest of each row, where shape is smaller than ext,
- * keeps the fill value. */
-static int append_rows(hid_t ds, uint64_t row0, uint64_t k, hid_t memtype, const void *buf,
-                       unsigned ndim, const hsize_t *ext, const uint32_t *shape) {
-  hsize_t dims[BEAM_MAX_NDIM + 1], start[BEAM_MAX_NDIM + 1] = {0}, count[BEAM_MAX_NDIM + 1];
-  dims[0] = row0 + k;
-  start[0] = row0;
-  count[0] = k;
-  for (unsigned i = 0; i < ndim; i++) {
-    dims[i + 1] = ext[i];
-    count[i + 1] = shape[i];
-  }
-  if (H5Dset_extent(ds, dims) < 0)
-    return -1;
-  hid_t fs = H5Dget_space(ds), ms = H5Screate_simple((int)ndim + 1, count, NULL);
-  int rc = fs >= 0 && ms >= 0 &&
-                   H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0 &&
-                   H5Dwrite(ds, memtype, ms, fs, H5P_DEFAULT, buf) >= 0
-               ? 0
-               : -1;
-  /* H5Sclose would clear the error stack that says why the write failed. */
-  hid_t es = rc < 0 ? H5Eget_current_stack() : -1;
-  if (ms >= 0) H5Sclose(ms);
-  if (fs >= 0) H5Sclose(fs);
-  if (es >= 0)
-    H5Eset_current_stack(es);
-  return rc;
-}
-
 /* k rows of data of one shape after the topic's nfile rows. A row that
  * fills its chunk goes in with H5Dwrite_chunk, which skips the selection and
  * the chunk cache: most of HDF5's cost per row, a chunk per row. */
@@ -482,7 +452,7 @@ static int put_data(rtopic_t *t, uint32_t k, const uint32_t *shape, const void *
     row_bytes *= shape[i];
   }
   if (!direct)
-    return append_rows(t->data, t->nfile, k, t->mtype, data, t->ndim, t->ext, shape);
+    return beam_h5_append_rows(t->data, t->nfile, k, t->mtype, data, t->ndim, t->ext, shape);
   hsize_t dims[BEAM_MAX_NDIM + 1] = {t->nfile + k}, off[BEAM_MAX_NDIM + 1] = {0};
   for (unsigned i = 0; i < t->ndim; i++)
     dims[i + 1] = t->ext[i];
@@ -506,11 +476,11 @@ static int topic_put(rec_ctx_t *ctx, rfile_t *f, rtopic_t *t, uint32_t k, const 
                      const uint64_t *tacq, const uint32_t *flg, int report) {
   const hsize_t rank = t->ndim;
   int rc = put_data(t, k, shape, data) >= 0 &&
-                   (!t->ndim || append_rows(t->shp, t->nfile, k, H5T_NATIVE_UINT32, shp, 1, &rank,
+                   (!t->ndim || beam_h5_append_rows(t->shp, t->nfile, k, H5T_NATIVE_UINT32, shp, 1, &rank,
                                             &t->ndim) >= 0) &&
-                   append_rows(t->fid, t->nfile, k, H5T_NATIVE_UINT64, fid, 0, NULL, NULL) >= 0 &&
-                   append_rows(t->tacq, t->nfile, k, H5T_NATIVE_UINT64, tacq, 0, NULL, NULL) >= 0 &&
-                   append_rows(t->flg, t->nfile, k, H5T_NATIVE_UINT32, flg, 0, NULL, NULL) >= 0
+                   beam_h5_append_rows(t->fid, t->nfile, k, H5T_NATIVE_UINT64, fid, 0, NULL, NULL) >= 0 &&
+                   beam_h5_append_rows(t->tacq, t->nfile, k, H5T_NATIVE_UINT64, tacq, 0, NULL, NULL) >= 0 &&
+                   beam_h5_append_rows(t->flg, t->nfile, k, H5T_NATIVE_UINT32, flg, 0, NULL, NULL) >= 0
                ? 0
                : -1;
   if (rc == 0) {
