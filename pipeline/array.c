@@ -8,6 +8,7 @@
 #include "pipeline/array.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -36,9 +37,10 @@ size_t beam_array_elems(const beam_array_t *a) {
   return n;
 }
 
-double beam_array_get(const beam_array_t *a, size_t i) {
-  const void *p = a->data;
-  switch (a->dtype) {
+double beam_array_get(const beam_array_t *a, size_t i) { return beam_elem_get(a->data, a->dtype, i); }
+
+double beam_elem_get(const void *p, beam_dtype_t dt, size_t i) {
+  switch (dt) {
   case BEAM_DT_U8: return ((const uint8_t *)p)[i];
   case BEAM_DT_U16: return ((const uint16_t *)p)[i];
   case BEAM_DT_U32: return ((const uint32_t *)p)[i];
@@ -51,7 +53,7 @@ double beam_array_get(const beam_array_t *a, size_t i) {
   case BEAM_DT_F64: return ((const double *)p)[i];
   case BEAM_DT_C64: return ((const float *)p)[2 * i];
   case BEAM_DT_C128: return ((const double *)p)[2 * i];
-  default: return 0.0;
+  default: return NAN;
   }
 }
 

@@ -48,6 +48,10 @@ size_t beam_array_elems(const beam_array_t *a);
  * 2^53; complex dtypes give the real part). Init-time use only: it
  * switches on the dtype per call. */
 double beam_array_get(const beam_array_t *a, size_t i);
+/* The same for element i of any buffer of dtype dt (NaN for a dtype
+ * without values): the one such switch, for reference loops and set-up,
+ * not for per-pixel hot paths. */
+double beam_elem_get(const void *data, beam_dtype_t dt, size_t i);
 
 /* "[3, 512, 512]" into buf (for messages); returns buf. */
 const char *beam_shape_str(uint32_t ndim, const uint32_t *shape, char *buf, size_t len);

@@ -140,19 +140,10 @@ void beam_correct_cpu(const beam_correct_tab_t *t, const beam_correct_conf_t *c,
   }
 }
 
-static double raw_at(beam_dtype_t dt, const void *raw, size_t i) {
-  switch (dt) {
-  case BEAM_DT_U16: return ((const uint16_t *)raw)[i];
-  case BEAM_DT_U32: return ((const uint32_t *)raw)[i];
-  case BEAM_DT_F32: return ((const float *)raw)[i];
-  default: BEAM_ASSERT(!"correct: dtype not accepted at start"); return 0;
-  }
-}
-
 void beam_correct_ref(const beam_correct_conf_t *c, const beam_correct_src_t *src,
                       beam_dtype_t dt, const void *raw, size_t n, float *out) {
   for (size_t i = 0; i < n; i++) {
-    double r = raw_at(dt, raw, i);
+    double r = beam_elem_get(raw, dt, i);
     float dark = src->dark ? (float)beam_array_get(src->dark, i) : 0.0f;
     float flat = 1.0f;
     if (src->flat && src->flat_mul) /* out = (raw - dark) x factor, as / (1 / factor) */

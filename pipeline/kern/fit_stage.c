@@ -496,18 +496,6 @@ static int which_in(const beam_fits_t *s, const beam_frame_t *in) {
   return s->conf.in_names[0][0] ? -1 : 0;
 }
 
-static double elem(const beam_frame_t *f, size_t i) {
-  switch (f->dtype) {
-#define M(T, D)                                                                                    \
-  case D:                                                                                          \
-    return (double)((const T *)f->data)[i];
-    BEAM__REAL_DTYPES(M)
-#undef M
-  default:
-    return NAN;
-  }
-}
-
 static float xmap(const beam_fits_conf_t *c, double x) { return (float)(c->x_scale * x + c->x_offset); }
 
 static int take_pixels(beam_stage_t *self, beam_fits_t *s, const beam_frame_t *in) {
@@ -577,7 +565,7 @@ static int take_result(beam_stage_t *self, beam_fits_t *s, const beam_frame_t *i
       return BEAM_DIAG(&self->diag, BEAM_ESHAPE, WHO ": x frame has %zu points, the curves at most %zu",
                        rows, T);
     for (size_t t = 0; t < rows; t++)
-      s->x[t] = xmap(c, elem(in, t));
+      s->x[t] = xmap(c, beam_elem_get(in->data, in->dtype, t));
     s->x_rows = (uint32_t)rows;
   } else {
     /* The curves' axis may be shorter than declared (xpcs_multitau cuts
@@ -595,7 +583,7 @@ static int take_result(beam_stage_t *self, beam_fits_t *s, const beam_frame_t *i
     float *dst = k == 0 ? s->y : s->w;
     for (size_t t = 0; t < rows; t++)
       for (size_t i = 0; i < nf; i++) {
-        double v = elem(in, ax == 0 ? t * nf + i : i * rows + t);
+        double v = beam_elem_get(in->data, in->dtype, ax == 0 ? t * nf + i : i * rows + t);
         if (k != 0 && c->w_sigma)
           v = isfinite(v) && v > 0 ? 1.0 / (v * v) : 0.0;
         else if (k != 0 && !(isfinite(v) && v >= 0))

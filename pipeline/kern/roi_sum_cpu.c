@@ -301,15 +301,6 @@ void beam_roi_sum_cpu(beam_roi_host_t *h, beam_dtype_t dt, const void *frame, do
   }
 }
 
-static double px_at(beam_dtype_t dt, const void *frame, size_t i) {
-  switch (dt) {
-#define PX_CASE(T, DT) case DT: return (double)((const T *)frame)[i];
-    BEAM__REAL_DTYPES(PX_CASE)
-#undef PX_CASE
-  default: BEAM_ASSERT(!"roi_sum: dtype not accepted at start"); return 0;
-  }
-}
-
 void beam_roi_sum_ref(const beam_roi_sum_conf_t *c, beam_dtype_t dt, uint32_t h, uint32_t w,
                       const void *frame, double *sums) {
   for (size_t r = 0; r < c->nroi; r++) {
@@ -318,7 +309,7 @@ void beam_roi_sum_ref(const beam_roi_sum_conf_t *c, beam_dtype_t dt, uint32_t h,
       for (uint32_t x = 0; x < w; x++) {
         double wt = beam_roi_weight(c, r, h, w, y, x);
         if (wt != 0.0)
-          s += px_at(dt, frame, (size_t)y * w + x) * wt;
+          s += beam_elem_get(frame, dt, (size_t)y * w + x) * wt;
       }
     sums[r] = s;
   }

@@ -92,24 +92,6 @@ int beam_ptycho_place_one(const beam_ptycho_geom_t *g, double y, double x, int32
   return 0;
 }
 
-/* Value of pixel p of a frame as a double; NAN for an unsupported dtype
- * is not needed: prep_frame checks the dtype first. */
-static double pixel(const void *f, beam_dtype_t dt, size_t p) {
-  switch (dt) {
-  case BEAM_DT_U8: return ((const uint8_t *)f)[p];
-  case BEAM_DT_U16: return ((const uint16_t *)f)[p];
-  case BEAM_DT_U32: return ((const uint32_t *)f)[p];
-  case BEAM_DT_U64: return (double)((const uint64_t *)f)[p];
-  case BEAM_DT_I8: return ((const int8_t *)f)[p];
-  case BEAM_DT_I16: return ((const int16_t *)f)[p];
-  case BEAM_DT_I32: return ((const int32_t *)f)[p];
-  case BEAM_DT_I64: return (double)((const int64_t *)f)[p];
-  case BEAM_DT_F32: return ((const float *)f)[p];
-  case BEAM_DT_F64: return ((const double *)f)[p];
-  default: return NAN;
-  }
-}
-
 double beam_ptycho_prep_frame(const void *frame, beam_dtype_t dtype, uint32_t h, uint32_t w,
                               double cy, double cx, uint32_t n, const uint8_t *mask,
                               float *amp) {
@@ -137,7 +119,7 @@ double beam_ptycho_prep_frame(const void *frame, beam_dtype_t dtype, uint32_t h,
       float out = -1.0f;
       if (fy >= 0 && fy < h && fx >= 0 && fx < w) {
         size_t p = (size_t)fy * w + (size_t)fx;
-        double val = pixel(frame, dtype, p);
+        double val = beam_elem_get(frame, dtype, p);
         if ((!mask || !mask[p]) && isfinite(val) && val >= 0) {
           out = (float)sqrt(val);
           photons += val;
