@@ -378,10 +378,7 @@ void beamd_publish_series(beamd_t *d, const beam_series_t *s, int type, int abor
   }
   if (type == BEAM_MSG_SERIES_START) {
     /* raw_size describes the series' frames; no payload part follows. */
-    uint64_t n = beam_dtype_size(s->dtype);
-    for (uint32_t i = 0; i < s->ndim; i++)
-      n *= s->shape[i];
-    h.raw_size = n;
+    h.raw_size = beam_geom_bytes(s->dtype, s->ndim, s->shape);
   }
   if (type == BEAM_MSG_SERIES_START && s->meta_json) {
     m.meta = s->meta_json;

@@ -304,12 +304,7 @@ static void report(node_t *nd, uint64_t sid, uint64_t fid, const char *msg) {
     g->hooks.on_error(g->hooks.ctx, nd->stage.name, sid, fid, msg);
 }
 
-static size_t out_bytes(const beam_outdesc_t *o) {
-  size_t n = beam_dtype_size(o->dtype);
-  for (uint32_t i = 0; i < o->ndim; i++)
-    n *= o->shape[i];
-  return n;
-}
+static size_t out_bytes(const beam_outdesc_t *o) { return beam_geom_bytes(o->dtype, o->ndim, o->shape); }
 
 static char *describe_out(const node_t *nd, const beam_outdesc_t *o, uint64_t series_id) {
   json_t *d = json_object();
@@ -424,9 +419,7 @@ static void emit_put(void *ctx, beam_frame_t *f) {
       o = &nd->outs[i];
   BEAM_ASSERT(o); /* put of a frame that beam_emit_get did not hand out */
   /* Recompute nbytes from the (possibly reduced) shape the stage set. */
-  size_t nb = beam_dtype_size(f->dtype);
-  for (uint32_t i = 0; i < f->ndim; i++)
-    nb *= f->shape[i];
+  size_t nb = beam_geom_bytes(f->dtype, f->ndim, f->shape);
   BEAM_ASSERT(nb <= f->cap);
   f->nbytes = nb;
   unsigned consumers = o->ncons + (nd->publish ? 1u : 0u);

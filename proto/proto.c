@@ -71,6 +71,13 @@ size_t beam_dtype_size(beam_dtype_t dt) {
   return ((unsigned)dt < BEAM_DT_COUNT_) ? dtypes[dt].size : 0;
 }
 
+size_t beam_geom_bytes(beam_dtype_t dt, uint32_t ndim, const uint32_t *shape) {
+  size_t n = beam_dtype_size(dt);
+  for (uint32_t i = 0; i < ndim; i++)
+    n *= shape[i];
+  return n;
+}
+
 const char *beam_dtype_name(beam_dtype_t dt) {
   return ((unsigned)dt < BEAM_DT_COUNT_) ? dtypes[dt].name : "unknown";
 }

@@ -154,6 +154,9 @@ typedef struct beam_msg_s {
 } beam_msg_t;
 
 size_t beam_dtype_size(beam_dtype_t dt);  /* 0 for unknown */
+/* Bytes of an array of dtype dt and shape[0..ndim): the one place that
+ * multiplies them out (0 for an unknown dtype). */
+size_t beam_geom_bytes(beam_dtype_t dt, uint32_t ndim, const uint32_t *shape);
 const char *beam_dtype_name(beam_dtype_t dt);        /* "uint16", ... numpy names */
 beam_dtype_t beam_dtype_from_name(const char *name); /* BEAM_DT_NONE if unknown */
 const char *beam_msg_type_name(unsigned type);        /* "FRAME", ... or "UNKNOWN" */

@@ -40,10 +40,7 @@ static inline double beam__cfg_item_num(const beam_cnode_t *n) {
 
 /* Bytes of a frame's payload from its dtype and shape. */
 static inline size_t beam__frame_bytes(const beam_frame_t *f) {
-  size_t nb = beam_dtype_size(f->dtype);
-  for (uint32_t i = 0; i < f->ndim; i++)
-    nb *= f->shape[i];
-  return nb;
+  return beam_geom_bytes(f->dtype, f->ndim, f->shape);
 }
 
 /* Checks that a frame handed to process matches what start accepted;
