@@ -3,7 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
-#include <time.h>
+#include "pipeline/frame.h"
 
 #include <systemd/sd-daemon.h>
 
@@ -11,10 +11,7 @@ void beam_notify_ready(void) { sd_notify(0, "READY=1"); }
 
 void beam_notify_reloading(void) {
   /* MONOTONIC_USEC lets systemd >= 253 (Type=notify-reload) match the reload. */
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu",
-             (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000ull);
+  sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu", (unsigned long long)(beam_now_ns() / 1000u));
 }
 
 void beam_notify_stopping(void) { sd_notify(0, "STOPPING=1"); }

@@ -46,3 +46,16 @@ int beam_cache_resident(size_t bytes) {
   size_t llc = beam_llc_bytes();
   return llc ? bytes <= llc / 4 : bytes <= (2u << 20);
 }
+
+size_t beam_mem_available(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (!f)
+    return 0;
+  char line[256];
+  size_t kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1)
+      break;
+  fclose(f);
+  return kb * 1024;
+}

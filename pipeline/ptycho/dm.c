@@ -6,8 +6,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+
+#include "pipeline/frame.h"
 #include "pipeline/ptycho/dm_int.h"
 
 /* Bounds that catch unit mistakes (a byte count passed as n) before they
@@ -188,11 +189,7 @@ int beam_dm_add_views(beam_dm_t *e, uint32_t count, const float *amp, const int3
 uint32_t beam_dm_nviews(const beam_dm_t *e) { return e->nviews; }
 uint32_t beam_dm_iterations(const beam_dm_t *e) { return e->iterations; }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double now_s(void) { return 1e-9 * (double)beam_now_ns(); }
 
 int beam_dm_iterate(beam_dm_t *e, beam_dm_metrics_t *m, beam_diag_t *d) {
   BEAM_ASSERT(e);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pipeline/cache.h"
 #include "pipeline/ptycho/dm_int.h"
 
 #define MAX_THREADS 1024
@@ -110,19 +111,6 @@ static size_t cpu_bytes(const beam_dm_conf_t *c) {
   return b;
 }
 
-static size_t mem_available(void) {
-  FILE *f = fopen("/proc/meminfo", "r");
-  if (!f)
-    return 0;
-  char line[256];
-  size_t kb = 0;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1)
-      break;
-  fclose(f);
-  return kb * 1024;
-}
-
 static void cpu_destroy(beam_dm_t *e) {
   cpu_t *s = e->impl;
   if (!s)
@@ -158,7 +146,7 @@ static void cpu_destroy(beam_dm_t *e) {
 static int cpu_create(beam_dm_t *e, beam_diag_t *d) {
   const beam_dm_conf_t *c = &e->conf;
   pthread_once(&fftw_once, fftw_init_once);
-  size_t need = cpu_bytes(c), avail = mem_available();
+  size_t need = cpu_bytes(c), avail = beam_mem_available();
   if (need == SIZE_MAX)
     return BEAM_DIAG(d, BEAM_ELIMIT,
                      "ptycho: %u views of %u x %u (%u x %u modes) need more than 2^60 bytes",

@@ -16,6 +16,7 @@
  * 3 diverged (the result is written with status "diverged"), 130
  * interrupted (result written with status "interrupted").
  */
+#include "pipeline/cache.h"
 #include "tools/beamd-ptycho/ptycho.h"
 #include "tools/common/cli.h"
 #include "tools/common/clock.h"
@@ -285,18 +286,6 @@ static int bcast_doubles(double *v, size_t count) {
   return 0;
 }
 
-static double mem_available(void) {
-  FILE *f = fopen("/proc/meminfo", "r");
-  char line[256];
-  double kb = 0;
-  while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1)
-      break;
-  if (f)
-    fclose(f);
-  return kb * 1024.0;
-}
-
 /* ---- set-up steps ---------------------------------------------------------------- */
 
 typedef struct run_s {
@@ -535,7 +524,7 @@ static int make_engine(run_t *r, beam_diag_t *d) {
   if (!o->device_set)
     c->device = M.local_rank;
   double bytes = (double)beam_dm_bytes(c);
-  double limit = o->max_memory > 0 ? o->max_memory : mem_available() / M.local_size;
+  double limit = o->max_memory > 0 ? o->max_memory : (double)beam_mem_available() / M.local_size;
   if (o->backend == BEAM_DM_CPU && limit > 0 && bytes > limit)
     return BEAM_DIAG(d, BEAM_ELIMIT, "file %s: %u views of %ux%u and a %ux%u object need "
                      "%.1f MiB per rank, above the limit of %.1f MiB (%s); use more ranks or "
