@@ -22,17 +22,10 @@
 #include "pipeline/cache.h"
 #include "pipeline/device.h"
 #include "pipeline/emit_int.h"
+#include "pipeline/graph_queue.h"
 
-enum { IT_START, IT_FRAME, IT_END, IT_QUIT };
-#define CTRL_RESERVE 16u
 #define MAX_CONSUMERS 32
 #define DEFAULT_OUT_SLOTS 8u
-/* Input frames pushed in a batch (beam_graph_batch) wake a root stage once
- * per this many. A stage that is faster than the loop thread's ingest
- * otherwise sleeps after every frame and is woken for the next: a futex
- * call and two context switches per frame, which cost more than a small
- * stage's work on a virtual machine. */
-#define BATCH_WAKE 16u
 /* Small outputs (sums, scores, g2 rows) get more slots, up to this many
  * bytes: a stage that may emit only 8 results before the loop thread
  * publishes them waits on that thread every 8 frames of a 32-frame burst,
@@ -59,32 +52,6 @@ enum { IT_START, IT_FRAME, IT_END, IT_QUIT };
  * did not offer fusion for the series. */
 enum { THREAD_AUTO, THREAD_OWN, THREAD_UPSTREAM };
 
-/* Shared by the END items of one series: the last stage to finish it
- * reports the series done. */
-typedef struct end_tracker_s {
-  atomic_int remaining;
-  beam_series_t *series;
-  int aborted;
-} end_tracker_t;
-
-typedef struct item_s {
-  int kind;
-  beam_frame_t *frame;     /* FRAME */
-  beam_series_t *series;   /* START (one ref) */
-  beam_indesc_t in;        /* START: what the frames look like; dtype NONE = upstream rejected */
-  end_tracker_t *tracker;  /* END */
-} item_t;
-
-typedef struct queue_s {
-  pthread_mutex_t mu;
-  pthread_cond_t not_empty, not_full;
-  item_t *buf;
-  unsigned cap;   /* frames */
-  unsigned size;  /* cap + CTRL_RESERVE */
-  unsigned head, count;
-  unsigned nframes; /* FRAME items among count: only these are held to cap */
-  unsigned unsignalled; /* items pushed in a batch whose consumer was not woken */
-} queue_t;
 
 typedef struct node_s node_t;
 typedef struct out_s {
@@ -169,121 +136,6 @@ struct beam_graph_s {
   size_t inline_max; /* beam_graph_params_t.inline_max_bytes */
 };
 
-/* ---- queues ------------------------------------------------------------ */
-
-static int queue_init(queue_t *q, unsigned cap) {
-  q->cap = cap;
-  q->size = cap + CTRL_RESERVE;
-  q->buf = calloc(q->size, sizeof *q->buf);
-  if (!q->buf)
-    return BEAM_ENOMEM;
-  pthread_mutex_init(&q->mu, NULL);
-  pthread_cond_init(&q->not_empty, NULL);
-  pthread_cond_init(&q->not_full, NULL);
-  return 0;
-}
-
-static void queue_free(queue_t *q) {
-  if (!q->buf)
-    return;
-  free(q->buf);
-  q->buf = NULL;
-  pthread_mutex_destroy(&q->mu);
-  pthread_cond_destroy(&q->not_empty);
-  pthread_cond_destroy(&q->not_full);
-}
-
-/* Frames are held to cap; control items (START/END/QUIT) only need a
- * free place, which the reserve provides, so a series start never takes a
- * place that room() promised to a frame. */
-static void queue_push_b(queue_t *q, const item_t *it, int batch) {
-  int frame = it->kind == IT_FRAME;
-  pthread_mutex_lock(&q->mu);
-  while (q->count >= q->size || (frame && q->nframes >= q->cap)) {
-    /* A consumer asleep on an unsignalled batch would never make room. */
-    if (q->unsignalled) {
-      q->unsignalled = 0;
-      pthread_cond_signal(&q->not_empty);
-    }
-    pthread_cond_wait(&q->not_full, &q->mu);
-  }
-  q->buf[(q->head + q->count) % q->size] = *it;
-  q->count++;
-  q->nframes += frame;
-  /* A queue half full wakes its stage whatever the batch: a live input
-   * that finds no room drops frames, and a short queue must not fill up
-   * while its stage sleeps. */
-  if (batch && ++q->unsignalled < BATCH_WAKE && 2 * q->nframes < q->cap) {
-    pthread_mutex_unlock(&q->mu);
-    return;
-  }
-  q->unsignalled = 0;
-  pthread_cond_signal(&q->not_empty);
-  pthread_mutex_unlock(&q->mu);
-}
-
-static void queue_push(queue_t *q, const item_t *it) { queue_push_b(q, it, 0); }
-
-/* Wakes the consumer for what a batch pushed without waking it. */
-static void queue_kick(queue_t *q) {
-  pthread_mutex_lock(&q->mu);
-  if (q->unsignalled) {
-    q->unsignalled = 0;
-    pthread_cond_signal(&q->not_empty);
-  }
-  pthread_mutex_unlock(&q->mu);
-}
-
-/* cur (may be NULL) is set under the queue lock to the popped frame's
- * ingest_idx, so a watermark reader never sees a frame in neither place.
- * With wait 0 it returns 0 at once when the queue is empty (a stage with
- * idle work); otherwise it blocks until an item is there and returns 1. */
-/* busy and quiet (both may be NULL): see node_t; busy is 0 exactly while
- * the caller sleeps here on an empty queue. */
-static int queue_pop(queue_t *q, item_t *it, uint64_t *cur, int wait, int *busy,
-                     pthread_cond_t *quiet) {
-  pthread_mutex_lock(&q->mu);
-  while (q->count == 0) {
-    if (!wait) {
-      pthread_mutex_unlock(&q->mu);
-      return 0;
-    }
-    if (busy && *busy) {
-      *busy = 0;
-      pthread_cond_broadcast(quiet);
-    }
-    pthread_cond_wait(&q->not_empty, &q->mu);
-  }
-  if (busy)
-    *busy = 1;
-  *it = q->buf[q->head];
-  if (cur && it->kind == IT_FRAME)
-    *cur = it->frame->ingest_idx;
-  q->head = (q->head + 1) % q->size;
-  q->count--;
-  q->nframes -= it->kind == IT_FRAME;
-  pthread_cond_broadcast(&q->not_full);
-  pthread_mutex_unlock(&q->mu);
-  return 1;
-}
-
-static unsigned queue_depth(queue_t *q) {
-  pthread_mutex_lock(&q->mu);
-  unsigned n = q->count;
-  pthread_mutex_unlock(&q->mu);
-  return n;
-}
-
-/* Frames the queue can still take without waiting. */
-static unsigned queue_frame_space(queue_t *q) {
-  pthread_mutex_lock(&q->mu);
-  unsigned n = q->nframes < q->cap ? q->cap - q->nframes : 0;
-  if (q->count + n > q->size)
-    n = q->size - q->count;
-  pthread_mutex_unlock(&q->mu);
-  return n;
-}
-
 /* ---- helpers ------------------------------------------------------------ */
 
 static void room_maybe(beam_graph_t *g) {
@@ -341,7 +193,7 @@ static int run_item(node_t *nd, item_t *it);
 static void deliver(node_t *from, node_t *to, item_t *it, int batch) {
   /* QUIT always goes by the queue: it is what ends the consumer's thread. */
   if (!to->on_upstream || it->kind == IT_QUIT) {
-    queue_push_b(&to->q, it, batch);
+    beam_queue_push_b(&to->q, it, batch);
     return;
   }
   if (it->kind == IT_FRAME) {
@@ -377,7 +229,7 @@ static void kick_consumers(node_t *nd) {
   nd->kick = 0;
   for (unsigned o = 0; o < nd->stage.nouts; o++)
     for (unsigned i = 0; i < nd->outs[o].ncons; i++)
-      queue_kick(&nd->outs[o].cons[i]->q);
+      beam_queue_kick(&nd->outs[o].cons[i]->q);
 }
 
 static beam_frame_t *emit_get(void *ctx, unsigned out) {
@@ -818,7 +670,7 @@ static int run_item(node_t *nd, item_t *it) {
     break;
   }
   /* Nothing more queued: what this item produced goes on now. */
-  if (!nd->on_upstream && kick_pending(nd) && queue_depth(&nd->q) == 0)
+  if (!nd->on_upstream && kick_pending(nd) && beam_queue_depth(&nd->q) == 0)
     kick_consumers(nd);
   atomic_fetch_sub(&g->inflight, 1);
   room_maybe(g);
@@ -838,14 +690,14 @@ static void *worker_main(void *arg) {
   for (;;) {
     item_t it;
     int idle = nd->idle_more && nd->series_ok && nd->stage.idle && !nd->stage.interrupt;
-    if (!queue_pop(&nd->q, &it, &nd->cur_idx, 0, NULL, NULL)) {
+    if (!beam_queue_pop(&nd->q, &it, &nd->cur_idx, 0, NULL, NULL)) {
       /* Nothing queued: what this stage emitted goes on now. */
       kick_consumers(nd);
       if (idle) {
         on_idle(nd);
         continue;
       }
-      queue_pop(&nd->q, &it, &nd->cur_idx, 1, &nd->busy, &nd->quiet);
+      beam_queue_pop(&nd->q, &it, &nd->cur_idx, 1, &nd->busy, &nd->quiet);
     }
     if (run_item(nd, &it))
       break;
@@ -962,7 +814,7 @@ int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
       goto fail;
     }
     beam_hist_reset(&nd->lat);
-    if ((rc = queue_init(&nd->q, specs[i].queue ? specs[i].queue : 32)) < 0) {
+    if ((rc = beam_queue_init(&nd->q, specs[i].queue ? specs[i].queue : 32)) < 0) {
       BEAM_DIAG(d, rc, "graph: out of memory");
       goto fail;
     }
@@ -1077,13 +929,13 @@ int beam_graph_room(beam_graph_t *g) {
     return 0;
   int room = beam_pool_free_count(g->input) > 0;
   for (unsigned i = 0; room && i < g->nroots; i++)
-    room = queue_frame_space(&g->roots[i]->q) > 0;
+    room = beam_queue_frame_space(&g->roots[i]->q) > 0;
   if (!room) {
     atomic_store(&g->want_room, 1);
     /* Re-check: room may have appeared between the test and the flag. */
     int again = beam_pool_free_count(g->input) > 0;
     for (unsigned i = 0; again && i < g->nroots; i++)
-      again = queue_frame_space(&g->roots[i]->q) > 0;
+      again = beam_queue_frame_space(&g->roots[i]->q) > 0;
     if (again) {
       atomic_store(&g->want_room, 0);
       room = 1;
@@ -1100,7 +952,7 @@ static void push_roots(beam_graph_t *g, item_t *it) {
     if (copy.kind == IT_START)
       beam_series_ref(copy.series);
     atomic_fetch_add(&g->inflight, 1);
-    queue_push(&g->roots[i]->q, &copy);
+    beam_queue_push(&g->roots[i]->q, &copy);
   }
 }
 
@@ -1129,7 +981,7 @@ void beam_graph_frame(beam_graph_t *g, beam_frame_t *f) {
   for (unsigned i = 0; i < g->nroots; i++) {
     item_t it = {.kind = IT_FRAME, .frame = f};
     atomic_fetch_add(&g->inflight, 1);
-    queue_push_b(&g->roots[i]->q, &it, g->batch);
+    beam_queue_push_b(&g->roots[i]->q, &it, g->batch);
   }
 }
 
@@ -1139,7 +991,7 @@ void beam_graph_batch(beam_graph_t *g, int on) {
   g->batch = on;
   if (!on)
     for (unsigned i = 0; i < g->nroots; i++)
-      queue_kick(&g->roots[i]->q);
+      beam_queue_kick(&g->roots[i]->q);
 }
 
 void beam_graph_series_end(beam_graph_t *g, uint64_t series_id, int aborted) {
@@ -1165,7 +1017,7 @@ unsigned beam_graph_room_count(beam_graph_t *g) {
     return 0;
   unsigned n = beam_pool_free_count(g->input);
   for (unsigned i = 0; n && i < g->nroots; i++) {
-    unsigned space = queue_frame_space(&g->roots[i]->q);
+    unsigned space = beam_queue_frame_space(&g->roots[i]->q);
     if (space < n)
       n = space;
   }
@@ -1270,7 +1122,7 @@ void beam_graph_destroy(beam_graph_t **gp) {
     beam_series_unref(&nd->series);
     /* Items left in a queue (only possible when workers never started). */
     item_t it;
-    while (nd->q.buf && queue_pop(&nd->q, &it, NULL, 0, NULL, NULL)) {
+    while (nd->q.buf && beam_queue_pop(&nd->q, &it, NULL, 0, NULL, NULL)) {
       if (it.kind == IT_FRAME)
         beam_frame_unref(it.frame);
       else if (it.kind == IT_START)
@@ -1278,7 +1130,7 @@ void beam_graph_destroy(beam_graph_t **gp) {
       else if (it.kind == IT_END)
         series_done(g, it.tracker);
     }
-    queue_free(&nd->q);
+    beam_queue_free(&nd->q);
     if (nd->quiet_init)
       pthread_cond_destroy(&nd->quiet);
     free(nd->dec_scratch);
@@ -1304,7 +1156,7 @@ void beam_graph_stage_stats(const beam_graph_t *g, size_t i, beam_stage_stats_t 
   s->rejected = atomic_load(&nd->rejected);
   s->errors = atomic_load(&nd->errors);
   s->series = atomic_load(&nd->nseries);
-  s->queue_depth = queue_depth(&nd->q);
+  s->queue_depth = beam_queue_depth(&nd->q);
   s->queue_cap = nd->q.cap;
   s->busy_s = (double)atomic_load(&nd->busy_ns) * 1e-9;
   pthread_mutex_lock(&nd->q.mu); /* written under it by the upstream's thread */
