@@ -134,6 +134,10 @@ struct beam_graph_s {
   int keep_encoded; /* a root stage can store wire bytes as they are */
   beam_decode_pool_t *dpool; /* NULL: stages decode lazily themselves */
   size_t inline_max; /* beam_graph_params_t.inline_max_bytes */
+  /* beam_graph_watermark (loop thread only): the nodes in dependency
+   * order, wm_n of them, and each one's value, so no call allocates. */
+  size_t *wm_order, wm_n;
+  uint64_t *wm;
 };
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -187,6 +191,7 @@ static char *describe_out(const node_t *nd, const beam_outdesc_t *o, uint64_t se
 /* ---- emit --------------------------------------------------------------- */
 
 static int run_item(node_t *nd, item_t *it);
+static void watermark_order(beam_graph_t *g);
 
 /* Hands an item to a consumer: on its queue, or, for one that runs on
  * this thread, by handling it now (its time kept apart from ours). */
@@ -794,9 +799,11 @@ int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
   g->hooks = *hooks;
   g->inline_max = gp->inline_max_bytes;
   g->nodes = calloc(n ? n : 1, sizeof *g->nodes);
+  g->wm_order = calloc(n ? n : 1, sizeof *g->wm_order);
+  g->wm = calloc(n ? n : 1, sizeof *g->wm);
   g->n = g->nodes ? n : 0; /* destroy walks n nodes */
   int rc = 0;
-  if (!g->nodes) {
+  if (!g->nodes || !g->wm_order || !g->wm) {
     rc = BEAM_DIAG(d, BEAM_ENOMEM, "graph: out of memory");
     goto fail;
   }
@@ -864,6 +871,7 @@ int beam_graph_new(beam_graph_t **out, const beam_stage_spec_t *specs, size_t n,
   for (size_t i = 0; i < n; i++)
     if ((rc = thread_setup(g, &g->nodes[i], specs[i].thread, d)) < 0)
       goto fail;
+  watermark_order(g);
   int any_cuda = 0;
   for (size_t i = 0; i < n; i++)
     any_cuda |= g->nodes[i].backend && !strcmp(g->nodes[i].backend, "cuda");
@@ -1048,29 +1056,36 @@ static uint64_t node_pending(node_t *nd, uint64_t upstream_w) {
   return w;
 }
 
-uint64_t beam_graph_watermark(beam_graph_t *g, uint64_t fed_next) {
-  uint64_t wmin = fed_next;
-  uint64_t *w = calloc(g->n ? g->n : 1, sizeof *w);
-  char *have = calloc(g->n ? g->n : 1, 1);
-  if (!w || !have) {
-    free(w);
-    free(have);
-    return 0; /* no progress claimed: safe */
-  }
-  /* Nodes in dependency order: repeat until every node has a value (the
-   * config validator guarantees a DAG, so this ends within n rounds). */
-  for (size_t round = 0; round <= g->n; round++)
+/* Nodes in dependency order, once at build: repeat until every node is
+ * placed (the config validator guarantees a DAG, so this ends within n
+ * rounds; a node left over would keep the watermark at 0, claiming
+ * nothing). */
+static void watermark_order(beam_graph_t *g) {
+  char *have = g->n ? calloc(g->n, 1) : NULL;
+  size_t k = 0;
+  for (size_t round = 0; have && round <= g->n && k < g->n; round++)
     for (size_t i = 0; i < g->n; i++) {
       node_t *nd = &g->nodes[i];
       if (have[i] || (nd->upstream >= 0 && !have[nd->upstream]))
         continue;
-      w[i] = node_pending(nd, nd->upstream >= 0 ? w[nd->upstream] : fed_next);
+      g->wm_order[k++] = i;
       have[i] = 1;
-      if (w[i] < wmin)
-        wmin = w[i];
     }
-  free(w);
+  g->wm_n = k;
   free(have);
+}
+
+uint64_t beam_graph_watermark(beam_graph_t *g, uint64_t fed_next) {
+  if (g->wm_n != g->n)
+    return 0; /* no progress claimed: safe */
+  uint64_t wmin = fed_next;
+  for (size_t k = 0; k < g->wm_n; k++) {
+    size_t i = g->wm_order[k];
+    node_t *nd = &g->nodes[i];
+    g->wm[i] = node_pending(nd, nd->upstream >= 0 ? g->wm[nd->upstream] : fed_next);
+    if (g->wm[i] < wmin)
+      wmin = g->wm[i];
+  }
   return wmin;
 }
 
@@ -1138,6 +1153,8 @@ void beam_graph_destroy(beam_graph_t **gp) {
   beam_series_unref(&g->open);
   beam_pool_close(&g->input);
   free(g->nodes);
+  free(g->wm_order);
+  free(g->wm);
   free(g);
 }
 
