@@ -192,6 +192,42 @@ static void test_random_u32(void **state) { run_random(BEAM_DT_U32, 0); }
 static void test_random_f32(void **state) { run_random(BEAM_DT_F32, 0); }
 static void test_random_f64(void **state) { run_random(BEAM_DT_F64, 1); }
 
+/* Runs longer than the 128-pixel integer chunks (full chunks and a tail)
+ * at the largest pixel values: exactly the reference. */
+static void run_long_rows(beam_dtype_t dt) {
+  enum { H = 9, W = 300 };
+  beam_cnode_t *cfg = bh_stage_cfg("com");
+  bh_set(cfg, "ri", "20");
+  bh_t *h = make(cfg, 0, NULL);
+  uint32_t shp[2] = {H, W};
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(h, dt, 2, shp, &d), 0);
+  beam_com_host_t *host = h->st.priv;
+  beam_frame_t *in = bh_frame_new(dt, 2, shp, 0);
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass == 0)
+      bh_frame_fill(in, 5, dt == BEAM_DT_U8 ? 255 : 65535);
+    else
+      for (size_t i = 0; i < (size_t)H * W; i++) { /* every pixel at its maximum */
+        if (dt == BEAM_DT_U8)
+          ((uint8_t *)in->data)[i] = 255;
+        else
+          ((uint16_t *)in->data)[i] = 65535;
+      }
+    double a[3], b[3];
+    beam_com_sums_cpu(host, dt, in->data, a);
+    beam_com_sums_ref(host, dt, in->data, b);
+    for (int k = 0; k < 3; k++)
+      if (a[k] != b[k])
+        fail_msg("%s pass %d sum %d: fast %.17g ref %.17g", beam_dtype_name(dt), pass, k, a[k], b[k]);
+  }
+  bh_frame_free(in);
+  bh_free(&h);
+}
+
+static void test_long_rows_u8(void **state) { run_long_rows(BEAM_DT_U8); }
+static void test_long_rows_u16(void **state) { run_long_rows(BEAM_DT_U16); }
+
 /* A started stage with a ny x nx scan whose shift buffers the test fills. */
 static bh_t *maps_stage(uint32_t ny, uint32_t nx, const char *rot, const char *flip, beam_com_host_t **host) {
   beam_cnode_t *cfg = bh_stage_cfg("com");
@@ -433,6 +469,7 @@ int main(void) {
       cmocka_unit_test(test_random_u8),      cmocka_unit_test(test_random_i8),
       cmocka_unit_test(test_random_u16),     cmocka_unit_test(test_random_u32),
       cmocka_unit_test(test_random_f32),     cmocka_unit_test(test_random_f64),
+      cmocka_unit_test(test_long_rows_u8),   cmocka_unit_test(test_long_rows_u16),
       cmocka_unit_test(test_maps_ramp_and_rotation), cmocka_unit_test(test_maps_idpc),
       cmocka_unit_test(test_scan_from_series), cmocka_unit_test(test_config_errors),
       cmocka_unit_test(test_start_errors),
