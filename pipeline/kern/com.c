@@ -13,9 +13,10 @@
 #include "pipeline/kern/kinds.h"
 
 #define FROM_SERIES "series"
-/* Largest scan (positions): the maps are copied into a result every
- * image_every frames and the iDPC needs two complex planes of it. */
-#define SCAN_MAX ((uint64_t)1 << 26)
+/* Largest scan (positions), 4096 x 4096: the maps (24 bytes a position)
+ * are a result every image_every frames, with 4 output slots, and the
+ * iDPC needs two complex planes (32 bytes a position) besides. */
+#define SCAN_MAX ((uint64_t)1 << 24)
 
 const beam_param_t beam_com_params[] = {
     BEAM_STAGE_COMMON_PARAMS,
@@ -118,6 +119,8 @@ static void scan_free(beam_com_host_t *h) {
   if (h->p_inv) fftw_destroy_plan(h->p_inv);
   fftw_free(h->fa);
   fftw_free(h->fb);
+  fftw_free(h->rbuf);
+  h->rbuf = NULL;
   free(h->sx);
   free(h->sy);
   free(h->fx);
@@ -245,18 +248,24 @@ static int scan_start(beam_com_host_t *h, const beam_series_t *series, beam_diag
     h->fy = malloc(n * sizeof *h->fy);
     h->seen = malloc(n);
     if (c->idpc) {
-      h->fa = fftw_alloc_complex(n);
-      h->fb = fftw_alloc_complex(n);
+      size_t nh = (size_t)ny * (nx / 2 + 1);
+      h->fa = fftw_alloc_complex(nh);
+      h->fb = fftw_alloc_complex(nh);
+      h->rbuf = fftw_alloc_real(n);
     }
-    if (!h->sx || !h->sy || !h->fx || !h->fy || !h->seen || (c->idpc && (!h->fa || !h->fb))) {
+    if (!h->sx || !h->sy || !h->fx || !h->fy || !h->seen ||
+        (c->idpc && (!h->fa || !h->fb || !h->rbuf))) {
       scan_free(h);
       return BEAM_DIAG(d, BEAM_ENOMEM, "com: cannot allocate the %u x %u scan buffers", ny, nx);
     }
     if (c->idpc) {
       pthread_once(&fftw_once, fftw_init_once);
-      h->p_fa = fftw_plan_dft_2d((int)ny, (int)nx, h->fa, h->fa, FFTW_FORWARD, FFTW_ESTIMATE);
-      h->p_fb = fftw_plan_dft_2d((int)ny, (int)nx, h->fb, h->fb, FFTW_FORWARD, FFTW_ESTIMATE);
-      h->p_inv = fftw_plan_dft_2d((int)ny, (int)nx, h->fa, h->fa, FFTW_BACKWARD, FFTW_ESTIMATE);
+      /* The fields are real: half spectra (r2c / c2r), half the work of
+       * complex transforms. ESTIMATE plans touch no data and cost nothing
+       * at start; MEASURE would take seconds for large scans. */
+      h->p_fa = fftw_plan_dft_r2c_2d((int)ny, (int)nx, h->rbuf, h->fa, FFTW_ESTIMATE);
+      h->p_fb = fftw_plan_dft_r2c_2d((int)ny, (int)nx, h->rbuf, h->fb, FFTW_ESTIMATE);
+      h->p_inv = fftw_plan_dft_c2r_2d((int)ny, (int)nx, h->fa, h->rbuf, FFTW_ESTIMATE);
       if (!h->p_fa || !h->p_fb || !h->p_inv) {
         scan_free(h);
         return BEAM_DIAG(d, BEAM_ENOMEM, "com: FFTW could not plan a %u x %u transform", ny, nx);
@@ -380,27 +389,34 @@ static double grad_at(const double *f, size_t i, size_t k, size_t n, size_t stri
   return (f[i + stride] - f[i - stride]) * 0.5;
 }
 
+/* The numerator's kx (ky) is taken as 0 on the Nyquist column (row) of an
+ * even size: there +-1/2 are one frequency, and numpy's
+ * Re(ifft2(...)) with fftfreq's -1/2 keeps exactly the Hermitian part,
+ * in which that term cancels; the denominator keeps the full k^2. Half
+ * spectra then give numpy's result (to rounding). */
 static void idpc(beam_com_host_t *h, float *out) {
-  size_t ny = h->ny, nx = h->nx, n = ny * nx;
-  for (size_t i = 0; i < n; i++) {
-    h->fa[i][0] = isfinite(h->fx[i]) ? h->fx[i] : 0.0, h->fa[i][1] = 0.0;
-    h->fb[i][0] = isfinite(h->fy[i]) ? h->fy[i] : 0.0, h->fb[i][1] = 0.0;
-  }
+  size_t ny = h->ny, nx = h->nx, n = ny * nx, nxh = nx / 2 + 1;
+  for (size_t i = 0; i < n; i++)
+    h->rbuf[i] = isfinite(h->fx[i]) ? h->fx[i] : 0.0;
   fftw_execute(h->p_fa);
+  for (size_t i = 0; i < n; i++)
+    h->rbuf[i] = isfinite(h->fy[i]) ? h->fy[i] : 0.0;
   fftw_execute(h->p_fb);
   /* phi^ = (kx Fx + ky Fy) / (2 pi i k^2) = -i (kx Fx + ky Fy) / (2 pi k^2);
    * the 1/n of the inverse transform folded in. */
   for (size_t iy = 0; iy < ny; iy++) {
-    double ky = (double)(iy < (ny + 1) / 2 ? (double)iy : (double)iy - (double)ny) / (double)ny;
-    for (size_t ix = 0; ix < nx; ix++) {
-      double kx = (double)(ix < (nx + 1) / 2 ? (double)ix : (double)ix - (double)nx) / (double)nx;
-      size_t i = iy * nx + ix;
+    double ky = (iy < (ny + 1) / 2 ? (double)iy : (double)iy - (double)ny) / (double)ny;
+    double kyn = ny % 2 == 0 && iy == ny / 2 ? 0.0 : ky;
+    for (size_t ix = 0; ix < nxh; ix++) {
+      double kx = (ix < (nx + 1) / 2 ? (double)ix : (double)ix - (double)nx) / (double)nx;
+      double kxn = nx % 2 == 0 && ix == nx / 2 ? 0.0 : kx;
+      size_t i = iy * nxh + ix;
       double k2 = kx * kx + ky * ky;
       if (k2 == 0.0) {
         h->fa[i][0] = h->fa[i][1] = 0.0;
         continue;
       }
-      double re = kx * h->fa[i][0] + ky * h->fb[i][0], im = kx * h->fa[i][1] + ky * h->fb[i][1];
+      double re = kxn * h->fa[i][0] + kyn * h->fb[i][0], im = kxn * h->fa[i][1] + kyn * h->fb[i][1];
       double s = 1.0 / (2.0 * M_PI * k2 * (double)n);
       h->fa[i][0] = im * s;
       h->fa[i][1] = -re * s;
@@ -408,7 +424,7 @@ static void idpc(beam_com_host_t *h, float *out) {
   }
   fftw_execute(h->p_inv);
   for (size_t i = 0; i < n; i++)
-    out[i] = isfinite(h->fx[i]) && isfinite(h->fy[i]) ? (float)h->fa[i][0] : NAN;
+    out[i] = isfinite(h->fx[i]) && isfinite(h->fy[i]) ? (float)h->rbuf[i] : NAN;
 }
 
 void beam_com_compute_maps(beam_com_host_t *h, float *out) {

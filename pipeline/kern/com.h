@@ -80,7 +80,8 @@ typedef struct beam_com_host_s {
   uint64_t nseen;         /* distinct positions scanned */
   uint64_t ncorrupt;      /* CORRUPT frames this series (no pixels: NaN) */
   size_t scan_cap;        /* positions the buffers above hold */
-  fftw_complex *fa, *fb;  /* iDPC scratch, FFTW plans on them */
+  double *rbuf;           /* iDPC real plane (in and out) */
+  fftw_complex *fa, *fb;  /* iDPC half spectra, ny x (nx/2 + 1); plans on these */
   fftw_plan p_fa, p_fb, p_inv;
   uint64_t nframes;       /* frames seen this series */
 } beam_com_host_t;

@@ -183,7 +183,7 @@ def test_ramp_divergence_curl_and_rotation(tmp_path, ports, zctx, start_beamd, r
 
 
 def test_idpc_recovers_the_potential(tmp_path, ports, zctx, start_beamd, receivers):
-    ny, nx = 16, 12
+    ny, nx = 16, 15  # one even size (a Nyquist row), one odd
     iy, ix = np.mgrid[0:ny, 0:nx]
     a, b_ = 2 * np.pi * ix / nx, 2 * np.pi * (2 * ix / nx + iy / ny)
     phi = 3.0 * np.sin(a) + 2.0 * np.cos(b_)

@@ -387,6 +387,7 @@ static void test_config_errors(void **state) {
       {"r", "5", "ri", "5", "ri must be >= 0 and < r"},
       {"cx", "3", NULL, NULL, "give both cx and cy"},
       {"mask", "/nonexistent/m.npy", NULL, NULL, "com: mask:"},
+      {"scan_shape", "[5000, 5000]", NULL, NULL, "exceeds"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     beam_cnode_t *cfg = bh_stage_cfg("com");
