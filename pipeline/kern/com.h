@@ -20,7 +20,8 @@
  *   with d/d the np.gradient stencil (central inside, one-sided at the
  *   edges, 0 along an axis of length 1) over scan row iy and column ix.
  *   idpc = Re F^-1[(kx F(field_x) + ky F(field_y)) / (2 pi i (kx^2 + ky^2))],
- *   k in cycles per scan step (numpy fftfreq), the k = 0 term 0: the
+ *   k in cycles per scan step (numpy fftfreq), the k = 0 term 0, and on
+ *   an even axis no Nyquist term in the numerator (as numpy's .real): the
  *   potential whose gradient best fits the field (exactly its gradient for
  *   a periodic field); positions not scanned enter as 0 and come out NaN. */
 #ifndef BEAM_KERN_COM_H
