@@ -15,6 +15,9 @@ rounding of the pixel values (~1e-6 pixels), and:
   - a shift that is the gradient of a periodic potential integrates back
     to that potential (up to its mean, which iDPC sets to 0).
 
+A last test runs beamd-sim's own 4D-STEM pattern (`--pattern stem`),
+whose scan shape comes in the series metadata.
+
 Tolerances: per-frame values against numpy 1e-9 pixels (float64 sums of
 the same float32 pixels in another order; uint16 frames: exact); maps
 (float32 out) against numpy 2e-6 x (1 + |value|); against the known
@@ -230,3 +233,43 @@ def test_incomplete_scan_and_integer_frames(tmp_path, ports, zctx, start_beamd, 
         sx[fid], sy[fid] = got[fid][2], got[fid][3]
     _close(m, maps_ref(sx.reshape(ny, nx), sy.reshape(ny, nx)), 2e-6, 2e-6, "maps vs numpy")
     tx.close()
+
+
+def test_simulator_stem_scan(tmp_path, ports, zctx, start_beamd, receivers, run_tool):
+    """beamd-sim's stem pattern: the bright-field disc (radius h/8, centred
+    on (w/2, h/2)) deflected by (lround(2 cos(2 pi iy/ny)), lround(2 sin(2 pi
+    ix/nx))) pixels over a nearly empty background (mean 0.01), the scan
+    shape in the series metadata. The centre of mass is that deflection up
+    to the few background counts inside the disc: ~5 expected counts at
+    <= 14 pixels against a disc of >= 788, so well under 0.25 pixels (the
+    simulator is seeded; the bound is what the physics allows, not a fit)."""
+    h = w = 64
+    n = 64  # an 8 x 8 raster
+    stages = [{"name": "dpc", "kind": "com", "backend": "cpu", "cx": w / 2, "cy": h / 2,
+               "r": h / 8 + 4, "image_every": 32}]
+    start_beamd(make_config(ports, stages, mode="pull"))
+    rx = Receiver(zctx, ports.ep_publish)
+    receivers.append(rx)
+    rx.wait_live()
+    sim = run_tool("beamd-sim", ["--socket", "push", "--bind", ports.ep_input, "--shape",
+                                 "%dx%d" % (h, w), "--dtype", "uint16", "--pattern", "stem",
+                                 "--mean", "0.01", "--frames", str(n), "--series", "1",
+                                 "--series-id", "5", "--quiet"])
+    assert sim.wait(30) == 0, sim.stderr()
+    rx.wait_series_end(5, timeout=15)
+    got = _per_frame(rx, "dpc.com", 5, n)
+    ny = nx = 8
+
+    def lround(v):
+        return np.sign(v) * np.floor(np.abs(v) + 0.5)
+
+    for fid, v in got.items():
+        iy, ix = divmod(fid % (ny * nx), nx)
+        want = (lround(2 * np.cos(2 * np.pi * iy / ny)), lround(2 * np.sin(2 * np.pi * ix / nx)))
+        _close(v[2:4], np.array(want), 0.25, 0, "frame %d shift" % fid)
+    final, maps = _final_maps(rx, "dpc.maps", 5)
+    assert final[2].shape == (6, ny, nx)  # the scan shape came from the metadata
+    assert len([m for m in maps if m[1].flags & proto.FLAG_PARTIAL]) == n // 32
+    shifts = np.array([got[p][2:4] for p in range(ny * nx)])
+    ref = maps_ref(shifts[:, 0].reshape(ny, nx), shifts[:, 1].reshape(ny, nx))
+    _close(final[2], ref, 2e-6, 2e-6, "maps vs numpy")
