@@ -290,6 +290,7 @@ int beam_com_host_start(beam_stage_t *self, beam_com_host_t *h, const beam_serie
                         const beam_indesc_t *in, int want_idx, beam_diag_t *d) {
   const beam_com_conf_t *c = &h->conf;
   char fs[64], ms[64];
+  h->scan = 0; /* nothing of the last series' scan survives a failed start */
   if (!beam__dtype_real(in->dtype))
     return BEAM_DIAG(d, BEAM_ESHAPE, "com: input dtype %s is not supported (integers, float32, float64)",
                      beam_dtype_name(in->dtype));
