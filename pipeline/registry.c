@@ -33,11 +33,14 @@ static const beam_stage_kind_t k_ptycho_dm = {
 static const beam_stage_kind_t k_fit = {
     "fit", "batched Levenberg-Marquardt: per-pixel maps over a series, or the curves of a result",
     beam_fit_params, &beam_fit_cpu_ops, &beam_fit_cuda_ops, beam_fit_stage_check};
+static const beam_stage_kind_t k_com = {
+    "com", "4D-STEM centre of mass per frame; DPC maps (shift, divergence, curl, iDPC) over the scan",
+    beam_com_params, &beam_com_cpu_ops, &beam_com_cuda_ops, NULL};
 
 /* Built-in kinds first; kinds that need libraries pipeline/ must not use
  * (HDF5 for `record`) are registered by the daemon at start-up. */
 #define MAX_KINDS 32
-static const beam_stage_kind_t *kinds[MAX_KINDS + 1] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, &k_xpcs_multitau, &k_xpcs_twotime, &k_pca, &k_ptycho_dm, &k_fit, NULL};
+static const beam_stage_kind_t *kinds[MAX_KINDS + 1] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, &k_xpcs_multitau, &k_xpcs_twotime, &k_pca, &k_ptycho_dm, &k_fit, &k_com, NULL};
 
 const beam_stage_kind_t *const *beam_stage_kinds(void) { return kinds; }
 

@@ -21,6 +21,8 @@ extern const beam_param_t beam_pca_params[];
 extern const beam_stage_ops_t beam_pca_cpu_ops;
 extern const beam_param_t beam_ptycho_dm_params[];
 extern const beam_stage_ops_t beam_ptycho_dm_cpu_ops;
+extern const beam_param_t beam_com_params[];
+extern const beam_stage_ops_t beam_com_cpu_ops;
 
 extern const beam_param_t beam_fit_params[];
 extern const beam_stage_ops_t beam_fit_cpu_ops;

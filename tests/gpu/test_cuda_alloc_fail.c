@@ -102,6 +102,7 @@ static void test_cuda_stage_kinds(void **state) {
       {"xpcs_twotime", &beam_xpcs_twotime_cuda_ops, beam_xpcs_twotime_params,
        KV("rois", "@labels", "max_frames", "16"), 0, 0},
       {"pca", &beam_pca_cuda_ops, beam_pca_params, KV("components", "2"), 0, 0},
+      {"com", &beam_com_cuda_ops, beam_com_params, KV("r", "8", "scan_shape", "[2, 2]"), 0, 4},
       {"fit", &beam_fit_cuda_ops, beam_fit_params,
        KV("source", "pixels", "model", "exp", "max_frames", "8"), 0, 8},
       {"ptycho_dm", &beam_ptycho_dm_cuda_ops, beam_ptycho_dm_params,

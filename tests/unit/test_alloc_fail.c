@@ -139,6 +139,8 @@ static void test_stage_kinds(void **state) {
           "min_frames", "1", "max_frames", "8", "iterations", "2", "final_iterations", "1",
           "threads", "1"),
        BEAM_DT_U16, 32, 32, 1},
+      {"com", &beam_com_cpu_ops, beam_com_params,
+       KV("r", "8", "scan_shape", "[2, 2]", "image_every", "2"), BEAM_DT_U16, 32, 32, 0},
       {"record", &beam_record_cpu_ops, beam_record_params, KV("dir", "@dir"), BEAM_DT_U16, 32,
        32, 0},
   };
