@@ -116,6 +116,46 @@ void beam_x2t_lag(const beam_x2t_t *x, size_t k, unsigned *level, size_t *i) {
   *i = h + (k - nb) % h;
 }
 
+/* num_bufs / num_levels against each other and the other keys: the
+ * message and the node to point at, or 0. scikit-beam refuses an odd
+ * num_bufs; the rest are what beamd does not combine. */
+static int levels_conflict(const beam_cnode_t *cfg, char *msg, size_t len, const beam_cnode_t **at) {
+  int64_t nl = beam_cfg_int(cfg, "num_levels", 1), nb = beam_cfg_int(cfg, "num_bufs", 0);
+  int64_t pr = beam_cfg_int(cfg, "publish_rows", 0);
+  const char *mode = beam_cfg_str(cfg, "mode");
+  const beam_cnode_t *n_nl = beam_cfg_get(cfg, "num_levels"), *n_nb = beam_cfg_get(cfg, "num_bufs");
+  *at = n_nb ? n_nb : cfg;
+  /* the validator has checked the ranges; a tree built by hand may not be */
+  if (nl < 1 || nl > BEAM_X2T_MAX_LEVELS) {
+    *at = n_nl ? n_nl : cfg;
+    snprintf(msg, len, WHO ": num_levels must be 1..%u, got %lld", BEAM_X2T_MAX_LEVELS, (long long)nl);
+  } else if (nb < 0 || nb > BEAM_X2T_MAX_FRAMES || nb % 2) {
+    snprintf(msg, len, WHO ": num_bufs must be even, 0..%u, got %lld", BEAM_X2T_MAX_FRAMES, (long long)nb);
+  } else if (nl > 1 && nb == 0) {
+    *at = n_nl ? n_nl : cfg;
+    snprintf(msg, len, WHO ": num_levels %lld needs num_bufs (scikit-beam's buffers per level, even, >= 2)",
+             (long long)nl);
+  } else if (nb && mode && strcmp(mode, "full") != 0) {
+    snprintf(msg, len, WHO ": num_bufs and num_levels need mode full (mode band is num_bufs = width at one level, "
+             "without the zeros)");
+  } else if (nb && pr) {
+    /* a level-L cell is final only when its 2^L-frame block is complete */
+    snprintf(msg, len, WHO ": publish_rows cannot be combined with num_bufs / num_levels");
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+int beam_xpcs_twotime_check(const beam_cnode_t *cfg, beam_cfg_errs_t *errs) {
+  const beam_cnode_t *at;
+  char msg[256];
+  if (!levels_conflict(cfg, msg, sizeof msg, &at))
+    return 0;
+  beam_cfg_err(errs, at, "%s", msg);
+  return 1;
+}
+
 int beam_x2t_init(beam_x2t_t *x, const beam_cnode_t *cfg, beam_diag_t *d) {
   memset(x, 0, sizeof *x);
   beam_x2t_conf_t *c = &x->conf;
@@ -153,24 +193,11 @@ int beam_x2t_init(beam_x2t_t *x, const beam_cnode_t *cfg, beam_diag_t *d) {
                      "have left the ring when it completes",
                      (long long)pr, c->width);
   c->publish_rows = (size_t)pr;
+  const beam_cnode_t *at;
+  char msg[256];
+  if (levels_conflict(cfg, msg, sizeof msg, &at))
+    return BEAM_DIAG(d, BEAM_ECONFIG, "%s", msg);
   int64_t nl = beam_cfg_int(cfg, "num_levels", 1), nb = beam_cfg_int(cfg, "num_bufs", 0);
-  if (nl < 1 || nl > BEAM_X2T_MAX_LEVELS)
-    return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": num_levels must be 1..%u, got %lld", BEAM_X2T_MAX_LEVELS,
-                     (long long)nl);
-  if (nb < 0 || nb > BEAM_X2T_MAX_FRAMES || nb % 2)
-    return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": num_bufs must be even, 0..%u, got %lld", BEAM_X2T_MAX_FRAMES,
-                     (long long)nb);
-  if (nl > 1 && nb == 0)
-    return BEAM_DIAG(d, BEAM_ECONFIG,
-                     WHO ": num_levels %lld needs num_bufs (scikit-beam's buffers per level, even, >= 2)",
-                     (long long)nl);
-  if (nb && c->mode != BEAM_X2T_FULL)
-    return BEAM_DIAG(d, BEAM_ECONFIG,
-                     WHO ": num_bufs and num_levels need mode full (mode band is num_bufs = width at one "
-                     "level, without the zeros)");
-  /* a level-L cell is final only when its 2^L-frame block is complete */
-  if (nb && pr)
-    return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": publish_rows cannot be combined with num_bufs / num_levels");
   c->nb = (size_t)nb;
   c->levels = (unsigned)nl;
   /* One ROI's result alone must fit: caught here, before any series. */
