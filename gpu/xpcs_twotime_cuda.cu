@@ -13,7 +13,14 @@
  * syrk(OP_T) of that block; its column-major upper triangle is the
  * row-major lower triangle the shared code reads. Device memory: the
  * buffer (rows x P) plus one ROI's result (T x T, W x W, or a band block).
- * Products sum in cuBLAS's order: equal to the CPU's to round-off. */
+ * Products sum in cuBLAS's order: equal to the CPU's to round-off.
+ *
+ * Multi-tau levels (num_bufs, num_levels): the device does level 0 (the
+ * same syrk over every pair; the shared code zeroes |t1 - t2| >= num_bufs);
+ * the level >= 1 block sums and their pairs (nb/2 per level-L frame, so at
+ * most T nb P / 2 multiply-adds over all levels against T^2 P / 2 for level
+ * 0) are host loops in xpcs_twotime.c, the CPU backend's own code, so those
+ * cells are the CPU's to the bit. */
 #include "gpu/cuda_int.h"
 
 #include "pipeline/kern/xpcs_twotime.h"

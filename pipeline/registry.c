@@ -22,7 +22,7 @@ static const beam_stage_kind_t k_xpcs_multitau = {
     beam_xpcs_multitau_params, &beam_xpcs_multitau_cpu_ops, &beam_xpcs_multitau_cuda_ops, NULL};
 static const beam_stage_kind_t k_xpcs_twotime = {
     "xpcs_twotime", "XPCS two-time correlation C(t1, t2) per ROI and g2 from its diagonals (scikit-beam)",
-    beam_xpcs_twotime_params, &beam_xpcs_twotime_cpu_ops, &beam_xpcs_twotime_cuda_ops, NULL};
+    beam_xpcs_twotime_params, &beam_xpcs_twotime_cpu_ops, &beam_xpcs_twotime_cuda_ops, beam_xpcs_twotime_check};
 static const beam_stage_kind_t k_pca = {
     "pca", "streaming PCA (incremental SVD): scores, anomaly residual, components",
     beam_pca_params, &beam_pca_cpu_ops, &beam_pca_cuda_ops, NULL};

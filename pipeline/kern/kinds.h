@@ -17,6 +17,7 @@ extern const beam_param_t beam_xpcs_multitau_params[];
 extern const beam_stage_ops_t beam_xpcs_multitau_cpu_ops;
 extern const beam_param_t beam_xpcs_twotime_params[];
 extern const beam_stage_ops_t beam_xpcs_twotime_cpu_ops;
+int beam_xpcs_twotime_check(const beam_cnode_t *cfg, beam_cfg_errs_t *errs);
 extern const beam_param_t beam_pca_params[];
 extern const beam_stage_ops_t beam_pca_cpu_ops;
 extern const beam_param_t beam_ptycho_dm_params[];

@@ -12,6 +12,10 @@
 #include "pipeline/kern/kern_int.h"
 #include "pipeline/kern/kinds.h"
 
+static const char *even_bufs(const beam_cnode_t *v) {
+  return v->ival % 2 != 0 ? "num_bufs must be even (scikit-beam refuses an odd num_bufs)" : NULL;
+}
+
 const beam_param_t beam_xpcs_twotime_params[] = {
     BEAM_STAGE_COMMON_PARAMS,
     {"rois", BEAM_P_MAP, NULL, 1, 0, 0, NULL, beam_xpcs_rois_params,
@@ -33,6 +37,13 @@ const beam_param_t beam_xpcs_twotime_params[] = {
      "publish partial results over the frames so far every N frames (0 = at series end only)", NULL},
     {"publish_rows", BEAM_P_INT, "0", 0, 0, BEAM_X2T_MAX_FRAMES, NULL, NULL,
      "publish each block of N completed rows of c2 as output c2_rows while the series runs (0 = off)", NULL},
+    {"num_levels", BEAM_P_INT, "1", 0, 1, BEAM_X2T_MAX_LEVELS, NULL, NULL,
+     "scikit-beam's num_levels (mode full, with num_bufs): level L pairs means of 2^L frames; 1 = frames only",
+     NULL},
+    {"num_bufs", BEAM_P_INT, "0", 0, 0, BEAM_X2T_MAX_FRAMES, NULL, NULL,
+     "scikit-beam's num_bufs, even (mode full): lags 0..num_bufs-1 at level 0 and i 2^L, i = num_bufs/2.."
+     "num_bufs-1, at level L; cells of no such pair are 0. 0 = every pair (one level)",
+     even_bufs},
     BEAM_PARAM_END};
 
 #define WHO "xpcs_twotime"
@@ -45,6 +56,9 @@ void beam_x2t_free(beam_x2t_t *x) {
   free(x->sum);
   free(x->bad);
   free(x->scratch);
+  free(x->lv);
+  free(x->lsum);
+  free(x->lbad);
   memset(x, 0, sizeof *x);
 }
 
@@ -76,8 +90,70 @@ double beam_x2t_bytes(const beam_x2t_t *x, size_t P, size_t R, size_t tdecl) {
   /* publish_rows: two c2_rows slots of up to N rows of the widest block */
   double nr = (double)(c->publish_rows < cap ? c->publish_rows : (size_t)cap);
   double blocks = 2 * (double)R * nr * (c->mode == BEAM_X2T_FULL ? (double)tdecl : (double)c->width) * es;
+  double ring = c->levels > 1 ? (double)c->nb * ((double)P * 8 + (double)R * 8 + 1) : 0;
   return cap * (double)P * es + cap * (double)R * 8 + cap + (double)R * c2_cells(c, tdecl) * es +
-         scratch_cells(c) * es + 4 * (c->errors ? 3 : 2) * lags * (double)R * 8 + blocks;
+         scratch_cells(c) * es + 4 * (c->errors ? 3 : 2) * lags * (double)R * 8 + blocks + ring;
+}
+
+/* g2 lags with a pair among T frames: the multi-tau lag list's prefix
+ * (a level-L lag i needs (i + 1) 2^L frames, more than any lag below it). */
+static size_t mt_lags(const beam_x2t_conf_t *c, size_t T) {
+  size_t K = T < c->nb ? T : c->nb, h = c->nb / 2;
+  for (unsigned L = 1; L < c->levels; L++) {
+    size_t n = T >> L;
+    K += n > h ? (n < c->nb ? n : c->nb) - h : 0;
+  }
+  return K;
+}
+
+void beam_x2t_lag(const beam_x2t_t *x, size_t k, unsigned *level, size_t *i) {
+  size_t nb = x->conf.nb, h = nb / 2;
+  if (nb == 0 || k < nb) {
+    *level = 0, *i = k;
+    return;
+  }
+  *level = 1 + (unsigned)((k - nb) / h);
+  *i = h + (k - nb) % h;
+}
+
+/* num_bufs / num_levels against each other and the other keys: the
+ * message and the node to point at, or 0. scikit-beam refuses an odd
+ * num_bufs; the rest are what beamd does not combine. */
+static int levels_conflict(const beam_cnode_t *cfg, char *msg, size_t len, const beam_cnode_t **at) {
+  int64_t nl = beam_cfg_int(cfg, "num_levels", 1), nb = beam_cfg_int(cfg, "num_bufs", 0);
+  int64_t pr = beam_cfg_int(cfg, "publish_rows", 0);
+  const char *mode = beam_cfg_str(cfg, "mode");
+  const beam_cnode_t *n_nl = beam_cfg_get(cfg, "num_levels"), *n_nb = beam_cfg_get(cfg, "num_bufs");
+  *at = n_nb ? n_nb : cfg;
+  /* the validator has checked the ranges; a tree built by hand may not be */
+  if (nl < 1 || nl > BEAM_X2T_MAX_LEVELS) {
+    *at = n_nl ? n_nl : cfg;
+    snprintf(msg, len, WHO ": num_levels must be 1..%u, got %lld", BEAM_X2T_MAX_LEVELS, (long long)nl);
+  } else if (nb < 0 || nb > BEAM_X2T_MAX_FRAMES || nb % 2) {
+    snprintf(msg, len, WHO ": num_bufs must be even, 0..%u, got %lld", BEAM_X2T_MAX_FRAMES, (long long)nb);
+  } else if (nl > 1 && nb == 0) {
+    *at = n_nl ? n_nl : cfg;
+    snprintf(msg, len, WHO ": num_levels %lld needs num_bufs (scikit-beam's buffers per level, even, >= 2)",
+             (long long)nl);
+  } else if (nb && mode && strcmp(mode, "full") != 0) {
+    snprintf(msg, len, WHO ": num_bufs and num_levels need mode full (mode band is num_bufs = width at one level, "
+             "without the zeros)");
+  } else if (nb && pr) {
+    /* a level-L cell is final only when its 2^L-frame block is complete */
+    snprintf(msg, len, WHO ": publish_rows cannot be combined with num_bufs / num_levels");
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+int beam_xpcs_twotime_check(const beam_cnode_t *cfg, beam_cfg_errs_t *errs) {
+  const beam_cnode_t *at;
+  char msg[256];
+  if (!levels_conflict(cfg, msg, sizeof msg, &at))
+    return 0;
+  beam_cfg_err(errs, at, "%s", msg);
+  return 1;
 }
 
 int beam_x2t_init(beam_x2t_t *x, const beam_cnode_t *cfg, beam_diag_t *d) {
@@ -117,6 +193,13 @@ int beam_x2t_init(beam_x2t_t *x, const beam_cnode_t *cfg, beam_diag_t *d) {
                      "have left the ring when it completes",
                      (long long)pr, c->width);
   c->publish_rows = (size_t)pr;
+  const beam_cnode_t *at;
+  char msg[256];
+  if (levels_conflict(cfg, msg, sizeof msg, &at))
+    return BEAM_DIAG(d, BEAM_ECONFIG, "%s", msg);
+  int64_t nl = beam_cfg_int(cfg, "num_levels", 1), nb = beam_cfg_int(cfg, "num_bufs", 0);
+  c->nb = (size_t)nb;
+  c->levels = (unsigned)nl;
   /* One ROI's result alone must fit: caught here, before any series. */
   double one = c2_cells(c, c->max_frames) * (double)beam_x2t_esize(x);
   if (one > (double)c->memory_limit)
@@ -173,13 +256,20 @@ int beam_x2t_start(beam_stage_t *self, beam_x2t_t *x, const beam_series_t *s, co
   x->tdecl = tdecl;
   x->cap = c->mode == BEAM_X2T_WINDOW ? c->width : tdecl;
   x->blk = band_blk(c->width);
-  free(x->buf), free(x->sum), free(x->bad), free(x->scratch);
+  free(x->buf), free(x->sum), free(x->bad), free(x->scratch), free(x->lv), free(x->lsum), free(x->lbad);
+  x->lv = x->lsum = NULL, x->lbad = NULL;
   size_t es = beam_x2t_esize(x), sc = (size_t)scratch_cells(c);
   x->buf = malloc(x->cap * P * es);
   x->sum = calloc(x->cap * R, sizeof *x->sum);
   x->bad = calloc(x->cap, 1);
   x->scratch = sc ? malloc(sc * es) : NULL;
-  if (!x->buf || !x->sum || !x->bad || (sc && !x->scratch))
+  if (c->levels > 1) {
+    x->lv = malloc(c->nb * P * sizeof *x->lv);
+    x->lsum = malloc(c->nb * R * sizeof *x->lsum);
+    x->lbad = malloc(c->nb);
+  }
+  int lfail = c->levels > 1 && (!x->lv || !x->lsum || !x->lbad);
+  if (!x->buf || !x->sum || !x->bad || (sc && !x->scratch) || lfail)
     return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": cannot allocate %.3g GiB for %zu frames x %zu pixels", gib(need),
                      x->cap, P);
   /* touch every page now: first-touch faults of a buffer this size would
@@ -190,7 +280,7 @@ int beam_x2t_start(beam_stage_t *self, beam_x2t_t *x, const beam_series_t *s, co
   x->lag_scale = s && s->frame_time_s > 0 ? s->frame_time_s : 1.0;
 
   beam_dtype_t dt = c->f32 ? BEAM_DT_F32 : BEAM_DT_F64;
-  size_t lags = c->mode == BEAM_X2T_FULL ? tdecl : c->width;
+  size_t lags = c->nb ? mt_lags(c, tdecl) : c->mode == BEAM_X2T_FULL ? tdecl : c->width;
   uint32_t sc2[3] = {(uint32_t)R, (uint32_t)(c->mode == BEAM_X2T_WINDOW ? c->width : tdecl),
                      (uint32_t)(c->mode == BEAM_X2T_FULL ? tdecl : c->width)};
   uint32_t sg[2] = {(uint32_t)lags, (uint32_t)R}, sl[1] = {(uint32_t)lags}, si[1] = {BEAM_X2T_INFO_N};
@@ -335,6 +425,8 @@ void beam_x2t_c2_shape(const beam_x2t_t *x, uint32_t shape[3]) {
 }
 
 size_t beam_x2t_nlags(const beam_x2t_t *x) {
+  if (x->conf.nb)
+    return mt_lags(&x->conf, x->rows);
   return x->conf.mode == BEAM_X2T_BAND && x->conf.width < x->rows ? x->conf.width : x->rows;
 }
 
@@ -358,6 +450,85 @@ static int band_rows(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, size_t 
     }
   }
   return 0;
+}
+
+/* ---- multi-tau levels (num_bufs) ------------------------------------------ */
+
+/* Level-L frame k into ring slot k % nb: the sum of frames k 2^L ..
+ * (k+1) 2^L - 1, in double (exact for integer counts below 2^53). */
+static void level_frame(beam_x2t_t *x, unsigned L, size_t k) {
+  size_t P = x->P, R = x->R, B = (size_t)1 << L, s = k % x->conf.nb, t0 = k * B;
+  double *restrict o = x->lv + s * P, *os = x->lsum + s * R;
+  int f32 = x->conf.f32;
+  uint8_t bad = 0;
+  memset(o, 0, P * sizeof *o);
+  memset(os, 0, R * sizeof *os);
+  for (size_t t = t0; t < t0 + B; t++) {
+    bad |= x->bad[t];
+    if (f32) {
+      const float *restrict in = (const float *)x->buf + t * P;
+      for (size_t p = 0; p < P; p++)
+        o[p] += in[p];
+    } else {
+      const double *restrict in = (const double *)x->buf + t * P;
+      for (size_t p = 0; p < P; p++)
+        o[p] += in[p];
+    }
+    for (size_t r = 0; r < R; r++)
+      os[r] += x->sum[t * R + r];
+  }
+  x->lbad[s] = bad;
+}
+
+/* The level >= 1 cells of c2 (full layout, n x n per ROI), as scikit-beam's
+ * _two_time_process writes them: a level-L frame's mean time is a
+ * half-integer, and the pair's value fills the 2^L cells around it on its
+ * diagonal (then mirrored, as two_time_state_to_results does). Sums in
+ * place of means: the ratio is the same, 2^-2L cancels. */
+static void level_cells(beam_x2t_t *x, void *c2) {
+  size_t n = x->rows, nb = x->conf.nb, P = x->P, R = x->R, es = beam_x2t_esize(x);
+  int f32 = x->conf.f32;
+  for (unsigned L = 1; L < x->conf.levels; L++) {
+    size_t B = (size_t)1 << L, nL = n >> L;
+    for (size_t k = 0; k < nL; k++) {
+      level_frame(x, L, k);
+      const double *restrict cur = x->lv + (k % nb) * P;
+      for (size_t i = nb / 2; i < nb && i <= k; i++) {
+        size_t ps = (k - i) % nb;
+        const double *restrict past = x->lv + ps * P;
+        int bad = x->lbad[k % nb] || x->lbad[ps];
+        for (size_t r = 0; r < R; r++) {
+          size_t a = x->rois.off[r], e = x->rois.off[r + 1];
+          double num = 0, den = x->lsum[(k % nb) * R + r] * x->lsum[ps * R + r];
+          for (size_t p = a; p < e; p++)
+            num += cur[p] * past[p];
+          /* scikit-beam's order, tmp / (pi fi) * Np: with integer counts the
+           * sums are exact, so this is its value to the bit */
+          double v = bad || den == 0 ? NAN : num / den * (double)(e - a);
+          void *o = (char *)c2 + r * n * n * es;
+          for (size_t m = 0; m < B; m++) {
+            size_t t1 = k * B + m, t2 = (k - i) * B + m;
+            wr(f32, o, t1 * n + t2, v);
+            wr(f32, o, t2 * n + t1, v);
+          }
+        }
+      }
+    }
+  }
+}
+
+/* Level 0 keeps |t1 - t2| < nb: the cells beyond are no pair's, 0. */
+static void level0_band(const beam_x2t_t *x, void *c2) {
+  size_t n = x->rows, nb = x->conf.nb, es = beam_x2t_esize(x);
+  int f32 = x->conf.f32;
+  for (size_t r = 0; r < x->R; r++) {
+    void *o = (char *)c2 + r * n * n * es;
+    for (size_t i = nb; i < n; i++)
+      for (size_t j = 0; j + nb <= i; j++) {
+        wr(f32, o, i * n + j, 0);
+        wr(f32, o, j * n + i, 0);
+      }
+  }
 }
 
 int beam_x2t_compute(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, void *c2, beam_diag_t *d) {
@@ -396,6 +567,10 @@ int beam_x2t_compute(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, void *c
     } else if ((rc = band_rows(x, b, ctx, r, 0, n, (char *)c2 + r * n * W * es, d)) < 0) {
       return rc;
     }
+  }
+  if (x->conf.nb) {
+    level0_band(x, c2);
+    level_cells(x, c2);
   }
   return 0;
 }
@@ -506,27 +681,32 @@ void beam_x2t_g2(const beam_x2t_t *x, const void *c2, double *g2, double *err) {
   size_t cols = band ? x->conf.width : n;
   for (size_t r = 0; r < R; r++) {
     const void *o = (const char *)c2 + r * n * cols * es;
-    for (size_t k = 0; k < K; k++) {
-      /* diagonal k: C(t, t + k), t < n - k; band stores it at [t + k][k] */
-      size_t cnt = 0;
+    for (size_t j = 0; j < K; j++) {
+      /* diagonal k: C(t, t + k), t < end - k; band stores it at [t + k][k].
+       * With nb, lag j is k = i 2^L and its cells end with the last
+       * complete level-L frame. */
+      unsigned L;
+      size_t i;
+      beam_x2t_lag(x, j, &L, &i);
+      size_t k = i << L, end = (n >> L) << L, cnt = 0;
       double s = 0;
-      for (size_t t = 0; t + k < n; t++) {
+      for (size_t t = 0; t + k < end; t++) {
         double v = rd(f32, o, band ? (t + k) * cols + k : t * cols + t + k);
         if (!isnan(v))
           s += v, cnt++;
       }
       double mean = cnt ? s / (double)cnt : NAN;
-      g2[k * R + r] = mean;
+      g2[j * R + r] = mean;
       if (!err)
         continue;
       double ss = 0;
-      for (size_t t = 0; t + k < n; t++) {
+      for (size_t t = 0; t + k < end; t++) {
         double v = rd(f32, o, band ? (t + k) * cols + k : t * cols + t + k);
         if (!isnan(v))
           ss += (v - mean) * (v - mean);
       }
       /* scikit-beam: nanstd / sqrt(len(diagonal)), NaN cells included in len */
-      err[k * R + r] = cnt ? sqrt(ss / (double)cnt) / sqrt((double)(n - k)) : NAN;
+      err[j * R + r] = cnt ? sqrt(ss / (double)cnt) / sqrt((double)(end - k)) : NAN;
     }
   }
 }
@@ -581,8 +761,12 @@ int beam_x2t_publish(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, beam_em
     beam_frame_t *lg = beam_emit_get(emit, BEAM_X2T_OUT_LAGS);
     if (!lg)
       return 0;
-    for (size_t k = 0; k < K; k++)
-      ((double *)lg->data)[k] = (double)k * x->lag_scale;
+    for (size_t k = 0; k < K; k++) {
+      unsigned L;
+      size_t i;
+      beam_x2t_lag(x, k, &L, &i);
+      ((double *)lg->data)[k] = (double)(i << L) * x->lag_scale;
+    }
     lg->shape[0] = (uint32_t)K;
     lg->flags = flag;
     beam_emit_put(emit, lg);

@@ -1,6 +1,6 @@
 /* Stage kind `xpcs_twotime`: the two-time correlation C(q, t1, t2) per ROI
- * with scikit-beam's definition (two_time_corr with num_levels = 1;
- * docs/xpcs.md has the normative text) and the one-time g2 taken from its
+ * with scikit-beam's definition (two_time_corr, one level or, with
+ * num_bufs, its multi-tau levels below; docs/xpcs.md has the normative text) and the one-time g2 taken from its
  * diagonals (one_time_from_two_time). Shared by xpcs_twotime_cpu.c and
  * gpu/xpcs_twotime_cuda.cu: schema, per-series state, the per-frame
  * gather into the frame buffer, the memory budget, normalisation, band
@@ -46,7 +46,20 @@
  * the FINAL results; blocks sent while the series runs carry PARTIAL. Each
  * block is followed by c2_rows_at, int64 [row0, rows, col0, frames]: its
  * first row and column (frame indices; col0 = 0, lag 0, in band mode) and
- * the frames received when it was sent. The FINAL c2 is unchanged. */
+ * the frames received when it was sent. The FINAL c2 is unchanged.
+ *
+ * Multi-tau (num_bufs nb > 0, num_levels NL; mode full only): the cells
+ * scikit-beam's two_time_corr(labels, images, T, nb, NL) writes, all
+ * others 0 as its np.zeros result. Level 0: |t1 - t2| < nb. Level L >= 1
+ * pairs block means of 2^L frames (frame k = frames k 2^L .. (k+1) 2^L - 1,
+ * complete blocks only) at lags i = nb/2 .. nb-1 (in level-L frames, i <= k):
+ * C of the pair (k - i, k) goes to the 2^L cells (k 2^L + m, (k-i) 2^L + m),
+ * m < 2^L, and their mirrors. A level-L frame is bad if one of its frames
+ * is; its ROI sums are the sums of its frames' (so integer counts stay
+ * exact). Level 0 is the backend's product; levels >= 1 are host loops here
+ * (their pairs cost nb/2 P per level-L frame, against T P per frame for
+ * level 0). g2 has one lag per multi-tau lag i 2^L with a pair so far, the
+ * mean over the cells written on that diagonal. */
 #ifndef BEAM_KERN_XPCS_TWOTIME_H
 #define BEAM_KERN_XPCS_TWOTIME_H
 
@@ -76,7 +89,11 @@ typedef struct beam_x2t_conf_s {
   int errors;            /* also publish g2_err */
   uint64_t publish_every;
   size_t publish_rows;   /* rows per c2_rows block, 0 = off */
+  size_t nb;             /* scikit-beam's num_bufs; 0 = every pair (one level) */
+  unsigned levels;       /* scikit-beam's num_levels */
 } beam_x2t_conf_t;
+
+#define BEAM_X2T_MAX_LEVELS 16u /* a level-16 frame is 2^16 frames, the longest series */
 
 /* The "c2_rows_at" output, int64 [BEAM_X2T_AT_N]. */
 enum { BEAM_X2T_AT_ROW0 = 0, BEAM_X2T_AT_ROWS, BEAM_X2T_AT_COL0, BEAM_X2T_AT_FRAMES, BEAM_X2T_AT_N };
@@ -100,6 +117,10 @@ typedef struct beam_x2t_s {
   uint64_t nframes, nbad, ndropped;
   size_t rows_done;  /* publish_rows: rows published in c2_rows blocks */
   unsigned out_rows; /* index of the c2_rows output (c2_rows_at follows) */
+  /* levels > 1: ring of the last nb level-L frames (sums of 2^L frames) */
+  double *lv;        /* [nb][P] */
+  double *lsum;      /* [nb][R] */
+  uint8_t *lbad;     /* [nb] */
 } beam_x2t_t;
 
 /* The numerator products of one publish, done by a backend. Row indices
@@ -142,8 +163,11 @@ int beam_x2t_compute(beam_x2t_t *x, const beam_x2t_blas_t *b, void *ctx, void *c
 void beam_x2t_c2_shape(const beam_x2t_t *x, uint32_t shape[3]);
 /* Number of g2 lags for the rows held. */
 size_t beam_x2t_nlags(const beam_x2t_t *x);
+/* g2 lag k as (level, channel): lag i 2^level frames (nb = 0: level 0, i = k). */
+void beam_x2t_lag(const beam_x2t_t *x, size_t k, unsigned *level, size_t *i);
 /* g2[k * R + r] (and err, may be NULL) from c2: nanmean of diagonal k,
- * err = nanstd / sqrt(cells on the diagonal) (scikit-beam). */
+ * err = nanstd / sqrt(cells on the diagonal) (scikit-beam); with nb, of
+ * the cells written on the diagonal of lag k. */
 void beam_x2t_g2(const beam_x2t_t *x, const void *c2, double *g2, double *err);
 
 /* Computes and emits c2, g2, lags, info (g2_err) with flag FINAL or

@@ -1,6 +1,7 @@
 /* CPU vs CUDA for `xpcs_twotime`: the same frames (uint16 counts with BAD,
  * CORRUPT and a zero-photon frame; float32 with a NaN pixel) through both
- * backends in every mode and both precisions, with partial results. The
+ * backends in every mode and both precisions, with partial results, and
+ * with multi-tau levels (num_bufs, num_levels) in mode full. The
  * products are summed in different orders (OpenBLAS vs cuBLAS), so values
  * agree element-wise to |gpu - cpu| <= rtol |cpu| (1e-12 float64, 1e-3
  * float32); NaN cells must sit at the same places, info is identical.
@@ -12,7 +13,8 @@
 
 enum { H = 96, W = 128 };
 static char lpath[256];
-static const char *g_mode = "full", *g_prec = "float64";
+static const char *g_mode = "full", *g_prec = "float64", *g_nb = "0", *g_nl = "1";
+static int g_exact; /* integer counts in float64: sums exact in any order */
 
 static beam_cnode_t *cfg_of(void) {
   beam_cnode_t *c = bh_stage_cfg("xpcs_twotime"), *rois = bh_map();
@@ -23,6 +25,8 @@ static beam_cnode_t *cfg_of(void) {
   bh_set(c, "precision", g_prec);
   bh_set(c, "errors", "true");
   bh_set(c, "publish_every", "90");
+  bh_set(c, "num_bufs", g_nb);
+  bh_set(c, "num_levels", g_nl);
   return c;
 }
 
@@ -92,8 +96,29 @@ static void run(beam_dtype_t dt, const char *mode, const char *prec) {
   xpair_end(&x);
   /* float32: products agree to ~1e-5; g2_err, a spread of such values,
    * to ~1e-4 of itself */
-  compare(&x, strcmp(prec, "float32") == 0 ? 1e-3 : 1e-12);
+  compare(&x, g_exact ? 0 : strcmp(prec, "float32") == 0 ? 1e-3 : 1e-12);
   xpair_free(&x);
+}
+
+/* Multi-tau levels: level 0 is the backend's products, levels >= 1 are
+ * shared host code. uint16 counts in float64: every sum is an exact
+ * integer whatever the order, so the backends agree to the bit (rtol 0). */
+static void run_levels(beam_dtype_t dt, const char *prec, const char *nb, const char *nl) {
+  g_nb = nb, g_nl = nl, g_exact = dt == BEAM_DT_U16 && strcmp(prec, "float64") == 0;
+  run(dt, "full", prec);
+  g_nb = "0", g_nl = "1", g_exact = 0;
+}
+
+static void test_levels_u16(void **state) {
+  if (!bh_gpu_available())
+    skip();
+  run_levels(BEAM_DT_U16, "float64", "8", "4");
+}
+
+static void test_levels_f32_precision32(void **state) {
+  if (!bh_gpu_available())
+    skip();
+  run_levels(BEAM_DT_F32, "float32", "16", "3");
 }
 
 static void test_full_u16(void **state) {
@@ -128,6 +153,8 @@ int main(void) {
       cmocka_unit_test(test_band_u16),
       cmocka_unit_test(test_window_f32),
       cmocka_unit_test(test_full_f32_precision32),
+      cmocka_unit_test(test_levels_u16),
+      cmocka_unit_test(test_levels_f32_precision32),
   };
   return beam_run_tests(tests, NULL, NULL);
 }

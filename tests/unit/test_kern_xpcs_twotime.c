@@ -459,6 +459,280 @@ static void test_rows_window(void **state) {
   run_random(&r2);
 }
 
+/* ---- multi-tau levels (num_bufs, num_levels) ------------------------------- */
+
+/* Closed form, num_bufs 2, num_levels 3, 9 frames of 3 pixels, labels
+ * [1, 1, 2]. ROI 1 alternates (2, 0), (0, 2): level 0 C = 2 at lag 0 and
+ * 0 at lag 1; level-1 and level-2 frames are uniform, C = 1, at lags 2
+ * (level 1, i = 1) and 4 (level 2, i = 1). ROI 2 is one pixel, C = 1 in
+ * every written cell. Cells of no pair (lags 3, 5..8, and frame 8, outside
+ * every complete level-1 block, at lag 2) are 0. */
+static void test_levels_closed_form(void **state) {
+  uint8_t lab[3] = {1, 1, 2};
+  uint32_t sh[2] = {1, 3};
+  assert_int_equal(bh_write_npy(tmp_path("lv.npy"), "|u1", 2, sh, lab, sizeof lab), 0);
+  beam_cnode_t *cfg = cfg_labels(tmp_path("lv.npy"), "full", 1);
+  bh_set(cfg, "num_bufs", "2");
+  bh_set(cfg, "num_levels", "3");
+  bh_set(cfg, "errors", "true");
+  bh_t *h = make(cfg);
+  beam_diag_t d = {0};
+  h->series.frame_time_s = 0.25;
+  assert_int_equal(bh_start(h, BEAM_DT_U16, 2, sh, &d), 0);
+  enum { N = 9 };
+  for (int k = 0; k < N; k++) {
+    beam_frame_t *f = bh_frame_new(BEAM_DT_U16, 2, sh, (uint64_t)k);
+    uint16_t v[3] = {(uint16_t)(k % 2 ? 0 : 2), (uint16_t)(k % 2 ? 2 : 0), (uint16_t)(k + 1)};
+    memcpy(f->data, v, sizeof v);
+    assert_int_equal(bh_process(h, f), 0);
+    bh_frame_free(f);
+  }
+  assert_int_equal(bh_end(h), 0);
+  beam_frame_t *c2 = bh_last(h, BEAM_X2T_OUT_C2), *g2 = bh_last(h, BEAM_X2T_OUT_G2),
+               *lags = bh_last(h, BEAM_X2T_OUT_LAGS), *er = bh_last(h, BEAM_X2T_OUT_G2ERR);
+  assert_int_equal(c2->shape[1], N);
+  assert_int_equal(c2->shape[2], N);
+  for (int t1 = 0; t1 < N; t1++)
+    for (int t2 = 0; t2 < N; t2++) {
+      int k = abs(t1 - t2), hi = t1 > t2 ? t1 : t2;
+      int lvl = k < 2 ? 0 : (k == 2 && hi < 8) ? 1 : (k == 4 && hi < 8) ? 2 : -1;
+      double w1 = lvl < 0 ? 0 : lvl == 0 ? (k == 0 ? 2 : 0) : 1, w2 = lvl < 0 ? 0 : 1;
+      assert_true(cell(c2, (size_t)(t1 * N + t2)) == w1);
+      assert_true(cell(c2, (size_t)(N * N + t1 * N + t2)) == w2);
+    }
+  /* lags 0, 1 (level 0), 2 (level 1), 4 (level 2) */
+  const double wl[4] = {0, 1, 2, 4}, wg[4] = {2, 0, 1, 1};
+  assert_int_equal(g2->shape[0], 4);
+  assert_int_equal(lags->shape[0], 4);
+  for (int j = 0; j < 4; j++) {
+    assert_true(((double *)lags->data)[j] == 0.25 * wl[j]);
+    assert_true(((double *)g2->data)[j * 2] == wg[j]);
+    assert_true(((double *)g2->data)[j * 2 + 1] == 1);
+    assert_true(((double *)er->data)[j * 2] == 0);
+  }
+  bh_free(&h);
+}
+
+/* scikit-beam's two_time_corr as its loop writes it, plainly: level-L
+ * frames are means of 2^L frames (NaN when one is bad), each with a mean
+ * time (1-based) tk = k 2^L + (2^L + 1) / 2; a pair at lag i puts its C at
+ * int(tk - 1 + s), int(tk - 1 - i 2^L + s) for s = 1 - 2^(L-1) .. 2^(L-1)
+ * (level 0: the cell (t, t - i) only); then the lower triangle is
+ * mirrored. Cells of no pair stay 0. */
+static double *reference_levels(const double *frames, const int *bad, size_t N, size_t npix, const int *lab,
+                                size_t R, size_t nb, unsigned NL) {
+  double *C = calloc(R * N * N, sizeof *C), *m = malloc(N * npix * sizeof *m);
+  for (unsigned L = 0; L < NL; L++) {
+    size_t B = (size_t)1 << L, nL = N / B;
+    for (size_t k = 0; k < nL; k++)
+      for (size_t p = 0; p < npix; p++) {
+        double s = 0;
+        for (size_t t = k * B; t < (k + 1) * B; t++)
+          s += bad[t] ? NAN : frames[t * npix + p];
+        m[k * npix + p] = s / (double)B;
+      }
+    for (size_t k = 0; k < nL; k++)
+      for (size_t i = L ? nb / 2 : 0; i < nb && i <= k; i++)
+        for (size_t r = 0; r < R; r++) {
+          double num = 0, a = 0, b = 0;
+          for (size_t p = 0; p < npix; p++)
+            if (lab[p] == (int)r) {
+              num += m[(k - i) * npix + p] * m[k * npix + p];
+              a += m[(k - i) * npix + p];
+              b += m[k * npix + p];
+            }
+          double np = 0;
+          for (size_t p = 0; p < npix; p++)
+            np += lab[p] == (int)r;
+          double v = num / (a * b) * np, tk = (double)(k * B) + (double)(B + 1) / 2;
+          double t1 = tk - 1, t2 = t1 - (double)(i * B);
+          long ns = L ? 1L << (L - 1) : 0;
+          for (long s = L ? 1 - ns : 0; s <= (L ? ns : 0); s++)
+            C[(r * N + (size_t)(t1 + (double)s)) * N + (size_t)(t2 + (double)s)] = v;
+        }
+  }
+  for (size_t r = 0; r < R; r++)
+    for (size_t i = 0; i < N; i++)
+      for (size_t j = 0; j < i; j++)
+        C[(r * N + j) * N + i] = C[(r * N + i) * N + j];
+  free(m);
+  return C;
+}
+
+typedef struct lrun_s {
+  beam_dtype_t dt;
+  const char *precision;
+  size_t N, nb;
+  unsigned NL, publish_every;
+  double rtol;
+} lrun_t;
+
+static void check_levels(bh_t *h, const lrun_t *rc, const double *frames, const int *bad, size_t N, const int *idx) {
+  const size_t R = 4, nb = rc->nb;
+  double *C = reference_levels(frames, bad, N, NPIX, idx, R, nb, rc->NL);
+  beam_frame_t *c2 = bh_last(h, BEAM_X2T_OUT_C2), *g2 = bh_last(h, BEAM_X2T_OUT_G2),
+               *er = bh_last(h, BEAM_X2T_OUT_G2ERR), *lags = bh_last(h, BEAM_X2T_OUT_LAGS);
+  assert_int_equal(c2->shape[1], N);
+  assert_int_equal(c2->shape[2], N);
+  size_t zeros = 0, hi = 0;
+  for (size_t k = 0; k < R * N * N; k++) {
+    close_to(cell(c2, k), C[k], rc->rtol, "levels c2", k);
+    zeros += C[k] == 0;
+    hi += C[k] != 0 && (size_t)labs((long)(k % N) - (long)(k / N % N)) >= nb;
+  }
+  assert_true(zeros > 0 && (rc->NL == 1 || hi > 0)); /* both kinds of cells are there */
+  /* the lag list: 0..nb-1, then i 2^L, i = nb/2..nb-1, each with a pair */
+  size_t K = 0;
+  for (unsigned L = 0; L < rc->NL; L++)
+    for (size_t i = L ? nb / 2 : 0; i < nb && i < (N >> L); i++, K++) {
+      size_t k = i << L, end = (N >> L) << L;
+      assert_true(K < g2->shape[0]);
+      assert_true(((double *)lags->data)[K] == (double)k);
+      for (size_t r = 0; r < R; r++) {
+        double s = 0, ss = 0, cnt = 0;
+        for (size_t t = 0; t + k < end; t++) {
+          double v = C[(r * N + t + k) * N + t];
+          if (!isnan(v))
+            s += v, cnt++;
+        }
+        double mean = s / cnt;
+        for (size_t t = 0; t + k < end; t++) {
+          double v = C[(r * N + t + k) * N + t];
+          if (!isnan(v))
+            ss += (v - mean) * (v - mean);
+        }
+        close_to(((double *)g2->data)[K * R + r], cnt ? mean : NAN, rc->rtol, "levels g2", K * R + r);
+        close_to(((double *)er->data)[K * R + r], cnt ? sqrt(ss / cnt) / sqrt((double)(end - k)) : NAN,
+                 rc->rtol * 100, "levels g2_err", K * R + r);
+      }
+    }
+  assert_int_equal(g2->shape[0], K);
+  free(C);
+}
+
+static void run_levels(const lrun_t *rc) {
+  int32_t lab[NPIX];
+  int idx[NPIX];
+  const int32_t vals[5] = {0, 2, 7, 8, 40};
+  uint64_t seed = 99;
+  for (int p = 0; p < NPIX; p++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    int k = p < 4 ? p + 1 : (int)((seed >> 33) % 5);
+    lab[p] = vals[k];
+    idx[p] = k - 1;
+  }
+  uint32_t sh[2] = {H, W};
+  assert_int_equal(bh_write_npy(tmp_path("llab.npy"), "<i4", 2, sh, lab, sizeof lab), 0);
+  beam_cnode_t *cfg = cfg_labels(tmp_path("llab.npy"), "full", 1);
+  char s[32];
+  bh_set(cfg, "precision", rc->precision);
+  bh_set(cfg, "errors", "true");
+  snprintf(s, sizeof s, "%zu", rc->nb);
+  bh_set(cfg, "num_bufs", s);
+  snprintf(s, sizeof s, "%u", rc->NL);
+  bh_set(cfg, "num_levels", s);
+  snprintf(s, sizeof s, "%u", rc->publish_every);
+  bh_set(cfg, "publish_every", s);
+  bh_t *h = make(cfg);
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(h, rc->dt, 2, sh, &d), 0);
+  size_t N = rc->N, npartial = 0;
+  double *frames = calloc(N * NPIX, sizeof *frames);
+  int *bad = calloc(N, sizeof *bad);
+  for (size_t k = 0; k < N; k++) {
+    beam_frame_t *f = bh_frame_new(rc->dt, 2, sh, k);
+    bh_frame_fill(f, 500 + k, rc->dt == BEAM_DT_F32 ? 7.5 : 9);
+    if (k == 6 || k == 7) /* no photon in ROI 7 in a whole level-1 frame: NaN there */
+      for (int p = 0; p < NPIX; p++)
+        if (idx[p] == 1) {
+          if (rc->dt == BEAM_DT_F32)
+            ((float *)f->data)[p] = 0;
+          else
+            ((uint16_t *)f->data)[p] = 0;
+        }
+    for (int p = 0; p < NPIX; p++)
+      frames[k * NPIX + p] = rc->dt == BEAM_DT_F32 ? ((float *)f->data)[p] : ((uint16_t *)f->data)[p];
+    if (k == 13)
+      f->flags |= BEAM_FLAG_BAD, bad[k] = 1;
+    if (k == 29 && rc->dt == BEAM_DT_F32) {
+      ((float *)f->data)[0] = NAN; /* pixel 0 is in ROI 2: the frame is bad */
+      bad[k] = 1;
+    }
+    assert_int_equal(bh_process(h, f), 0);
+    bh_frame_free(f);
+    if (rc->publish_every && (k + 1) % rc->publish_every == 0) {
+      npartial++;
+      check_levels(h, rc, frames, bad, k + 1, idx);
+      bh_clear(h);
+    }
+  }
+  assert_int_equal(bh_end(h), 0);
+  assert_true(bh_last(h, BEAM_X2T_OUT_C2)->flags & BEAM_FLAG_FINAL);
+  check_levels(h, rc, frames, bad, N, idx);
+  assert_int_equal(npartial, rc->publish_every ? N / rc->publish_every : 0);
+  free(frames), free(bad);
+  bh_free(&h);
+}
+
+static void test_levels_u16(void **state) {
+  lrun_t r = {BEAM_DT_U16, "float64", 45, 4, 3, 13, 1e-12}; /* partials at 13, 26, 39 */
+  run_levels(&r);
+  lrun_t r2 = {BEAM_DT_U16, "float64", 45, 8, 4, 0, 1e-12}; /* level 3 has 5 frames: lag 32 only */
+  run_levels(&r2);
+  lrun_t r3 = {BEAM_DT_U16, "float64", 20, 2, 1, 0, 1e-12}; /* one level, |t1 - t2| < 2 */
+  run_levels(&r3);
+}
+
+static void test_levels_f32(void **state) {
+  lrun_t r = {BEAM_DT_F32, "float32", 37, 6, 2, 0, 2e-5};
+  run_levels(&r);
+  lrun_t r2 = {BEAM_DT_F32, "float64", 40, 16, 3, 0, 1e-12}; /* num_bufs > frames at level 0 */
+  run_levels(&r2);
+}
+
+/* scikit-beam's constraints and the combinations beamd does not do. */
+static void test_levels_config(void **state) {
+  uint8_t lab[4] = {1, 0, 2, 2};
+  uint32_t sh[2] = {2, 2};
+  assert_int_equal(bh_write_npy(tmp_path("lc.npy"), "|u1", 2, sh, lab, sizeof lab), 0);
+  char msg[512];
+  beam_cnode_t *cfg = cfg_labels(tmp_path("lc.npy"), "full", 1);
+  bh_set(cfg, "num_bufs", "5");
+  assert_true(bh_validate(cfg, beam_xpcs_twotime_params, msg, sizeof msg) > 0);
+  assert_non_null(strstr(msg, "num_bufs must be even"));
+  beam_cnode_free(cfg);
+  cfg = cfg_labels(tmp_path("lc.npy"), "full", 1);
+  bh_set(cfg, "num_levels", "0");
+  assert_true(bh_validate(cfg, beam_xpcs_twotime_params, msg, sizeof msg) > 0);
+  beam_cnode_free(cfg);
+  cfg = cfg_labels(tmp_path("lc.npy"), "full", 1);
+  bh_set(cfg, "num_levels", "17");
+  assert_true(bh_validate(cfg, beam_xpcs_twotime_params, msg, sizeof msg) > 0);
+  beam_cnode_free(cfg);
+  struct {
+    const char *mode, *nb, *nl, *rows, *want;
+  } bad[] = {
+      {"full", "0", "3", NULL, "num_levels 3 needs num_bufs"},
+      {"band", "8", "2", NULL, "need mode full"},
+      {"window", "8", "1", NULL, "need mode full"},
+      {"full", "8", "2", "4", "publish_rows cannot be combined"},
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    cfg = cfg_labels(tmp_path("lc.npy"), bad[k].mode, 8);
+    bh_set(cfg, "num_bufs", bad[k].nb);
+    bh_set(cfg, "num_levels", bad[k].nl);
+    if (bad[k].rows)
+      bh_set(cfg, "publish_rows", bad[k].rows);
+    assert_int_equal(bh_validate(cfg, beam_xpcs_twotime_params, NULL, 0), 0);
+    bh_t *h = NULL;
+    beam_diag_t d = {0};
+    assert_int_equal(bh_new(&h, &beam_xpcs_twotime_cpu_ops, cfg, &d), BEAM_ECONFIG);
+    if (!strstr(d.msg, bad[k].want))
+      fail_msg("case %zu: message %s", k, d.msg);
+    bh_free(&h);
+  }
+}
+
 /* ---- limits and errors ----------------------------------------------------- */
 
 static void test_memory_limits(void **state) {
@@ -570,7 +844,9 @@ int main(void) {
       cmocka_unit_test(test_window_f32),      cmocka_unit_test(test_memory_limits),
       cmocka_unit_test(test_max_frames_drop), cmocka_unit_test(test_empty_and_errors),
       cmocka_unit_test(test_rows_full),       cmocka_unit_test(test_rows_band),
-      cmocka_unit_test(test_rows_window),
+      cmocka_unit_test(test_rows_window),     cmocka_unit_test(test_levels_closed_form),
+      cmocka_unit_test(test_levels_u16),      cmocka_unit_test(test_levels_f32),
+      cmocka_unit_test(test_levels_config),
   };
   return beam_run_tests(tests, NULL, NULL);
 }
