@@ -131,7 +131,7 @@ all: $(BUILD)/beamd $(TOOL_BIN) $(UNIT_BIN) $(GPUT_BIN) $(BENCH_BIN) $(TESTTOOL_
 
 # Rebuild everything when flags change (Redis .make-settings idea).
 FLAGS_STAMP := $(BUILD)/.flags
-FLAGS_NOW   := $(CC) $(CFLAGS_BASE) $(LDLIBS_BASE) $(NVCCFLAGS) CUDA=$(CUDA)
+FLAGS_NOW   := $(CC) $(CFLAGS_BASE) $(CFLAGS) $(LDLIBS_BASE) $(LDFLAGS) $(NVCCFLAGS) CUDA=$(CUDA)
 $(shell mkdir -p $(BUILD); [ -f $(FLAGS_STAMP) ] && [ "$$(cat $(FLAGS_STAMP))" = '$(FLAGS_NOW)' ] || echo '$(FLAGS_NOW)' > $(FLAGS_STAMP))
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP)
@@ -306,7 +306,11 @@ soak: all
 	$(PYTHON) bench/soak.py --build $(BUILD) --minutes $(SOAK_MINUTES)
 
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
-FUZZ_LIBS := build/san-fuzzer/libbeamd.a build/san-fuzzer/libbeam.a
+# Under $(BUILD) like every other output: the libraries built by clang for
+# fuzzing, and the targets with their corpora.
+FUZZ_LIBDIR := $(BUILD)/san-fuzzer
+FUZZ_DIR := $(BUILD)/fuzz
+FUZZ_LIBS := $(FUZZ_LIBDIR)/libbeamd.a $(FUZZ_LIBDIR)/libbeam.a
 # Seeds beyond tests/fuzz/seeds, per target.
 FUZZ_SEEDS_fuzz_config := tests/configs/good tests/configs/bad
 # Sources beyond the libraries, per target (tool code).
@@ -316,14 +320,14 @@ FUZZ_EXTRA_fuzz_replay_json := tools/beamd-replay/request.c
 # decoder or loader; each runs FUZZ_SECONDS.
 define fuzz_one
 clang -std=c11 -D_GNU_SOURCE -g -O1 -I. $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined $(2) \
-  $(FUZZ_EXTRA_$(1)) $(FUZZ_LIBS) $(PKG_LIBS) -lm -pthread -fopenmp -o build/fuzz/$(1) && \
-mkdir -p build/fuzz/corpus-$(1) && \
-build/fuzz/$(1) -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 build/fuzz/corpus-$(1) \
+  $(FUZZ_EXTRA_$(1)) $(FUZZ_LIBS) $(PKG_LIBS) -lm -pthread -fopenmp -o $(FUZZ_DIR)/$(1) && \
+mkdir -p $(FUZZ_DIR)/corpus-$(1) && \
+$(FUZZ_DIR)/$(1) -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 $(FUZZ_DIR)/corpus-$(1) \
   tests/fuzz/seeds $(FUZZ_SEEDS_$(1))
 endef
 fuzz:
-	@mkdir -p build/fuzz
-	$(MAKE) --no-print-directory CC=clang SANITIZER=fuzzer CUDA=0 OPT=-O1 $(FUZZ_LIBS)
+	@mkdir -p $(FUZZ_DIR)
+	$(MAKE) --no-print-directory CC=clang SANITIZER=fuzzer CUDA=0 OPT=-O1 BUILD=$(FUZZ_LIBDIR) $(FUZZ_LIBS)
 	@set -e; $(foreach f,$(FUZZ_SRC),$(call fuzz_one,$(basename $(notdir $(f))),$(f));)
 
 deps:
@@ -396,6 +400,6 @@ print-config:
 	@echo "TOOLS=$(TOOLS)"
 
 clean:
-	rm -rf build
+	rm -rf $(BUILD)
 
 -include $(ALL_OBJ:.o=.d)

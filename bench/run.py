@@ -332,12 +332,14 @@ stages:
                         cpu.setdefault(k, []).append(v)
                 cpu = {k: statistics.median(v) for k, v in cpu.items()}
                 runs_on = {st["name"]: st.get("runs_on") for st in stats.get("stages", [])}
+                fused = {st["name"]: st.get("fused", 0) for st in stats.get("stages", [])}
                 cpu["send+recv"] = statistics.median(x["cpu"]["send_recv_us_per_frame"]
                                                      for x in bd)
                 if own:
                     own["ratio"] = own["fps"] / raw_fps if raw_fps else 0
                 rows.append({
                     "vd_thread_own": own, "vd_runs_on": runs_on.get("vd"),
+                    "corr_fused_frames": fused.get("corr", 0),
                     "beamd_cpu_us_per_frame": cpu,
                     "raw_cpu_us_per_frame": statistics.median(x["cpu"]["send_recv_us_per_frame"]
                                                               for x in raw),
@@ -505,7 +507,9 @@ def summary(res):
                 c = r.get("beamd_cpu_us_per_frame") or {}
                 L.append("  %-15s thread auto ran roi_sum on %s; on its own thread: %.1f f/s,"
                          " %.1f%% of raw, stage CPU us/frame %.0f (auto: %.0f)" % (
-                             "", "correct's thread" if r.get("vd_runs_on") else "its own",
+                             "", ("correct's thread, fused (%d frames)" % r["corr_fused_frames"]
+                                  if r.get("corr_fused_frames") else "correct's thread")
+                             if r.get("vd_runs_on") else "its own",
                              own["fps"], 100 * own["ratio"], own["stage_cpu_us_per_frame"],
                              sum(v for k, v in c.items() if k.startswith("st:"))))
     if "latency" in res:

@@ -22,16 +22,13 @@ using std::atomic_int;
 #include <stdlib.h>
 #include <string.h>
 
-/* The lead's C headers carry no extern "C" guards of their own (gpu/gpu.h
- * wraps only its own declarations), so they are included here with C
- * linkage before anything else pulls them in with C++ linkage. */
-extern "C" {
+/* The C headers declare C linkage themselves (extern "C" under
+ * __cplusplus), so nvcc's C++ sees the C symbols. */
 #include "proto/err.h"
 #include "proto/proto.h"
 #include "pipeline/cfg.h"
 #include "pipeline/frame.h"
 #include "pipeline/stage.h"
-}
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
