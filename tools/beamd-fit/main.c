@@ -16,7 +16,7 @@
  */
 #include "tools/beamd-fit/bfit.h"
 #include "tools/common/cli.h"
-#include "tools/common/clock.h"
+#include "pipeline/frame.h"
 #include "tools/common/sig.h"
 
 #include <getopt.h>
@@ -377,7 +377,7 @@ typedef struct prog_s {
 static void progress(prog_t *p, uint64_t done, uint64_t total, int last) {
   if (!p->on || M.rank != 0)
     return;
-  uint64_t now = tool_now_mono_ns();
+  uint64_t now = beam_now_ns();
   if (!last && now - p->last < (p->tty ? 200000000ull : 1000000000ull))
     return;
   p->last = now;
@@ -420,7 +420,7 @@ int main(int argc, char **argv) {
   MPI_Comm_size(local, &M.local_size);
   MPI_Comm_free(&local);
   tool_cli_init("beamd-fit");
-  uint64_t t_start = tool_now_mono_ns();
+  uint64_t t_start = beam_now_ns();
 
   bf_opts_t o;
   memset(&o, 0, sizeof o);
@@ -502,13 +502,13 @@ int main(int argc, char **argv) {
   }
   double mem = bf_mem_estimate(in.npix, in.T, f1 - f0, in.esize, tile, M.size, o.np,
                                (int)o.threads, sv.ws_bytes);
-  uint64_t t_read = tool_now_mono_ns();
+  uint64_t t_read = beam_now_ns();
   rc = bf_input_read(&in, f0, f1, &d);
   if (!all_ok(rc)) {
     err_local(&d);
     goto out;
   }
-  t_read = tool_now_mono_ns() - t_read;
+  t_read = beam_now_ns() - t_read;
   rc = bf_xchg_init(&x, &in, tile, &M, &d);
   const int S = BF_STRIDE(o.np);
   if (rc == 0 && (double)tile * S > (double)INT_MAX)
@@ -530,16 +530,16 @@ int main(int argc, char **argv) {
     err_local(&d);
     goto out;
   }
-  prog_t pg = {!o.quiet && (isatty(2) || o.progress), isatty(2), tool_now_mono_ns(), 0};
-  uint64_t t_fit = tool_now_mono_ns(), solve_ns = 0;
+  prog_t pg = {!o.quiet && (isatty(2) || o.progress), isatty(2), beam_now_ns(), 0};
+  uint64_t t_fit = beam_now_ns(), solve_ns = 0;
   int stopped = 0;
   for (uint64_t r = 0; r < x.rounds; r++) {
     uint64_t a, b;
     rc = bf_xchg_round(&x, &in, r, M.comm, &a, &b, &d);
     if (rc == 0) {
-      uint64_t s0 = tool_now_mono_ns();
+      uint64_t s0 = beam_now_ns();
       rc = bf_solve(&sv, &o, in.x, in.T, x.recv, b - a, res, &d);
-      solve_ns += tool_now_mono_ns() - s0;
+      solve_ns += beam_now_ns() - s0;
     }
     int flags[2] = {rc < 0, tool_stop != 0};
     MPI_Allreduce(MPI_IN_PLACE, flags, 2, MPI_INT, MPI_MAX, M.comm);
@@ -577,8 +577,8 @@ int main(int argc, char **argv) {
       break;
     }
   }
-  double fit_s = (double)(tool_now_mono_ns() - t_fit) / 1e9;
-  double total_s = (double)(tool_now_mono_ns() - t_start) / 1e9;
+  double fit_s = (double)(beam_now_ns() - t_fit) / 1e9;
+  double total_s = (double)(beam_now_ns() - t_start) / 1e9;
   MPI_Allreduce(MPI_IN_PLACE, counts, BEAM_FIT_N_STATUS, MPI_UINT64_T, MPI_SUM, M.comm);
   double solve_s = (double)solve_ns / 1e9, solve_max = 0, read_s = (double)t_read / 1e9, read_max;
   MPI_Reduce(&solve_s, &solve_max, 1, MPI_DOUBLE, MPI_MAX, 0, M.comm);

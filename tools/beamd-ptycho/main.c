@@ -19,7 +19,7 @@
 #include "pipeline/cache.h"
 #include "tools/beamd-ptycho/ptycho.h"
 #include "tools/common/cli.h"
-#include "tools/common/clock.h"
+#include "pipeline/frame.h"
 #include "tools/common/sig.h"
 
 #include <getopt.h>
@@ -553,7 +553,7 @@ static void progress(const run_t *r, uint32_t it, double t0, int tty, int last) 
   if (!tty && !last && (it + 1) % every)
     return;
   const beam_dm_metrics_t *m = &r->hist[it];
-  double el = (tool_now_mono_ns() - t0) / 1e9, rate = el > 0 ? (it + 1) / el : 0;
+  double el = (beam_now_ns() - t0) / 1e9, rate = el > 0 ? (it + 1) / el : 0;
   double left = rate > 0 ? (o->iterations - it - 1) / rate : 0;
   if (tty)
     fprintf(stderr, "\r\033[Kbeamd-ptycho: iteration %u/%u  error %.4e  %.2f it/s  %.0f s left",
@@ -571,7 +571,7 @@ static void progress(const run_t *r, uint32_t it, double t0, int tty, int last) 
 static const char *iterate(run_t *r, beam_diag_t *d) {
   opts_t *o = r->o;
   int tty = isatty(2);
-  double t0 = (double)tool_now_mono_ns();
+  double t0 = (double)beam_now_ns();
   for (uint32_t it = 0; it < o->iterations; it++) {
     int stop = tool_stop != 0;
     if (M.size > 1)

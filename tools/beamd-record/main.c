@@ -479,7 +479,7 @@ int main(int argc, char **argv) {
   st.ctx.o = &o;
   st.ctx.c = &st.c;
   int rc = 1, timed_out = 0;
-  uint64_t t0 = tool_now_mono_ns();
+  uint64_t t0 = beam_now_ns();
   void *zctx = zmq_ctx_new();
   zmq_pollitem_t items[REC_MAX_CONNECT];
   if (!zctx) {
@@ -509,7 +509,7 @@ int main(int argc, char **argv) {
   uint64_t deadline = o.timeout > 0 ? t0 + (uint64_t)(o.timeout * 1e9) : 0;
   rc = 0;
   while (!tool_stop && !st.failed && !done(&st, &o)) {
-    uint64_t now = tool_now_mono_ns();
+    uint64_t now = beam_now_ns();
     if (deadline && now >= deadline) {
       timed_out = 1;
       break;
@@ -526,7 +526,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < o.nconnect && n > 0; i++)
       if ((items[i].revents & ZMQ_POLLIN) && drain(&st, st.socks[i]) < 0)
         rc = 1;
-    now = tool_now_mono_ns();
+    now = beam_now_ns();
     for (int i = 0; i < REC_MAX_OPEN && !st.failed; i++)
       if (st.open[i] && rfile_tick(&st.ctx, st.open[i], now, 0) < 0)
         fatal(&st);
@@ -554,7 +554,7 @@ out:
   if (st.stats_f)
     fclose(st.stats_f);
   if (o.stats_json)
-    print_stats(&st, (tool_now_mono_ns() - t0) / 1e9, timed_out);
+    print_stats(&st, (beam_now_ns() - t0) / 1e9, timed_out);
   for (int i = 0; i < o.nconnect; i++)
     if (st.socks[i])
       zmq_close(st.socks[i]);

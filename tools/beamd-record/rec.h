@@ -16,7 +16,7 @@
 
 #include "proto/proto.h"
 #include "tools/common/cli.h"
-#include "tools/common/clock.h"
+#include "pipeline/frame.h"
 #include "tools/common/sig.h"
 
 #define REC_MAX_CONNECT 16

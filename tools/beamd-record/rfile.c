@@ -136,7 +136,7 @@ rfile_t *rfile_open(rec_ctx_t *ctx, uint64_t series_id, const beam_hdr_t *start,
     return NULL;
   }
   f->have_meta = start != NULL;
-  f->opened_ns = f->last_flush_ns = tool_now_mono_ns();
+  f->opened_ns = f->last_flush_ns = beam_now_ns();
   if (!start) {
     ctx->c->late_join++;
     tool_log("series %llu: results before its SERIES_START (joined late?): recording to %s "

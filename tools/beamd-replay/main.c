@@ -169,7 +169,7 @@ typedef struct progress_s {
 } progress_t;
 
 static void progress_draw(progress_t *p, const rp_server_t *srv) {
-  uint64_t now = tool_now_mono_ns();
+  uint64_t now = beam_now_ns();
   if (p->t_ns && now - p->t_ns < PROGRESS_MS * 1000000ull)
     return;
   if (p->t_ns) {
@@ -204,7 +204,7 @@ static void progress_draw(progress_t *p, const rp_server_t *srv) {
 
 static void print_stats(const rp_server_t *srv) {
   const rp_stats_t *st = &srv->st;
-  double secs = (double)(tool_now_mono_ns() - st->t_start_ns) * 1e-9;
+  double secs = (double)(beam_now_ns() - st->t_start_ns) * 1e-9;
   double fspan = (double)(st->t_last_frame_ns - st->t_first_frame_ns) * 1e-9;
   double rate = st->frames >= 2 && fspan > 0 ? (double)st->frames / fspan : 0.0;
   printf("{\"requests\":%llu,\"bad_requests\":%llu,\"info_requests\":%llu,"

@@ -22,7 +22,7 @@
 #include "proto/err.h"
 #include "proto/proto.h"
 #include "tools/common/cli.h"
-#include "tools/common/clock.h"
+#include "pipeline/frame.h"
 #include "tools/common/sig.h"
 
 #define RP_CREDIT_MAX 4096u

@@ -71,8 +71,8 @@ static int arena_prepare(rp_server_t *self, size_t need) {
   if (a) {
     /* ZeroMQ closes the last part of a reply just after writing it, which
      * can trail the peer's next request by a moment. */
-    uint64_t until = tool_now_mono_ns() + ARENA_WAIT_NS;
-    while (atomic_load(&a->refs) > 1 && tool_now_mono_ns() < until) {
+    uint64_t until = beam_now_ns() + ARENA_WAIT_NS;
+    while (atomic_load(&a->refs) > 1 && beam_now_ns() < until) {
       struct timespec ts = {0, 100000};
       nanosleep(&ts, NULL);
     }
@@ -154,7 +154,7 @@ int rp_server_init(rp_server_t *self, void *sock, rp_src_t *src, const rp_opts_t
   json_decref(probe);
   self->tokens = 1.0;
   self->tokens_ns = 0;
-  self->st.t_start_ns = tool_now_mono_ns();
+  self->st.t_start_ns = beam_now_ns();
   return 0;
 }
 
@@ -258,7 +258,7 @@ static void hdr_common(rp_server_t *self, beam_hdr_t *h, unsigned type, uint64_t
   h->series_id = series;
   h->frame_id = frame_id;
   h->seq = self->seq++;
-  h->t_send_ns = tool_now_real_ns(); /* t_acq_ns stays 0: unknown for a file */
+  h->t_send_ns = beam_realtime_ns(); /* t_acq_ns stays 0: unknown for a file */
   h->dtype = (uint8_t)s->dtype;
   h->ndim = 2;
   h->shape[0] = s->h;
@@ -400,7 +400,7 @@ static uint64_t rate_allow(rp_server_t *self, uint64_t want, volatile sig_atomic
   double burst = fmax(1.0, rate * RATE_BURST_S);
   double batch = fmin((double)want, fmax(1.0, floor(rate * RATE_BATCH_S)));
   for (;;) {
-    uint64_t now = tool_now_mono_ns();
+    uint64_t now = beam_now_ns();
     if (self->tokens_ns)
       self->tokens += (double)(now - self->tokens_ns) * 1e-9 * rate;
     self->tokens_ns = now;
@@ -632,7 +632,7 @@ static int serve_get(rp_server_t *self, const rp_req_t *q, volatile sig_atomic_t
   }
   if (rc < 0)
     return -1;
-  uint64_t now = tool_now_mono_ns();
+  uint64_t now = beam_now_ns();
   if (n) {
     if (!self->st.t_first_frame_ns)
       self->st.t_first_frame_ns = now;

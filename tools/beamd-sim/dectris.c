@@ -289,7 +289,7 @@ static int zfail(beam_diag_t *d, const char *what) {
 }
 
 static void account(dx_t *dx, size_t bytes) {
-  uint64_t now = tool_now_mono_ns();
+  uint64_t now = beam_now_ns();
   if (!dx->st->t_first_ns)
     dx->st->t_first_ns = now;
   dx->st->t_last_ns = now;
@@ -1019,7 +1019,7 @@ static const sim_dx_fault_t v2_copies[] = {SIM_FAULT_NOSIG, SIM_FAULT_TYPENOTFIR
 
 static int series(dx_t *dx, uint64_t sid, uint64_t *g, uint64_t *t0, beam_diag_t *d) {
   const sim_opts_t *o = dx->o;
-  uint64_t now = tool_now_real_ns();
+  uint64_t now = beam_realtime_ns();
   memcpy(dx->prev_uid, dx->uid, sizeof dx->uid);
   make_uid(dx->uid, now / 1000000u, o->seed, sid);
   make_date(dx->date, now);
@@ -1045,7 +1045,7 @@ static int series(dx_t *dx, uint64_t sid, uint64_t *g, uint64_t *t0, beam_diag_t
   for (uint64_t f = 0; f < o->frames && !tool_stop; f++, (*g)++) {
     if (o->rate > 0) {
       if (!*t0)
-        *t0 = tool_now_mono_ns();
+        *t0 = beam_now_ns();
       sleep_until(*t0 + (uint64_t)((double)*g * 1e9 / o->rate));
       if (tool_stop)
         break;

@@ -556,7 +556,7 @@ static int run(sim_tx_t *tx, const sim_opts_t *o, beam_diag_t *d) {
     for (; (o->frames == 0 || f < o->frames) && !tool_stop; f++, g++) {
       if (o->rate > 0) {
         if (!t0)
-          t0 = tool_now_mono_ns();
+          t0 = beam_now_ns();
         /* Absolute deadlines: a late frame does not delay the ones after it,
          * so the long-run rate is exact. */
         sleep_until(t0 + (uint64_t)((double)g * 1e9 / o->rate));
@@ -644,7 +644,7 @@ int main(int argc, char **argv) {
   }
   /* A PUB drops everything sent before subscribers have connected; the wait
    * starts at the bind so the bank generation below overlaps with it. */
-  uint64_t wait_until = tool_now_mono_ns() + (uint64_t)(o.wait_subs * 1e9);
+  uint64_t wait_until = beam_now_ns() + (uint64_t)(o.wait_subs * 1e9);
   /* The bank is made after the bind, so a taken port fails fast. */
   if (sim_bank_init(&bank, &o, &d) < 0 || sim_tx_init(&tx, sock, &o, &bank, &d) < 0) {
     fprintf(stderr, "beamd-sim: %s\n", d.msg);

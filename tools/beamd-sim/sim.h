@@ -18,7 +18,7 @@
 #include "proto/err.h"
 #include "proto/proto.h"
 #include "tools/common/cli.h"
-#include "tools/common/clock.h"
+#include "pipeline/frame.h"
 #include "tools/common/sig.h"
 
 typedef enum sim_pattern_e {

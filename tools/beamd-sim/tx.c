@@ -61,7 +61,7 @@ void sim_tx_destroy(sim_tx_t *self) {
 }
 
 static void account(sim_tx_t *self, size_t bytes) {
-  uint64_t now = tool_now_mono_ns();
+  uint64_t now = beam_now_ns();
   if (!self->st.t_first_ns)
     self->st.t_first_ns = now;
   self->st.t_last_ns = now;
@@ -100,7 +100,7 @@ static void hdr_common(sim_tx_t *self, beam_hdr_t *h, unsigned type,
   h->series_id = series_id;
   h->frame_id = frame_id;
   h->seq = self->seq;
-  h->t_send_ns = tool_now_real_ns();
+  h->t_send_ns = beam_realtime_ns();
   h->t_acq_ns = h->t_send_ns;
   h->dtype = (uint8_t)self->o->dtype;
   h->ndim = 2;

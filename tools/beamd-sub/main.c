@@ -13,7 +13,7 @@
 #include "tools/beamd-sub/sub.h"
 #include "daemon/npy_write.h"
 #include "tools/common/cli.h"
-#include "tools/common/clock.h"
+#include "pipeline/frame.h"
 #include "tools/common/sig.h"
 
 #include <errno.h>
@@ -446,7 +446,7 @@ int main(int argc, char **argv) {
   st.by_type = json_object();
   st.by_topic = json_object();
   int rc = 1, timed_out = 0;
-  uint64_t t0 = tool_now_mono_ns();
+  uint64_t t0 = beam_now_ns();
   void *ctx = zmq_ctx_new();
   if (!ctx) {
     fprintf(stderr, "beamd-sub: cannot create ZeroMQ context: %s\n", zmq_strerror(errno));
@@ -475,7 +475,7 @@ int main(int argc, char **argv) {
   while (!done(&st) && !tool_stop) {
     long wait_ms = -1;
     if (deadline) {
-      uint64_t now = tool_now_mono_ns();
+      uint64_t now = beam_now_ns();
       if (now >= deadline) {
         timed_out = 1;
         break;
@@ -499,7 +499,7 @@ int main(int argc, char **argv) {
   if (rc == 0 && (o.count || o.ends) && !done(&st))
     rc = 3;
   if (o.stats)
-    print_summary(&st, (tool_now_mono_ns() - t0) / 1e9, timed_out);
+    print_summary(&st, (beam_now_ns() - t0) / 1e9, timed_out);
 
 out:
   for (int i = 0; i < o.nconnect; i++)
