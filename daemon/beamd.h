@@ -208,9 +208,9 @@ struct beamd_s {
   beamd_zsock_t ctl;
   beamd_metrics_t met;
   /* CURVE: the daemon's key pair and the handler of bound CURVE sockets. */
-  beamd_cert_t cert;
+  beam_cert_t cert;
   int curve_ready;
-  beamd_zap_t *zap;
+  beam_zap_t *zap;
 
   beamd_rq_t rq;
   uv_async_t wake;

@@ -66,10 +66,10 @@ static int check_cert(const beam_cnode_t *at, const char *what, const char *path
                  what, path, (unsigned)(st.st_mode & 0777));
     return 1;
   }
-  beamd_cert_t c;
-  char why[1200];
-  if (beamd_cert_load(path, &c, secret, why, sizeof why) != 0) {
-    beam_cfg_err(errs, at, "%s: %s", what, why);
+  beam_cert_t c;
+  beam_diag_t wd = {0};
+  if (beam_cert_load(path, &c, secret, &wd) != 0) {
+    beam_cfg_err(errs, at, "%s: %s", what, wd.msg);
     return 1;
   }
   return 0;
@@ -114,7 +114,7 @@ static int check_endpoint(beam_config_t *c, const ep_ref_t *r, beam_cfg_errs_t *
     }
     return 0;
   }
-  if (r->bound && tcp && !ep.insecure && !beamd_endpoint_is_loopback(addr)) {
+  if (r->bound && tcp && !ep.insecure && !beam_endpoint_is_loopback(addr)) {
     beam_cfg_err(errs, ep.node,
                  "%s: %s can be reached from other hosts without authentication; write "
                  "{address: %s, curve: true} (with curve.secret_key and curve.allow), or "
@@ -130,7 +130,7 @@ static int metrics_reachable(const char *listen) {
     return 0;
   char ep[160];
   snprintf(ep, sizeof ep, "tcp://%s", listen);
-  return !beamd_endpoint_is_loopback(ep);
+  return !beam_endpoint_is_loopback(ep);
 }
 
 int beam_config_security(beam_config_t *c, beam_cfg_errs_t *errs) {

@@ -66,7 +66,7 @@ static char *dispatch(beamd_t *d, const char *cmd) {
 static void on_control_event(beamd_zsock_t *zs) {
   beamd_t *d = zs->d;
   while (zs->open && (beamd_zsock_events(zs) & ZMQ_POLLIN)) {
-    char cmd[64], who[BEAMD_KEY_NAME + 16];
+    char cmd[64], who[BEAM_KEY_NAME + 16];
     zmq_msg_t req;
     zmq_msg_init(&req);
     int n = zmq_msg_recv(&req, zs->sock, ZMQ_DONTWAIT);
@@ -75,7 +75,7 @@ static void on_control_event(beamd_zsock_t *zs) {
       return;
     }
     /* The key's name from the allow-list; plaintext is loopback only. */
-    const char *peer = beamd_curve_peer(&req);
+    const char *peer = beam_curve_peer(&req);
     snprintf(who, sizeof who, "%s%s", peer[0] ? "key " : "", peer[0] ? peer : "a local client");
     if (n > 0)
       memcpy(cmd, zmq_msg_data(&req), (size_t)n < sizeof cmd - 1 ? (size_t)n : sizeof cmd - 1);

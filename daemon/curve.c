@@ -63,8 +63,8 @@ static void cert_name(const char *path, char *out, size_t cap) {
 /* ZPL (CZMQ's zconfig format): a line's indentation gives its depth, and
  * '#' starts a comment only as the first non-blank character, because Z85
  * keys contain '#'. Only curve/public-key and curve/secret-key matter. */
-int beamd_cert_parse(const char *text, size_t len, const char *path, beamd_cert_t *c,
-                     int need_secret, char *err, size_t errlen) {
+int beam_cert_parse(const char *text, size_t len, const char *path, beam_cert_t *c,
+                     int need_secret, beam_diag_t *d) {
   memset(c, 0, sizeof *c);
   char line[1024], section[64] = "";
   int lineno = 0;
@@ -73,16 +73,14 @@ int beamd_cert_parse(const char *text, size_t len, const char *path, beamd_cert_
     size_t n = nl ? (size_t)(nl - (text + pos)) : len - pos;
     lineno++;
     if (n >= sizeof line) {
-      snprintf(err, errlen, "%s:%d: a line longer than %zu bytes: not a certificate", path,
+      return BEAM_DIAG(d, BEAM_EINVAL, "%s:%d: a line longer than %zu bytes: not a certificate", path,
                lineno, sizeof line - 1);
-      return -1;
     }
     memcpy(line, text + pos, n);
     line[n] = 0;
     pos += n + (nl != NULL);
     if (memchr(line, 0, n)) {
-      snprintf(err, errlen, "%s:%d: a NUL byte: not a certificate", path, lineno);
-      return -1;
+      return BEAM_DIAG(d, BEAM_EINVAL, "%s:%d: a NUL byte: not a certificate", path, lineno);
     }
     char *p = line;
     int indent = 0;
@@ -98,9 +96,8 @@ int beamd_cert_parse(const char *text, size_t len, const char *path, beamd_cert_
     while (kn && (p[kn - 1] == ' ' || p[kn - 1] == '\t' || p[kn - 1] == '\r'))
       kn--;
     if (kn >= sizeof key) {
-      snprintf(err, errlen, "%s:%d: a name longer than %zu characters", path, lineno,
+      return BEAM_DIAG(d, BEAM_EINVAL, "%s:%d: a name longer than %zu characters", path, lineno,
                sizeof key - 1);
-      return -1;
     }
     memcpy(key, p, kn);
     key[kn] = 0;
@@ -118,68 +115,60 @@ int beamd_cert_parse(const char *text, size_t len, const char *path, beamd_cert_
     char val[128];
     cert_value(eq + 1, val, sizeof val);
     if (!z85_ok(val)) {
-      snprintf(err, errlen, "%s:%d: %s is not a 40-character Z85 key", path, lineno, key);
-      return -1;
+      return BEAM_DIAG(d, BEAM_EINVAL, "%s:%d: %s is not a 40-character Z85 key", path, lineno, key);
     }
-    memcpy(dst, val, BEAMD_Z85_KEY);
+    memcpy(dst, val, BEAM_Z85_KEY);
   }
   if (!c->public_z85[0]) {
-    snprintf(err, errlen, "%s: no curve public-key: not a CURVE certificate", path);
-    return -1;
+    return BEAM_DIAG(d, BEAM_EINVAL, "%s: no curve public-key: not a CURVE certificate", path);
   }
   if (need_secret && !c->secret_z85[0]) {
-    snprintf(err, errlen, "%s: has no secret-key (give the NAME_secret file of the pair)", path);
-    return -1;
+    return BEAM_DIAG(d, BEAM_EINVAL, "%s: has no secret-key (give the NAME_secret file of the pair)", path);
   }
   if (c->secret_z85[0]) {
-    char derived[BEAMD_Z85_KEY];
+    char derived[BEAM_Z85_KEY];
     if (zmq_curve_public(derived, c->secret_z85) != 0 || strcmp(derived, c->public_z85)) {
-      snprintf(err, errlen, "%s: the public key does not belong to the secret key", path);
-      return -1;
+      return BEAM_DIAG(d, BEAM_EINVAL, "%s: the public key does not belong to the secret key", path);
     }
   }
   cert_name(path, c->name, sizeof c->name);
   return 0;
 }
 
-int beamd_cert_load(const char *path, beamd_cert_t *c, int need_secret, char *err,
-                    size_t errlen) {
+int beam_cert_load(const char *path, beam_cert_t *c, int need_secret, beam_diag_t *d) {
   memset(c, 0, sizeof *c);
   FILE *f = fopen(path, "r");
   if (!f) {
-    snprintf(err, errlen, "%s: %s", path, strerror(errno));
-    return -1;
+    return BEAM_DIAG(d, BEAM_EINVAL, "%s: %s", path, strerror(errno));
   }
   char *buf = malloc(CERT_MAX_BYTES + 1);
   size_t n = buf ? fread(buf, 1, CERT_MAX_BYTES + 1, f) : 0;
   int bad = ferror(f);
   fclose(f);
-  int rc = -1;
+  int rc;
   if (!buf)
-    snprintf(err, errlen, "%s: out of memory", path);
+    rc = BEAM_DIAG(d, BEAM_ENOMEM, "%s: out of memory", path);
   else if (bad)
-    snprintf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+    rc = BEAM_DIAG(d, BEAM_EIO, "%s: cannot read: %s", path, strerror(errno));
   else if (n > CERT_MAX_BYTES)
-    snprintf(err, errlen, "%s: larger than %d bytes: not a certificate", path, CERT_MAX_BYTES);
+    rc = BEAM_DIAG(d, BEAM_EINVAL, "%s: larger than %d bytes: not a certificate", path, CERT_MAX_BYTES);
   else
-    rc = beamd_cert_parse(buf, n, path, c, need_secret, err, errlen);
+    rc = beam_cert_parse(buf, n, path, c, need_secret, d);
   free(buf);
   return rc;
 }
 
-static int write_cert(const char *path, const beamd_cert_t *c, int secret, int force, char *err,
-                      size_t errlen) {
+static int write_cert(const char *path, const beam_cert_t *c, int secret, int force, beam_diag_t *d) {
   int fd = open(path, O_WRONLY | O_CREAT | (force ? O_TRUNC : O_EXCL) | O_CLOEXEC,
                 secret ? 0600 : 0644);
   if (fd < 0) {
-    snprintf(err, errlen, "%s: %s%s", path, strerror(errno),
-             errno == EEXIST ? " (will not overwrite a key; remove it or use --force)" : "");
-    return -1;
+    return BEAM_DIAG(d, BEAM_EIO, "%s: %s%s", path, strerror(errno),
+                     errno == EEXIST ? " (will not overwrite a key; remove it or use --force)" : "");
   }
   if (secret && fchmod(fd, 0600) != 0) { /* O_TRUNC keeps an old file's mode */
-    snprintf(err, errlen, "%s: chmod: %s", path, strerror(errno));
+    int rc = BEAM_DIAG(d, BEAM_EIO, "%s: chmod: %s", path, strerror(errno));
     close(fd);
-    return -1;
+    return rc;
   }
   char when[32];
   time_t now = time(NULL);
@@ -205,38 +194,35 @@ static int write_cert(const char *path, const beamd_cert_t *c, int secret, int f
   int ok = write(fd, buf, (size_t)n) == n;
   ok = (close(fd) == 0) && ok;
   if (!ok) {
-    snprintf(err, errlen, "%s: write: %s", path, strerror(errno));
-    return -1;
+    return BEAM_DIAG(d, BEAM_EINVAL, "%s: write: %s", path, strerror(errno));
   }
   return 0;
 }
 
-int beamd_cert_generate(const char *dir, const char *name, int pyzmq_names, int force,
-                        beamd_cert_t *out, char *err, size_t errlen) {
-  beamd_cert_t c = {0};
+int beam_cert_generate(const char *dir, const char *name, int pyzmq_names, int force,
+                        beam_cert_t *out, beam_diag_t *d) {
+  beam_cert_t c = {0};
   if (!name[0] || strchr(name, '/') || strlen(name) >= sizeof c.name) {
-    snprintf(err, errlen, "bad key name '%s' (no '/', 1..%zu characters)", name,
+    return BEAM_DIAG(d, BEAM_EINVAL, "bad key name '%s' (no '/', 1..%zu characters)", name,
              sizeof c.name - 1);
-    return -1;
   }
   if (zmq_curve_keypair(c.public_z85, c.secret_z85) != 0) {
-    snprintf(err, errlen, "zmq_curve_keypair: %s (is libzmq built with CURVE?)",
+    return BEAM_DIAG(d, BEAM_EINVAL, "zmq_curve_keypair: %s (is libzmq built with CURVE?)",
              zmq_strerror(errno));
-    return -1;
   }
   snprintf(c.name, sizeof c.name, "%s", name);
   char pub[4096], sec[4096];
   snprintf(pub, sizeof pub, "%s/%s%s", dir, name, pyzmq_names ? ".key" : "");
   snprintf(sec, sizeof sec, "%s/%s%s", dir, name, pyzmq_names ? ".key_secret" : "_secret");
   /* The secret first: if it cannot be written no public half is left over. */
-  if (write_cert(sec, &c, 1, force, err, errlen) || write_cert(pub, &c, 0, force, err, errlen))
+  if (write_cert(sec, &c, 1, force, d) || write_cert(pub, &c, 0, force, d))
     return -1;
   if (out)
     *out = c;
   return 0;
 }
 
-int beamd_endpoint_is_loopback(const char *ep) {
+int beam_endpoint_is_loopback(const char *ep) {
   if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9))
     return 1;
   if (strncmp(ep, "tcp://", 6))
@@ -267,43 +253,39 @@ int beamd_endpoint_is_loopback(const char *ep) {
   return dots == 3;
 }
 
-static int set_key(void *sock, int opt, const char *z85, const char *what, char *err,
-                   size_t errlen) {
+static int set_key(void *sock, int opt, const char *z85, const char *what, beam_diag_t *d) {
   if (zmq_setsockopt(sock, opt, z85, 40) != 0) {
-    snprintf(err, errlen, "setting the CURVE %s: %s", what, zmq_strerror(errno));
-    return -1;
+    return BEAM_DIAG(d, BEAM_EINVAL, "setting the CURVE %s: %s", what, zmq_strerror(errno));
   }
   return 0;
 }
 
-int beamd_curve_server(void *sock, const beamd_cert_t *own, char *err, size_t errlen) {
+int beam_curve_server(void *sock, const beam_cert_t *own, beam_diag_t *d) {
   int one = 1;
   if (zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof one) != 0) {
-    snprintf(err, errlen, "ZMQ_CURVE_SERVER: %s (is libzmq built with CURVE?)",
+    return BEAM_DIAG(d, BEAM_EINVAL, "ZMQ_CURVE_SERVER: %s (is libzmq built with CURVE?)",
              zmq_strerror(errno));
-    return -1;
   }
-  if (set_key(sock, ZMQ_CURVE_SECRETKEY, own->secret_z85, "secret key", err, errlen))
+  if (set_key(sock, ZMQ_CURVE_SECRETKEY, own->secret_z85, "secret key", d))
     return -1;
-  if (zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, BEAMD_ZAP_DOMAIN, strlen(BEAMD_ZAP_DOMAIN)) != 0 ||
+  if (zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, BEAM_ZAP_DOMAIN, strlen(BEAM_ZAP_DOMAIN)) != 0 ||
       zmq_setsockopt(sock, ZMQ_ZAP_ENFORCE_DOMAIN, &one, sizeof one) != 0) {
-    snprintf(err, errlen, "cannot make the CURVE server fail closed (ZAP domain): %s",
+    return BEAM_DIAG(d, BEAM_EINVAL, "cannot make the CURVE server fail closed (ZAP domain): %s",
              zmq_strerror(errno));
-    return -1;
   }
   return 0;
 }
 
-int beamd_curve_client(void *sock, const beamd_cert_t *own, const char *server_public_z85,
-                       char *err, size_t errlen) {
-  if (set_key(sock, ZMQ_CURVE_SERVERKEY, server_public_z85, "server key", err, errlen) ||
-      set_key(sock, ZMQ_CURVE_PUBLICKEY, own->public_z85, "public key", err, errlen) ||
-      set_key(sock, ZMQ_CURVE_SECRETKEY, own->secret_z85, "secret key", err, errlen))
+int beam_curve_client(void *sock, const beam_cert_t *own, const char *server_public_z85,
+                       beam_diag_t *d) {
+  if (set_key(sock, ZMQ_CURVE_SERVERKEY, server_public_z85, "server key", d) ||
+      set_key(sock, ZMQ_CURVE_PUBLICKEY, own->public_z85, "public key", d) ||
+      set_key(sock, ZMQ_CURVE_SECRETKEY, own->secret_z85, "secret key", d))
     return -1;
   return 0;
 }
 
-const char *beamd_curve_peer(void *zmq_msg) {
+const char *beam_curve_peer(void *zmq_msg) {
   const char *u = zmq_msg_gets(zmq_msg, "User-Id");
   return u ? u : "";
 }

@@ -213,17 +213,17 @@ static const char *socket_change(const beam_config_t *a, const beam_config_t *b)
 /* The key pair, and the ZAP handler before any CURVE server socket binds. */
 static int security_open(beamd_t *d, char *err, size_t errlen) {
   const beam_config_t *c = d->cfg;
-  char why[1200];
+  beam_diag_t wd = {0};
   if (c->curve.secret_key[0]) {
-    if (beamd_cert_load(c->curve.secret_key, &d->cert, 1, why, sizeof why) != 0) {
-      snprintf(err, errlen, "curve.secret_key: %s", why);
+    if (beam_cert_load(c->curve.secret_key, &d->cert, 1, &wd) != 0) {
+      snprintf(err, errlen, "curve.secret_key: %s", wd.msg);
       return BEAM_ECONFIG;
     }
     d->curve_ready = 1;
   }
   if (c->curve.any_server) {
-    if (!(d->zap = beamd_zap_start(d->zctx, c->curve.allow, why, sizeof why))) {
-      snprintf(err, errlen, "curve.allow: %s", why);
+    if (!(d->zap = beam_zap_start(d->zctx, c->curve.allow, &wd))) {
+      snprintf(err, errlen, "curve.allow: %s", wd.msg);
       return BEAM_ECONFIG;
     }
   }
@@ -243,9 +243,9 @@ int beamd_reload(beamd_t *d, beam_cfg_errs_t *errs, char *err, size_t errlen) {
   }
   beam_notify_reloading();
   if (d->zap) {
-    char why[1200];
-    if (beamd_zap_reload(d->zap, why, sizeof why) != 0)
-      BEAM_LOG(LOG_ERR, "reload: curve.allow kept as it was: %s", why);
+    beam_diag_t wd = {0};
+    if (beam_zap_reload(d->zap, &wd) != 0)
+      BEAM_LOG(LOG_ERR, "reload: curve.allow kept as it was: %s", wd.msg);
   }
   BEAM_LOG(LOG_NOTICE, "reload: reading %s", d->cfg_path);
   beam_config_t *ncfg = NULL;
@@ -581,7 +581,7 @@ void beamd_fini(beamd_t *d) {
   uv_run(&d->loop, UV_RUN_NOWAIT);
   uv_loop_close(&d->loop);
   free(d->src_garbage);
-  beamd_zap_stop(&d->zap);
+  beam_zap_stop(&d->zap);
   if (d->zctx)
     zmq_ctx_term(d->zctx);
   free(d->kout_garbage);

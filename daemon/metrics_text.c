@@ -90,14 +90,14 @@ void beamd_metrics_render(beamd_t *d) {
   metric(&b, "beamd_input_paused", "gauge", "1 while lossless input waits for room", in->paused);
   metric(&b, "beamd_input_rate_fps", "gauge", "frames per second over the last heartbeat", d->rate_fps);
   if (d->zap) {
-    beamd_zap_counts_t z;
-    beamd_zap_counts(d->zap, &z);
-    metric(&b, "beamd_curve_keys", "gauge", "client keys in the CURVE allow-list", (double)z.keys);
-    metric(&b, "beamd_curve_accepted_total", "counter", "CURVE handshakes with a listed key",
+    beam_zap_counts_t z;
+    beam_zap_counts(d->zap, &z);
+    metric(&b, "beam_curve_keys", "gauge", "client keys in the CURVE allow-list", (double)z.keys);
+    metric(&b, "beam_curve_accepted_total", "counter", "CURVE handshakes with a listed key",
            (double)z.accepted);
-    metric(&b, "beamd_curve_refused_key_total", "counter", "CURVE clients refused: key not listed",
+    metric(&b, "beam_curve_refused_key_total", "counter", "CURVE clients refused: key not listed",
            (double)z.denied_key);
-    metric(&b, "beamd_curve_refused_handshake_total", "counter",
+    metric(&b, "beam_curve_refused_handshake_total", "counter",
            "clients refused in the handshake: plaintext, wrong server key, not CURVE",
            (double)(z.handshake_failed + z.denied_other));
   }

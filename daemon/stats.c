@@ -144,8 +144,8 @@ char *beamd_stats_json(beamd_t *d, int pretty) {
   json_object_set_new(rl, "last_error", json_string(d->last_reload_error));
   json_object_set_new(root, "reload", rl);
   if (d->zap) {
-    beamd_zap_counts_t z;
-    beamd_zap_counts(d->zap, &z);
+    beam_zap_counts_t z;
+    beam_zap_counts(d->zap, &z);
     json_object_set_new(root, "curve",
                         json_pack("{s:I, s:I, s:I, s:I, s:I}", "keys", (json_int_t)z.keys,
                                   "accepted", (json_int_t)z.accepted, "refused_key",

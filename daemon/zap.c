@@ -4,7 +4,7 @@
  * libzmq asks the handler about every CURVE handshake on a socket with a ZAP
  * domain: "1.0", request id, domain, peer address, routing id, mechanism,
  * client key. The answer 200 carries the key's name as User-Id, which
- * messages from that peer then carry (beamd_curve_peer). Peers that never
+ * messages from that peer then carry (beam_curve_peer). Peers that never
  * get that far (plaintext, a wrong server key, garbage) are seen only by a
  * socket monitor, so each server socket gets one and its failures are
  * counted here too. */
@@ -34,7 +34,7 @@
 
 typedef struct zkey_s {
   uint8_t key[32];
-  char name[BEAMD_KEY_NAME];
+  char name[BEAM_KEY_NAME];
 } zkey_t;
 
 typedef struct allow_s {
@@ -59,7 +59,7 @@ typedef struct watch_s {
   const char *failed; /* a failure waiting for its connection's DISCONNECTED */
 } watch_t;
 
-struct beamd_zap_s {
+struct beam_zap_s {
   void *zctx;
   void *rep;
   pthread_t thread;
@@ -81,7 +81,7 @@ static void allow_free(allow_t *a) {
   memset(a, 0, sizeof *a);
 }
 
-static int allow_add(allow_t *a, const beamd_cert_t *c) {
+static int allow_add(allow_t *a, const beam_cert_t *c) {
   if (a->n == a->cap) {
     size_t cap = a->cap ? a->cap * 2 : 16;
     zkey_t *k = realloc(a->keys, cap * sizeof *k);
@@ -104,11 +104,10 @@ static int ends_with(const char *s, const char *sfx) {
 /* As CZMQ's zcertstore: every regular file below dir except secret files.
  * A file that is not a certificate is skipped with a warning: one stray
  * README must not lock every client out. */
-static int allow_scan(allow_t *a, const char *dir, int depth, char *err, size_t errlen) {
+static int allow_scan(allow_t *a, const char *dir, int depth, beam_diag_t *d) {
   DIR *dh = opendir(dir);
   if (!dh) {
-    snprintf(err, errlen, "allow-list %s: %s", dir, strerror(errno));
-    return -1;
+    return BEAM_DIAG(d, BEAM_EIO, "allow-list %s: %s", dir, strerror(errno));
   }
   struct dirent *e;
   int rc = 0;
@@ -122,32 +121,30 @@ static int allow_scan(allow_t *a, const char *dir, int depth, char *err, size_t 
       continue;
     if (S_ISDIR(st.st_mode)) {
       if (depth < MAX_DEPTH)
-        rc = allow_scan(a, path, depth + 1, err, errlen);
+        rc = allow_scan(a, path, depth + 1, d);
       continue;
     }
     if (!S_ISREG(st.st_mode))
       continue;
-    beamd_cert_t c;
-    char why[512];
-    if (beamd_cert_load(path, &c, 0, why, sizeof why) != 0) {
-      BEAM_LOG(LOG_WARNING, "curve: allow-list: skipped %s", why);
+    beam_cert_t c;
+    beam_diag_t wd = {0};
+    if (beam_cert_load(path, &c, 0, &wd) != 0) {
+      BEAM_LOG(LOG_WARNING, "curve: allow-list: skipped %s", wd.msg);
       continue;
     }
     if (a->n >= MAX_KEYS) {
-      snprintf(err, errlen, "allow-list %s: more than %d keys", dir, MAX_KEYS);
-      rc = -1;
+      rc = BEAM_DIAG(d, BEAM_ELIMIT, "allow-list %s: more than %d keys", dir, MAX_KEYS);
     } else if (allow_add(a, &c) != 0) {
-      snprintf(err, errlen, "allow-list %s: out of memory", dir);
-      rc = -1;
+      rc = BEAM_DIAG(d, BEAM_ENOMEM, "allow-list %s: out of memory", dir);
     }
   }
   closedir(dh);
   return rc;
 }
 
-static int allow_load(allow_t *out, const char *dir, char *err, size_t errlen) {
+static int allow_load(allow_t *out, const char *dir, beam_diag_t *d) {
   allow_t a = {0};
-  if (allow_scan(&a, dir, 0, err, errlen) != 0) {
+  if (allow_scan(&a, dir, 0, d) != 0) {
     allow_free(&a);
     return -1;
   }
@@ -170,7 +167,7 @@ static void reply(void *rep, const zmq_msg_t *reqid, const char *status, const c
   zmq_send(rep, "", 0, 0);
 }
 
-static void handle_request(beamd_zap_t *z) {
+static void handle_request(beam_zap_t *z) {
   zmq_msg_t f[ZAP_FRAMES + 1];
   int n = 0, more = 1;
   while (more) {
@@ -211,7 +208,7 @@ static void handle_request(beamd_zap_t *z) {
     pthread_mutex_lock(&z->mu);
     const zkey_t *k =
         z->allow.n ? bsearch(&probe, z->allow.keys, z->allow.n, sizeof probe, key_cmp) : NULL;
-    char name[BEAMD_KEY_NAME] = "";
+    char name[BEAM_KEY_NAME] = "";
     if (k)
       snprintf(name, sizeof name, "%s", k->name);
     pthread_mutex_unlock(&z->mu);
@@ -220,7 +217,7 @@ static void handle_request(beamd_zap_t *z) {
       BEAM_LOG(LOG_INFO, "curve: %s connected from %s", name, addr);
       reply(z->rep, reqid, "200", "OK", name);
     } else {
-      char z85[BEAMD_Z85_KEY];
+      char z85[BEAM_Z85_KEY];
       zmq_z85_encode(z85, probe.key, 32);
       atomic_fetch_add(&z->denied_key, 1);
       beam_log_rl(&z->rl, LOG_WARNING, "curve: refused client key %s from %s (not in %s)", z85,
@@ -274,13 +271,13 @@ static peer_t *peer_find(watch_t *w, int fd) {
 
 static void peer_forget(watch_t *w, peer_t *p) { *p = w->peers[--w->npeers]; }
 
-static void log_failure(beamd_zap_t *z, watch_t *w, const char *peer) {
+static void log_failure(beam_zap_t *z, watch_t *w, const char *peer) {
   beam_log_rl(&z->rl, LOG_WARNING, "curve: %s: refused %s from %s", w->what, w->failed, peer);
   w->failed = NULL;
 }
 
 /* Returns 1 when the monitor has ended (its socket closed). */
-static int handle_monitor(beamd_zap_t *z, watch_t *w) {
+static int handle_monitor(beam_zap_t *z, watch_t *w) {
   zmq_msg_t ev, ad;
   zmq_msg_init(&ev);
   zmq_msg_init(&ad);
@@ -328,7 +325,7 @@ static int handle_monitor(beamd_zap_t *z, watch_t *w) {
 }
 
 static void *zap_main(void *arg) {
-  beamd_zap_t *z = arg;
+  beam_zap_t *z = arg;
   while (!atomic_load(&z->stop)) {
     zmq_pollitem_t items[1 + MAX_WATCH];
     watch_t *ws[MAX_WATCH];
@@ -356,7 +353,7 @@ static void *zap_main(void *arg) {
       pthread_mutex_unlock(&z->mu);
     }
     /* Drop ended monitors (the array is only changed on this thread or
-     * under mu by beamd_zap_watch, which only appends). */
+     * under mu by beam_zap_watch, which only appends). */
     pthread_mutex_lock(&z->mu);
     int k = 0;
     for (int i = 0; i < z->nwatch; i++)
@@ -368,29 +365,29 @@ static void *zap_main(void *arg) {
   return NULL;
 }
 
-beamd_zap_t *beamd_zap_start(void *zctx, const char *allow_dir, char *err, size_t errlen) {
-  beamd_zap_t *z = calloc(1, sizeof *z);
+beam_zap_t *beam_zap_start(void *zctx, const char *allow_dir, beam_diag_t *d) {
+  beam_zap_t *z = calloc(1, sizeof *z);
   if (!z || !(z->dir = strdup(allow_dir))) {
     free(z);
-    snprintf(err, errlen, "out of memory");
+    (void)BEAM_DIAG(d, BEAM_ENOMEM, "out of memory");
     return NULL;
   }
   z->zctx = zctx;
   pthread_mutex_init(&z->mu, NULL);
   beam_ratelimit_init(&z->rl, 5);
-  if (allow_load(&z->allow, allow_dir, err, errlen) != 0)
+  if (allow_load(&z->allow, allow_dir, d) != 0)
     goto fail;
   z->rep = zmq_socket(zctx, ZMQ_REP);
   int zero = 0;
   if (z->rep)
     zmq_setsockopt(z->rep, ZMQ_LINGER, &zero, sizeof zero);
   if (!z->rep || zmq_bind(z->rep, ZAP_ENDPOINT) != 0) {
-    snprintf(err, errlen, "cannot bind the ZAP handler at %s: %s", ZAP_ENDPOINT,
-             zmq_strerror(errno));
+    (void)BEAM_DIAG(d, BEAM_EIO, "cannot bind the ZAP handler at %s: %s", ZAP_ENDPOINT,
+                    zmq_strerror(errno));
     goto fail;
   }
   if (pthread_create(&z->thread, NULL, zap_main, z) != 0) {
-    snprintf(err, errlen, "cannot start the ZAP thread: %s", strerror(errno));
+    (void)BEAM_DIAG(d, BEAM_EIO, "cannot start the ZAP thread: %s", strerror(errno));
     goto fail;
   }
   BEAM_LOG(LOG_INFO, "curve: %zu client key%s allowed (from %s)", z->allow.n,
@@ -406,9 +403,9 @@ fail:
   return NULL;
 }
 
-int beamd_zap_reload(beamd_zap_t *z, char *err, size_t errlen) {
+int beam_zap_reload(beam_zap_t *z, beam_diag_t *d) {
   allow_t a;
-  if (allow_load(&a, z->dir, err, errlen) != 0)
+  if (allow_load(&a, z->dir, d) != 0)
     return -1;
   pthread_mutex_lock(&z->mu);
   allow_t old = z->allow;
@@ -420,32 +417,30 @@ int beamd_zap_reload(beamd_zap_t *z, char *err, size_t errlen) {
   return 0;
 }
 
-int beamd_zap_watch(beamd_zap_t *z, void *sock, const char *what, char *err, size_t errlen) {
+int beam_zap_watch(beam_zap_t *z, void *sock, const char *what, beam_diag_t *d) {
   char ep[64];
   pthread_mutex_lock(&z->mu);
   int full = z->nwatch >= MAX_WATCH;
   int serial = z->serial++;
   pthread_mutex_unlock(&z->mu);
   if (full) {
-    snprintf(err, errlen, "more than %d CURVE server sockets", MAX_WATCH);
-    return -1;
+    return BEAM_DIAG(d, BEAM_EIO, "more than %d CURVE server sockets", MAX_WATCH);
   }
   snprintf(ep, sizeof ep, "inproc://beamd-zap-monitor-%p-%d", (void *)z, serial);
   int events = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_MONITOR_STOPPED | ZMQ_EVENT_ACCEPTED |
                ZMQ_EVENT_DISCONNECTED;
   if (zmq_socket_monitor(sock, ep, events) != 0) {
-    snprintf(err, errlen, "zmq_socket_monitor: %s", zmq_strerror(errno));
-    return -1;
+    return BEAM_DIAG(d, BEAM_EIO, "zmq_socket_monitor: %s", zmq_strerror(errno));
   }
   void *pair = zmq_socket(z->zctx, ZMQ_PAIR);
   int zero = 0;
   if (!pair || zmq_setsockopt(pair, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
       zmq_connect(pair, ep) != 0) {
-    snprintf(err, errlen, "cannot connect the monitor of %s: %s", what, zmq_strerror(errno));
+    int rc = BEAM_DIAG(d, BEAM_EIO, "cannot connect the monitor of %s: %s", what, zmq_strerror(errno));
     if (pair)
       zmq_close(pair);
-    return -1;
+    return rc;
   }
   /* The PAIR moves to the ZAP thread; the mutex is the barrier ZeroMQ asks
    * for when a socket changes threads. */
@@ -458,7 +453,7 @@ int beamd_zap_watch(beamd_zap_t *z, void *sock, const char *what, char *err, siz
   return 0;
 }
 
-void beamd_zap_counts(beamd_zap_t *z, beamd_zap_counts_t *out) {
+void beam_zap_counts(beam_zap_t *z, beam_zap_counts_t *out) {
   memset(out, 0, sizeof *out);
   if (!z)
     return;
@@ -471,8 +466,8 @@ void beamd_zap_counts(beamd_zap_t *z, beamd_zap_counts_t *out) {
   pthread_mutex_unlock(&z->mu);
 }
 
-void beamd_zap_stop(beamd_zap_t **zp) {
-  beamd_zap_t *z = *zp;
+void beam_zap_stop(beam_zap_t **zp) {
+  beam_zap_t *z = *zp;
   if (!z)
     return;
   *zp = NULL;

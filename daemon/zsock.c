@@ -53,8 +53,9 @@ int beamd_zsock_open(beamd_t *d, beamd_zsock_t *zs, int type, const char *endpoi
     zs->sock = NULL;
     return BEAM_EIO;
   }
-  if (o && o->sec && o->sec->curve && bind &&
-      beamd_zap_watch(d->zap, zs->sock, what, err, errlen) != 0) {
+  beam_diag_t wd = {0};
+  if (o && o->sec && o->sec->curve && bind && beam_zap_watch(d->zap, zs->sock, what, &wd) != 0) {
+    snprintf(err, errlen, "%s", wd.msg);
     zmq_close(zs->sock);
     zs->sock = NULL;
     return BEAM_EIO;
@@ -72,7 +73,7 @@ int beamd_zsock_open(beamd_t *d, beamd_zsock_t *zs, int type, const char *endpoi
 
 int beamd_curve_apply(beamd_t *d, void *sock, const beam_ep_sec_t *sec, int bind,
                       const char *what, char *err, size_t errlen) {
-  char why[1400];
+  beam_diag_t wd = {0};
   if (!d->curve_ready) {
     snprintf(err, errlen, "%s: curve: true but beamd has no CURVE key loaded", what);
     return -1;
@@ -83,15 +84,15 @@ int beamd_curve_apply(beamd_t *d, void *sock, const beam_ep_sec_t *sec, int bind
       snprintf(err, errlen, "%s: no ZAP handler running; refusing to bind a CURVE server", what);
       return -1;
     }
-    if (beamd_curve_server(sock, &d->cert, why, sizeof why) == 0)
+    if (beam_curve_server(sock, &d->cert, &wd) == 0)
       return 0;
   } else {
-    beamd_cert_t server;
-    if (beamd_cert_load(sec->server_key, &server, 0, why, sizeof why) == 0 &&
-        beamd_curve_client(sock, &d->cert, server.public_z85, why, sizeof why) == 0)
+    beam_cert_t server;
+    if (beam_cert_load(sec->server_key, &server, 0, &wd) == 0 &&
+        beam_curve_client(sock, &d->cert, server.public_z85, &wd) == 0)
       return 0;
   }
-  snprintf(err, errlen, "%s: %s", what, why);
+  snprintf(err, errlen, "%s: %s", what, wd.msg);
   return -1;
 }
 

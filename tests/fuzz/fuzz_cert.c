@@ -29,10 +29,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   if (size)
     memcpy(text, data, size);
-  char err[512];
-  beamd_cert_t c;
+  beam_diag_t ed = {0};
+  beam_cert_t c;
   for (int need = 0; need < 2; need++) {
-    if (beamd_cert_parse(text, size, "dir/client_secret", &c, need, err, sizeof err) != 0)
+    if (beam_cert_parse(text, size, "dir/client_secret", &c, need, &ed) != 0)
       continue;
     check_key(c.public_z85);
     if (c.secret_z85[0]) {

@@ -24,12 +24,12 @@ static char secret[300], pub[300], allow[300], token[300];
 
 static int setup(void **state) {
   (void)state;
-  char err[512];
+  beam_diag_t ed = {0};
   snprintf(dir, sizeof dir, "/tmp/beamd-test-cfgsec-XXXXXX");
   if (!mkdtemp(dir))
     return -1;
-  beamd_cert_t c;
-  if (beamd_cert_generate(dir, "beamd", 0, 0, &c, err, sizeof err) != 0)
+  beam_cert_t c;
+  if (beam_cert_generate(dir, "beamd", 0, 0, &c, &ed) != 0)
     return -1;
   snprintf(secret, sizeof secret, "%s/beamd_secret", dir);
   snprintf(pub, sizeof pub, "%s/beamd", dir);

@@ -60,7 +60,8 @@ static void keypair_with_hash(char pub[41], char sec[41]) {
 
 static void test_cert_zcert_with_hash(void **state) {
   (void)state;
-  char pub[41], sec[41], text[1024], path[300], err[512];
+  char pub[41], sec[41], text[1024], path[300];
+  beam_diag_t ed = {0};
   keypair_with_hash(pub, sec);
   snprintf(text, sizeof text,
            "#   ****  Generated on 2026-12-02 by CZMQ  ****\n"
@@ -75,8 +76,9 @@ static void test_cert_zcert_with_hash(void **state) {
            pub, sec);
   snprintf(path, sizeof path, "%s/det_secret", tmpdir);
   write_file(path, text);
-  beamd_cert_t c;
-  assert_int_equal(beamd_cert_load(path, &c, 1, err, sizeof err), 0);
+  beam_cert_t c;
+  beam_diag_clear(&ed);
+  assert_int_equal(beam_cert_load(path, &c, 1, &ed), 0);
   assert_string_equal(c.public_z85, pub);
   assert_string_equal(c.secret_z85, sec);
   assert_string_equal(c.name, "det");
@@ -84,39 +86,46 @@ static void test_cert_zcert_with_hash(void **state) {
 
 static void test_cert_pyzmq_layout(void **state) {
   (void)state;
-  char pub[41], sec[41], text[1024], path[300], err[512];
+  char pub[41], sec[41], text[1024], path[300];
+  beam_diag_t ed = {0};
   keypair_with_hash(pub, sec);
   /* pyzmq: .key names, unquoted metadata; a value may come unquoted too. */
   snprintf(text, sizeof text, "metadata\n    user = alice\ncurve\n    public-key = %s\n", pub);
   snprintf(path, sizeof path, "%s/alice.key", tmpdir);
   write_file(path, text);
-  beamd_cert_t c;
-  assert_int_equal(beamd_cert_load(path, &c, 0, err, sizeof err), 0);
+  beam_cert_t c;
+  beam_diag_clear(&ed);
+  assert_int_equal(beam_cert_load(path, &c, 0, &ed), 0);
   assert_string_equal(c.public_z85, pub);
   assert_string_equal(c.secret_z85, "");
   assert_string_equal(c.name, "alice");
   /* A public file where the secret is needed says what to give instead. */
-  assert_int_equal(beamd_cert_load(path, &c, 1, err, sizeof err), -1);
-  assert_non_null(strstr(err, "_secret"));
+  beam_diag_clear(&ed);
+  assert_true(beam_cert_load(path, &c, 1, &ed) < 0);
+  assert_non_null(strstr(ed.msg, "_secret"));
 }
 
 static void test_cert_errors(void **state) {
   (void)state;
-  char pub[41], sec[41], pub2[41], sec2[41], text[1024], path[300], err[512];
-  beamd_cert_t c;
+  char pub[41], sec[41], pub2[41], sec2[41], text[1024], path[300];
+  beam_diag_t ed = {0};
+  beam_cert_t c;
   snprintf(path, sizeof path, "%s/missing", tmpdir);
-  assert_int_equal(beamd_cert_load(path, &c, 0, err, sizeof err), -1);
-  assert_non_null(strstr(err, "No such file"));
+  beam_diag_clear(&ed);
+  assert_true(beam_cert_load(path, &c, 0, &ed) < 0);
+  assert_non_null(strstr(ed.msg, "No such file"));
 
   snprintf(path, sizeof path, "%s/short", tmpdir);
   write_file(path, "curve\n    public-key = \"abc\"\n");
-  assert_int_equal(beamd_cert_load(path, &c, 0, err, sizeof err), -1);
-  assert_non_null(strstr(err, ":2: public-key is not a 40-character Z85 key"));
+  beam_diag_clear(&ed);
+  assert_true(beam_cert_load(path, &c, 0, &ed) < 0);
+  assert_non_null(strstr(ed.msg, ":2: public-key is not a 40-character Z85 key"));
 
   snprintf(path, sizeof path, "%s/nokey", tmpdir);
   write_file(path, "metadata\n    name = \"x\"\n");
-  assert_int_equal(beamd_cert_load(path, &c, 0, err, sizeof err), -1);
-  assert_non_null(strstr(err, "no curve public-key"));
+  beam_diag_clear(&ed);
+  assert_true(beam_cert_load(path, &c, 0, &ed) < 0);
+  assert_non_null(strstr(ed.msg, "no curve public-key"));
 
   /* A public key from another pair: a copy-paste slip that would make
    * every handshake fail with no hint why. */
@@ -126,29 +135,37 @@ static void test_cert_errors(void **state) {
            sec);
   snprintf(path, sizeof path, "%s/mixed_secret", tmpdir);
   write_file(path, text);
-  assert_int_equal(beamd_cert_load(path, &c, 1, err, sizeof err), -1);
-  assert_non_null(strstr(err, "does not belong"));
+  beam_diag_clear(&ed);
+  assert_true(beam_cert_load(path, &c, 1, &ed) < 0);
+  assert_non_null(strstr(ed.msg, "does not belong"));
 }
 
 static void test_generate(void **state) {
   (void)state;
-  char err[512], path[300];
-  beamd_cert_t out, c;
-  assert_int_equal(beamd_cert_generate(tmpdir, "gen", 0, 0, &out, err, sizeof err), 0);
+  char path[300];
+  beam_diag_t ed = {0};
+  beam_cert_t out, c;
+  beam_diag_clear(&ed);
+  assert_int_equal(beam_cert_generate(tmpdir, "gen", 0, 0, &out, &ed), 0);
   struct stat st;
   snprintf(path, sizeof path, "%s/gen_secret", tmpdir);
   assert_int_equal(stat(path, &st), 0);
   assert_int_equal(st.st_mode & 0777, 0600);
-  assert_int_equal(beamd_cert_load(path, &c, 1, err, sizeof err), 0);
+  beam_diag_clear(&ed);
+  assert_int_equal(beam_cert_load(path, &c, 1, &ed), 0);
   assert_string_equal(c.public_z85, out.public_z85);
   snprintf(path, sizeof path, "%s/gen", tmpdir);
-  assert_int_equal(beamd_cert_load(path, &c, 0, err, sizeof err), 0);
+  beam_diag_clear(&ed);
+  assert_int_equal(beam_cert_load(path, &c, 0, &ed), 0);
   assert_string_equal(c.secret_z85, "");
   /* Never overwrites a key by accident. */
-  assert_int_equal(beamd_cert_generate(tmpdir, "gen", 0, 0, &out, err, sizeof err), -1);
-  assert_non_null(strstr(err, "will not overwrite"));
-  assert_int_equal(beamd_cert_generate(tmpdir, "gen", 0, 1, &out, err, sizeof err), 0);
-  assert_int_equal(beamd_cert_generate(tmpdir, "a/b", 0, 0, &out, err, sizeof err), -1);
+  beam_diag_clear(&ed);
+  assert_true(beam_cert_generate(tmpdir, "gen", 0, 0, &out, &ed) < 0);
+  assert_non_null(strstr(ed.msg, "will not overwrite"));
+  beam_diag_clear(&ed);
+  assert_int_equal(beam_cert_generate(tmpdir, "gen", 0, 1, &out, &ed), 0);
+  beam_diag_clear(&ed);
+  assert_true(beam_cert_generate(tmpdir, "a/b", 0, 0, &out, &ed) < 0);
 }
 
 static void test_loopback(void **state) {
@@ -160,9 +177,9 @@ static void test_loopback(void **state) {
                       "tcp://10.1.2.3:5600", "tcp://[::]:5600",      "tcp://127.example:1",
                       "tcp://127.0.0.1.nip.io:1", "tcp://localhost.evil:1", "udp://127.0.0.1:1"};
   for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++)
-    assert_true(beamd_endpoint_is_loopback(yes[i]));
+    assert_true(beam_endpoint_is_loopback(yes[i]));
   for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
-    if (beamd_endpoint_is_loopback(no[i]))
+    if (beam_endpoint_is_loopback(no[i]))
       fail_msg("%s taken for loopback", no[i]);
   }
 }
@@ -182,15 +199,15 @@ static int free_port(void) {
 }
 
 /* One REQ round trip to the server within ms; returns 1 on a reply. */
-static int round_trip(void *ctx, const char *ep, const beamd_cert_t *own,
+static int round_trip(void *ctx, const char *ep, const beam_cert_t *own,
                       const char *server_pub, int ms) {
   void *c = zmq_socket(ctx, ZMQ_REQ);
   int zero = 0;
   zmq_setsockopt(c, ZMQ_LINGER, &zero, sizeof zero);
   zmq_setsockopt(c, ZMQ_RCVTIMEO, &ms, sizeof ms);
-  char err[256];
+  beam_diag_t ed = {0};
   if (own)
-    assert_int_equal(beamd_curve_client(c, own, server_pub, err, sizeof err), 0);
+    assert_int_equal(beam_curve_client(c, own, server_pub, &ed), 0);
   assert_int_equal(zmq_connect(c, ep), 0);
   zmq_send(c, "ping", 4, ZMQ_DONTWAIT);
   char buf[64];
@@ -206,11 +223,11 @@ typedef struct server_s {
   /* The reply orders the write before the test's read, but through
    * libzmq, which ThreadSanitizer cannot see: a lock says it in C. */
   pthread_mutex_t mu;
-  char who[BEAMD_KEY_NAME];
+  char who[BEAM_KEY_NAME];
 } server_t;
 
 static const char *server_who(server_t *s) {
-  static char copy[BEAMD_KEY_NAME];
+  static char copy[BEAM_KEY_NAME];
   pthread_mutex_lock(&s->mu);
   snprintf(copy, sizeof copy, "%s", s->who);
   pthread_mutex_unlock(&s->mu);
@@ -229,7 +246,7 @@ static void *serve(void *arg) {
       zmq_msg_close(&m);
       continue;
     }
-    const char *who = beamd_curve_peer(&m);
+    const char *who = beam_curve_peer(&m);
     pthread_mutex_lock(&s->mu);
     snprintf(s->who, sizeof s->who, "%s", who);
     pthread_mutex_unlock(&s->mu);
@@ -239,19 +256,20 @@ static void *serve(void *arg) {
   return NULL;
 }
 
-static void server_start(server_t *s, void *ctx, const beamd_cert_t *key, const char *ep,
-                         beamd_zap_t *zap) {
-  char err[256];
+static void server_start(server_t *s, void *ctx, const beam_cert_t *key, const char *ep,
+                         beam_zap_t *zap) {
+  beam_diag_t ed = {0};
   memset(s, 0, sizeof *s);
   pthread_mutex_init(&s->mu, NULL);
   s->ctx = ctx;
   s->sock = zmq_socket(ctx, ZMQ_REP);
   int zero = 0;
   zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
-  assert_int_equal(beamd_curve_server(s->sock, key, err, sizeof err), 0);
+  beam_diag_clear(&ed);
+  assert_int_equal(beam_curve_server(s->sock, key, &ed), 0);
   assert_int_equal(zmq_bind(s->sock, ep), 0);
   if (zap)
-    assert_int_equal(beamd_zap_watch(zap, s->sock, "test", err, sizeof err), 0);
+    assert_int_equal(beam_zap_watch(zap, s->sock, "test", &ed), 0);
   assert_int_equal(pthread_create(&s->th, NULL, serve, s), 0);
 }
 
@@ -262,9 +280,10 @@ static void server_stop(server_t *s) {
   pthread_mutex_destroy(&s->mu);
 }
 
-static void make_pair(const char *name, beamd_cert_t *c) {
-  char err[512];
-  assert_int_equal(beamd_cert_generate(tmpdir, name, 0, 1, c, err, sizeof err), 0);
+static void make_pair(const char *name, beam_cert_t *c) {
+  beam_diag_t ed = {0};
+  beam_diag_clear(&ed);
+  assert_int_equal(beam_cert_generate(tmpdir, name, 0, 1, c, &ed), 0);
 }
 
 static void move_public(const char *name, const char *dir) {
@@ -281,10 +300,11 @@ static void sleep_ms(int ms) {
 
 static void test_zap_handshakes(void **state) {
   (void)state;
-  char err[512], allow[300], ep[64];
+  char allow[300], ep[64];
+  beam_diag_t ed = {0};
   snprintf(allow, sizeof allow, "%s/allow", tmpdir);
   assert_int_equal(mkdir(allow, 0700), 0);
-  beamd_cert_t srv, alice, mallory, bob, impostor;
+  beam_cert_t srv, alice, mallory, bob, impostor;
   make_pair("srv", &srv);
   make_pair("alice", &alice);
   make_pair("mallory", &mallory);
@@ -299,10 +319,11 @@ static void test_zap_handshakes(void **state) {
   write_file(stray, "not read\n");
 
   void *ctx = zmq_ctx_new();
-  beamd_zap_t *zap = beamd_zap_start(ctx, allow, err, sizeof err);
+  beam_diag_clear(&ed);
+  beam_zap_t *zap = beam_zap_start(ctx, allow, &ed);
   assert_non_null(zap);
-  beamd_zap_counts_t n;
-  beamd_zap_counts(zap, &n);
+  beam_zap_counts_t n;
+  beam_zap_counts(zap, &n);
   assert_int_equal(n.keys, 1);
   snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", free_port());
   server_t s;
@@ -315,7 +336,7 @@ static void test_zap_handshakes(void **state) {
   assert_false(round_trip(cctx, ep, NULL, NULL, 300));                /* plaintext */
   assert_false(round_trip(cctx, ep, &alice, impostor.public_z85, 300)); /* wrong server key */
   sleep_ms(200); /* the monitors report on the ZAP thread */
-  beamd_zap_counts(zap, &n);
+  beam_zap_counts(zap, &n);
   assert_int_equal(n.accepted, 1);
   assert_true(n.denied_key >= 1);
   /* Plaintext and the wrong server key fail before ZAP is asked. */
@@ -324,15 +345,16 @@ static void test_zap_handshakes(void **state) {
   /* A reload lets bob in; a failed reload keeps the list. */
   move_public("bob", allow);
   assert_false(round_trip(cctx, ep, &bob, srv.public_z85, 300));
-  assert_int_equal(beamd_zap_reload(zap, err, sizeof err), 0);
+  beam_diag_clear(&ed);
+  assert_int_equal(beam_zap_reload(zap, &ed), 0);
   assert_true(round_trip(cctx, ep, &bob, srv.public_z85, 3000));
   assert_string_equal(server_who(&s), "bob");
-  beamd_zap_counts(zap, &n);
+  beam_zap_counts(zap, &n);
   assert_int_equal(n.keys, 2);
 
   server_stop(&s);
   zmq_ctx_term(cctx);
-  beamd_zap_stop(&zap);
+  beam_zap_stop(&zap);
   assert_null(zap);
   zmq_ctx_term(ctx);
 }
@@ -342,7 +364,7 @@ static void test_zap_handshakes(void **state) {
 static void test_no_handler_fails_closed(void **state) {
   (void)state;
   char ep[64];
-  beamd_cert_t srv, alice;
+  beam_cert_t srv, alice;
   make_pair("srv2", &srv);
   make_pair("alice2", &alice);
   void *ctx = zmq_ctx_new();
@@ -358,11 +380,13 @@ static void test_no_handler_fails_closed(void **state) {
 
 static void test_zap_missing_dir(void **state) {
   (void)state;
-  char err[512], dir[300];
+  char dir[300];
+  beam_diag_t ed = {0};
   snprintf(dir, sizeof dir, "%s/nope", tmpdir);
   void *ctx = zmq_ctx_new();
-  assert_null(beamd_zap_start(ctx, dir, err, sizeof err));
-  assert_non_null(strstr(err, "No such file"));
+  beam_diag_clear(&ed);
+  assert_null(beam_zap_start(ctx, dir, &ed));
+  assert_non_null(strstr(ed.msg, "No such file"));
   zmq_ctx_term(ctx);
 }
 

@@ -55,10 +55,10 @@ int main(int argc, char **argv) {
     tool_log("try --help");
     return 2;
   }
-  beamd_cert_t cert;
-  char err[1200];
-  if (beamd_cert_generate(dir, argv[optind], pyzmq, force, &cert, err, sizeof err) != 0) {
-    tool_log("%s", err);
+  beam_cert_t cert;
+  beam_diag_t d = {0};
+  if (beam_cert_generate(dir, argv[optind], pyzmq, force, &cert, &d) != 0) {
+    tool_log("%s", d.msg);
     return 1;
   }
   tool_log("wrote %s/%s%s (public) and %s/%s%s (secret, mode 0600)", dir, argv[optind],

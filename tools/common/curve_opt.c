@@ -30,7 +30,7 @@ int tool_curve_opt(tool_curve_t *t, int c, const char *arg) {
 }
 
 static int load(tool_curve_t *t) {
-  char why[1200];
+  beam_diag_t wd = {0};
   if (t->loaded)
     return 0;
   if (!t->secret) {
@@ -38,14 +38,14 @@ static int load(tool_curve_t *t) {
              "beamd-keygen NAME)");
     return -1;
   }
-  if (beamd_cert_load(t->secret, &t->own, 1, why, sizeof why) != 0) {
-    tool_log("--curve-secret: %s", why);
+  if (beam_cert_load(t->secret, &t->own, 1, &wd) != 0) {
+    tool_log("--curve-secret: %s", wd.msg);
     return -1;
   }
   if (t->server) {
-    beamd_cert_t s;
-    if (beamd_cert_load(t->server, &s, 0, why, sizeof why) != 0) {
-      tool_log("--curve-server: %s", why);
+    beam_cert_t s;
+    if (beam_cert_load(t->server, &s, 0, &wd) != 0) {
+      tool_log("--curve-server: %s", wd.msg);
       return -1;
     }
     memcpy(t->server_pub, s.public_z85, sizeof t->server_pub);
@@ -55,19 +55,19 @@ static int load(tool_curve_t *t) {
 }
 
 int tool_curve_socket(tool_curve_t *t, void *zctx, void *sock, const char *ep, int bind) {
-  char why[1200];
+  beam_diag_t wd = {0};
   int tcp = !strncmp(ep, "tcp://", 6);
   if (bind && t->allow && tcp) {
     if (load(t) != 0)
       return -1;
     /* The handler first: a CURVE server with none would refuse everyone. */
-    if (!t->zap && !(t->zap = beamd_zap_start(zctx, t->allow, why, sizeof why))) {
-      tool_log("--curve-allow: %s", why);
+    if (!t->zap && !(t->zap = beam_zap_start(zctx, t->allow, &wd))) {
+      tool_log("--curve-allow: %s", wd.msg);
       return -1;
     }
-    if (beamd_curve_server(sock, &t->own, why, sizeof why) != 0 ||
-        beamd_zap_watch(t->zap, sock, ep, why, sizeof why) != 0) {
-      tool_log("%s: %s", ep, why);
+    if (beam_curve_server(sock, &t->own, &wd) != 0 ||
+        beam_zap_watch(t->zap, sock, ep, &wd) != 0) {
+      tool_log("%s: %s", ep, wd.msg);
       return -1;
     }
     return 0;
@@ -75,13 +75,13 @@ int tool_curve_socket(tool_curve_t *t, void *zctx, void *sock, const char *ep, i
   if (!bind && t->server && tcp) {
     if (load(t) != 0)
       return -1;
-    if (beamd_curve_client(sock, &t->own, t->server_pub, why, sizeof why) != 0) {
-      tool_log("%s: %s", ep, why);
+    if (beam_curve_client(sock, &t->own, t->server_pub, &wd) != 0) {
+      tool_log("%s: %s", ep, wd.msg);
       return -1;
     }
     return 0;
   }
-  if (bind && tcp && !t->insecure && !beamd_endpoint_is_loopback(ep)) {
+  if (bind && tcp && !t->insecure && !beam_endpoint_is_loopback(ep)) {
     tool_log("%s can be reached from other hosts without authentication: use --curve-allow DIR "
              "(with --curve-secret FILE), or --insecure for a network whose peers cannot do "
              "CURVE", ep);
@@ -90,4 +90,4 @@ int tool_curve_socket(tool_curve_t *t, void *zctx, void *sock, const char *ep, i
   return 0;
 }
 
-void tool_curve_fini(tool_curve_t *t) { beamd_zap_stop(&t->zap); }
+void tool_curve_fini(tool_curve_t *t) { beam_zap_stop(&t->zap); }

@@ -43,9 +43,9 @@ typedef struct tool_curve_s {
   const char *secret, *server, *allow;
   int insecure;
   int loaded;
-  beamd_cert_t own;
-  char server_pub[BEAMD_Z85_KEY];
-  beamd_zap_t *zap;
+  beam_cert_t own;
+  char server_pub[BEAM_Z85_KEY];
+  beam_zap_t *zap;
 } tool_curve_t;
 
 /* Fills the defaults from the environment. */
