@@ -60,9 +60,6 @@ void beam_xmt_free(beam_xmt_t *x) {
   free(x->pIF);
   free(x->lmax);
   free(x->bnd);
-  free(x->lv16);
-  free(x->run_src);
-  free(x->run_len);
   memset(x, 0, sizeof *x);
 }
 
@@ -159,9 +156,7 @@ int beam_xmt_start(beam_stage_t *self, beam_xmt_t *x, const beam_series_t *s, co
   free(x->lag_steps), free(x->lvl), free(x->lsum), free(x->bad), free(x->nlev), free(x->chunk);
   free(x->G), free(x->IP), free(x->IF), free(x->npairs);
   free(x->pG), free(x->pIP), free(x->pIF), free(x->lmax), free(x->bnd);
-  free(x->lv16), free(x->run_src), free(x->run_len);
   x->pG = x->pIP = x->pIF = NULL, x->lmax = NULL, x->bnd = NULL;
-  x->lv16 = NULL, x->run_src = x->run_len = NULL, x->nruns = 0;
   size_t ls = beam_xmt_lvl_size(x), as = beam_xmt_acc_size(x);
   x->lag_steps = malloc(x->nlags * sizeof *x->lag_steps);
   x->lvl = malloc(L * nb * x->P * ls);
@@ -176,37 +171,6 @@ int beam_xmt_start(beam_stage_t *self, beam_xmt_t *x, const beam_series_t *s, co
   if (!x->lag_steps || !x->lvl || !x->lsum || !x->bad || !x->nlev || !x->chunk || !x->G || !x->IP ||
       !x->IF || !x->npairs)
     return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": cannot allocate %zu levels x %zu buffers x %zu pixels", L, nb, x->P);
-  /* CPU backend: touch the rings now, their first-touch page faults
-   * (hundreds of MB for a megapixel ROI set) would otherwise land on the
-   * per-frame path. (The CUDA backend keeps its rings on the device.) */
-  if (x->cpu_narrow)
-    memset(x->lvl, 0, L * nb * x->P * ls);
-  if (x->exact && !x->conf.per_pixel && x->cpu_narrow) {
-    x->lv16 = calloc(L * nb * x->P, sizeof *x->lv16);
-    if (!x->lv16)
-      return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": cannot allocate %zu levels x %zu buffers x %zu pixels (int16)", L,
-                       nb, x->P);
-    /* Rings and label images give long raster runs: the gather then
-     * streams rows (vectorised) instead of reading one index per pixel. */
-    size_t nr = x->P > 0;
-    for (size_t p = 1; p < x->P; p++)
-      nr += x->rois.idx[p] != x->rois.idx[p - 1] + 1;
-    if (nr <= x->P / 4) {
-      x->run_src = malloc(nr * sizeof *x->run_src);
-      x->run_len = malloc(nr * sizeof *x->run_len);
-      if (!x->run_src || !x->run_len)
-        return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": cannot allocate %zu pixel runs", nr);
-      size_t j = 0;
-      for (size_t p = 0; p < x->P; p++) {
-        if (p == 0 || x->rois.idx[p] != x->rois.idx[p - 1] + 1) {
-          x->run_src[j] = x->rois.idx[p];
-          x->run_len[j++] = 0;
-        }
-        x->run_len[j - 1]++;
-      }
-      x->nruns = nr;
-    }
-  }
   if (x->conf.per_pixel) {
     size_t n = x->nlags * x->P * ls;
     x->pG = malloc(n), x->pIP = malloc(n), x->pIF = malloc(n); /* zeroed (touched) by reset */

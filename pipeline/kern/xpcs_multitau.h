@@ -91,18 +91,6 @@ typedef struct beam_xmt_s {
   void *pG, *pIP, *pIF; /* [nlags][P] int64_t (exact) or double */
   uint64_t *lmax;       /* [levels][nb] max |pixel| of each slot (exact,
                          * per_pixel) */
-  /* CPU, integer input, roi mode (cpu_narrow set before start): where a
-   * slot's values all fit |v| <= 32767 they are kept as int16 in lv16
-   * instead of int64 in lvl, so the dots stream a quarter of the bytes
-   * and use 16-bit multiply-adds; still exact. Which form each pixel tile
-   * of a slot has is the CPU backend's (xpcs_multitau_cpu.c). NULL
-   * otherwise. */
-  int cpu_narrow;       /* set by the CPU backend's init */
-  int16_t *lv16;        /* [levels][nb][P] */
-  uint32_t *run_src, *run_len; /* rois.idx as runs of consecutive raster
-                                * indices (narrow mode, when they are long
-                                * enough to pay: nruns <= P/4), else NULL */
-  size_t nruns;
   beam_i128 *bnd;       /* [nlags][2] overflow bounds: products, values */
   int64_t ovf_row;      /* first row whose bound passed INT64_MAX, or -1 */
   unsigned out_err;     /* index of the g2_err output */
@@ -151,6 +139,10 @@ int beam_xmt_publish(beam_xmt_t *x, beam_emit_t *emit, uint32_t flag);
  * a stage made with beam_xpcs_multitau_cpu_ops (self->priv). Returns 0, or
  * BEAM_ELIMIT once a per_pixel int64 bound was passed (x->ovf_row). */
 int beam_xmt_push_cpu(beam_xmt_t *x, const void *frame, int bad);
+/* How the CPU backend (self made with beam_xpcs_multitau_cpu_ops, after
+ * start) gathers ROI pixels: the number of raster runs it copies, or 0
+ * when it reads one index per pixel. For tests. */
+size_t beam_xmt_cpu_gather_runs(const beam_stage_t *self);
 
 /* per_pixel: adds (max_o, max_s) of one pair to row t's bound; returns 0,
  * or -1 (and sets ovf_row) when an int64 sum could overflow. */

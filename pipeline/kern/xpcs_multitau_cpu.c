@@ -31,7 +31,7 @@
  * sums in another order, so float results agree with it to round-off).
  * Narrow tiles (roi mode, integer input): a tile of a level frame whose
  * values all fit |v| <= 32767, which is every level frame of
- * photon-counting data up to high levels, is stored as int16 (x->lv16)
+ * photon-counting data up to high levels, is stored as int16 (c->lv16)
  * instead of int64; the form is chosen per (tile, slot) from the tile's
  * own maxima, so no thread waits for another to choose it. The dots of
  * two narrow tiles run per block (a block of the new frame stays in L1
@@ -67,7 +67,7 @@ typedef union acc_u {
 typedef struct tile_s {
   size_t b0, b1; /* blocks */
   size_t p0, p1; /* compact pixels */
-  size_t j0, j1; /* pixel runs overlapping [p0, p1) (x->run_src) */
+  size_t j0, j1; /* pixel runs overlapping [p0, p1) (run_src) */
 } tile_t;
 
 enum { OP_GATHER, OP_COMBINE, OP_PAIRS };
@@ -102,6 +102,15 @@ typedef struct cpu_s {
   op_t ops[MAX_OPS];
   size_t nops, npair;
   const void *frame;       /* during a phase */
+  /* Integer input, roi mode: where a slot's values all fit |v| <= 32767
+   * they are kept as int16 in lv16 instead of int64 in x.lvl, so the dots
+   * stream a quarter of the bytes and use 16-bit multiply-adds; still
+   * exact. Which form each pixel tile of a slot has: tw. NULL otherwise. */
+  int16_t *lv16;           /* [levels][nb][P] */
+  uint32_t *run_src, *run_len; /* x.rois.idx as runs of consecutive raster
+                                * indices (narrow mode, when they are long
+                                * enough to pay: nruns <= P/4), else NULL */
+  size_t nruns;
 } cpu_t;
 
 /* ---- per-tile kernels ----------------------------------------------------- */
@@ -114,8 +123,8 @@ static inline void *lsum_at(const beam_xmt_t *x, unsigned L, size_t slot) {
   return (char *)x->lsum + ((size_t)L * x->conf.nb + slot) * x->R * beam_xmt_acc_size(x);
 }
 
-static inline int16_t *l16_at(const beam_xmt_t *x, unsigned L, size_t slot) {
-  return x->lv16 + ((size_t)L * x->conf.nb + slot) * x->P;
+static inline int16_t *l16_at(const cpu_t *c, unsigned L, size_t slot) {
+  return c->lv16 + ((size_t)L * c->x.conf.nb + slot) * c->x.P;
 }
 
 #define GATHER_CASE(T, DT)                                                     \
@@ -144,18 +153,18 @@ static void gather(const beam_xmt_t *x, const void *frame, void *dst, size_t p0,
 
 /* Tile t of a level-0 slot as int16, returning max |pixel| (the copy is
  * valid when that is <= NARROW_MAX); exact dtypes only. By runs of
- * consecutive pixels, clipped to the tile, when x->run_src exists (a
+ * consecutive pixels, clipped to the tile, when c->run_src exists (a
  * vectorisable copy per run), else one index per pixel. */
 #define GATHER16_CASE(T, DT)                                                   \
   case DT: {                                                                   \
     const T *restrict px = frame;                                              \
     T lo = 0, hi = 0;                                                          \
-    if (x->run_src) {                                                          \
+    if (c->run_src) {                                                          \
       for (size_t j = t->j0; j < t->j1; j++) {                                 \
         size_t a = rpos[j] > t->p0 ? rpos[j] : t->p0;                          \
-        size_t e = rpos[j] + x->run_len[j] < t->p1 ? rpos[j] + x->run_len[j]   \
+        size_t e = rpos[j] + c->run_len[j] < t->p1 ? rpos[j] + c->run_len[j]   \
                                                    : t->p1;                    \
-        const T *restrict src = px + x->run_src[j] + (a - rpos[j]);            \
+        const T *restrict src = px + c->run_src[j] + (a - rpos[j]);            \
         int16_t *restrict q = o + a;                                           \
         for (size_t k = 0; k < e - a; k++) {                                   \
           T v = src[k];                                                        \
@@ -179,7 +188,9 @@ static void gather(const beam_xmt_t *x, const void *frame, void *dst, size_t p0,
 /* (Clones as for the dots below: the per-frame streams are the rest of
  * the time.) */
 BEAM_TARGET_CLONES("avx2", "default") static int64_t
-gather16(const beam_xmt_t *x, const uint64_t *rpos, const tile_t *t, const void *frame, int16_t *restrict o) {
+gather16(const cpu_t *c, const tile_t *t, const void *frame, int16_t *restrict o) {
+  const beam_xmt_t *x = &c->x;
+  const uint64_t *rpos = c->rpos;
   const uint32_t *restrict idx = x->rois.idx;
   int64_t m = 0;
   switch (x->in.dtype) {
@@ -328,9 +339,9 @@ static void tile_gather(cpu_t *c, unsigned k, const op_t *op) {
   beam_xmt_t *x = &c->x;
   const tile_t *t = &c->tile[k];
   acc_t *bs = c->bsum; /* level 0 */
-  if (x->lv16) {
-    int16_t *o = l16_at(x, 0, op->s);
-    int64_t m = gather16(x, c->rpos, t, c->frame, o);
+  if (c->lv16) {
+    int16_t *o = l16_at(c, 0, op->s);
+    int64_t m = gather16(c, t, c->frame, o);
     size_t ks = k * c->LN + op->s;
     c->tmax[ks] = (uint64_t)m;
     c->tw[ks] = m > NARROW_MAX;
@@ -358,13 +369,13 @@ static void tile_combine(cpu_t *c, unsigned k, const op_t *op) {
   size_t nb = x->conf.nb, p0 = t->p0, n = t->p1 - t->p0;
   unsigned L = op->L, H = L - 1;
   acc_t *bs = c->bsum + (size_t)L * c->nblk;
-  if (x->lv16) {
+  if (c->lv16) {
     size_t ka = k * c->LN + H * nb + op->a, kb = k * c->LN + H * nb + op->b, kd = k * c->LN + L * nb + op->s;
     int aw = c->tw[ka], bw = c->tw[kb];
     if (!aw && !bw && c->tmax[ka] + c->tmax[kb] <= NARROW_MAX) {
-      int16_t *o = l16_at(x, L, op->s);
+      int16_t *o = l16_at(c, L, op->s);
       c->tw[kd] = 0;
-      c->tmax[kd] = add16(l16_at(x, H, op->a) + p0, l16_at(x, H, op->b) + p0, o + p0, n);
+      c->tmax[kd] = add16(l16_at(c, H, op->a) + p0, l16_at(c, H, op->b) + p0, o + p0, n);
       sums16(c, t, o, bs);
       return;
     }
@@ -374,11 +385,11 @@ static void tile_combine(cpu_t *c, unsigned k, const op_t *op) {
       for (size_t p = 0; p < n; p++)
         o[p] = pa[p] + pb[p];
     } else if (!aw && !bw) {
-      const int16_t *pa = l16_at(x, H, op->a) + p0, *pb = l16_at(x, H, op->b) + p0;
+      const int16_t *pa = l16_at(c, H, op->a) + p0, *pb = l16_at(c, H, op->b) + p0;
       for (size_t p = 0; p < n; p++)
         o[p] = (int64_t)pa[p] + pb[p];
     } else {
-      const int16_t *pn = l16_at(x, H, aw ? op->b : op->a) + p0;
+      const int16_t *pn = l16_at(c, H, aw ? op->b : op->a) + p0;
       const int64_t *pw = (const int64_t *)lvl_at(x, H, aw ? op->a : op->b) + p0;
       for (size_t p = 0; p < n; p++)
         o[p] = pn[p] + pw[p];
@@ -422,14 +433,14 @@ static void tile_pairs(cpu_t *c, unsigned k, const op_t *op) {
     }
     return;
   }
-  BEAM_ASSERT(x->lv16); /* exact roi mode on the CPU is always narrow-capable */
+  BEAM_ASSERT(c->lv16); /* exact roi mode on the CPU is always narrow-capable */
   const uint8_t *tw = c->tw + k * c->LN + (size_t)L * nb;
   const uint64_t *mx = c->tmax + k * c->LN + (size_t)L * nb;
   int sw = tw[s];
   unsigned char fits32[1024]; /* |block partial| <= BLK max|o| max|s| */
   for (size_t j = op->j0; j < op->j0 + op->nj; j++)
     fits32[j - op->j0] = !sw && !tw[c->po[j]] && mx[c->po[j]] * mx[s] * BLK <= (uint64_t)INT32_MAX;
-  const int16_t *ns = l16_at(x, L, s);
+  const int16_t *ns = l16_at(c, L, s);
   const int64_t *ws = lvl_at(x, L, s);
   for (size_t b = t->b0; b < t->b1; b++) {
     size_t a = c->boff[b], n = c->boff[b + 1] - a;
@@ -437,11 +448,11 @@ static void tile_pairs(cpu_t *c, unsigned k, const op_t *op) {
       size_t o = c->po[j];
       beam_i128 v;
       if (!sw && !tw[o])
-        v = fits32[j - op->j0] ? dot16_32(l16_at(x, L, o) + a, ns + a, n) : dot16_64(l16_at(x, L, o) + a, ns + a, n);
+        v = fits32[j - op->j0] ? dot16_32(l16_at(c, L, o) + a, ns + a, n) : dot16_64(l16_at(c, L, o) + a, ns + a, n);
       else if (sw && tw[o])
         v = dot_exact((const int64_t *)lvl_at(x, L, o) + a, ws + a, n, x->chunk[L]);
       else if (sw)
-        v = dot_mixed(l16_at(x, L, o) + a, ws + a, n);
+        v = dot_mixed(l16_at(c, L, o) + a, ws + a, n);
       else
         v = dot_mixed(ns + a, (const int64_t *)lvl_at(x, L, o) + a, n);
       c->part[j * nblk + b].i = v;
@@ -662,18 +673,18 @@ static int tiles_start(cpu_t *c, beam_diag_t *d) {
   c->ntiles = want < nblk ? want : nblk;
   c->boff = malloc((nblk + 1) * sizeof *c->boff);
   c->rblk = malloc((R + 1) * sizeof *c->rblk);
-  c->rpos = malloc((x->nruns + 1) * sizeof *c->rpos);
+  c->rpos = malloc((c->nruns + 1) * sizeof *c->rpos);
   c->bsum = calloc(L * nblk, sizeof *c->bsum);
   c->part = calloc(x->nlags * nblk, sizeof *c->part);
   c->po = calloc(x->nlags, sizeof *c->po);
   c->pt = calloc(x->nlags, sizeof *c->pt);
   c->nmax = calloc(c->ntiles * L, sizeof *c->nmax);
-  if (x->lv16) {
+  if (c->lv16) {
     c->tw = calloc(c->ntiles * c->LN, 1);
     c->tmax = calloc(c->ntiles * c->LN, sizeof *c->tmax);
   }
   if (!c->boff || !c->rblk || !c->rpos || !c->bsum || !c->part || !c->po || !c->pt || !c->nmax ||
-      (x->lv16 && (!c->tw || !c->tmax)))
+      (c->lv16 && (!c->tw || !c->tmax)))
     return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": cannot allocate %zu pixel blocks x %zu lags", nblk, x->nlags);
   size_t b = 0;
   for (size_t r = 0; r < R; r++) {
@@ -683,7 +694,7 @@ static int tiles_start(cpu_t *c, beam_diag_t *d) {
   }
   c->rblk[R] = b;
   c->boff[nblk] = P;
-  for (size_t j = 0, p = 0; j < x->nruns; p += x->run_len[j++])
+  for (size_t j = 0, p = 0; j < c->nruns; p += c->run_len[j++])
     c->rpos[j] = p;
   size_t b0 = 0, j0 = 0;
   for (size_t k = 0; k < c->ntiles; k++) {
@@ -696,10 +707,10 @@ static int tiles_start(cpu_t *c, beam_diag_t *d) {
         b1++;
     t->b0 = b0, t->b1 = b1, t->p0 = c->boff[b0], t->p1 = c->boff[b1];
     /* runs: first one ending after p0, up to the first starting at p1 */
-    while (j0 < x->nruns && c->rpos[j0] + x->run_len[j0] <= t->p0)
+    while (j0 < c->nruns && c->rpos[j0] + c->run_len[j0] <= t->p0)
       j0++;
     size_t j1 = j0;
-    while (j1 < x->nruns && c->rpos[j1] < t->p1)
+    while (j1 < c->nruns && c->rpos[j1] < t->p1)
       j1++;
     t->j0 = j0, t->j1 = j1;
     b0 = b1;
@@ -709,12 +720,23 @@ static int tiles_start(cpu_t *c, beam_diag_t *d) {
 
 /* ---- stage ops ------------------------------------------------------------ */
 
+size_t beam_xmt_cpu_gather_runs(const beam_stage_t *self) {
+  const cpu_t *c = self->priv;
+  return c->run_src ? c->nruns : 0;
+}
+
+static void narrow_free(cpu_t *c) {
+  free(c->lv16), free(c->run_src), free(c->run_len);
+  c->lv16 = NULL, c->run_src = c->run_len = NULL, c->nruns = 0;
+}
+
 static void cpu_destroy(beam_stage_t *self) {
   cpu_t *c = self->priv;
   if (!c)
     return;
   beam_xpcs_pool_destroy(&c->pool);
   tiles_free(c);
+  narrow_free(c);
   beam_xmt_free(&c->x);
   free(c);
   self->priv = NULL;
@@ -726,7 +748,6 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
     return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": out of memory");
   self->priv = c;
   int rc = beam_xmt_init(&c->x, self->cfg, d);
-  c->x.cpu_narrow = 1; /* after init, which clears x */
   if (rc == 0) {
     unsigned th = c->x.conf.threads;
     if (th == 0) {
@@ -740,10 +761,50 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
   return rc;
 }
 
+/* The CPU backend's share of a series start: the rings touched now, their
+ * first-touch page faults (hundreds of MB for a megapixel ROI set) would
+ * otherwise land on the per-frame path (the CUDA backend keeps its rings
+ * on the device), and the narrow form's state. */
+static int narrow_start(cpu_t *c, beam_diag_t *d) {
+  beam_xmt_t *x = &c->x;
+  size_t L = x->conf.levels, nb = x->conf.nb;
+  narrow_free(c);
+  memset(x->lvl, 0, L * nb * x->P * beam_xmt_lvl_size(x));
+  if (x->exact && !x->conf.per_pixel) {
+    c->lv16 = calloc(L * nb * x->P, sizeof *c->lv16);
+    if (!c->lv16)
+      return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": cannot allocate %zu levels x %zu buffers x %zu pixels (int16)", L,
+                       nb, x->P);
+    /* Rings and label images give long raster runs: the gather then
+     * streams rows (vectorised) instead of reading one index per pixel. */
+    size_t nr = x->P > 0;
+    for (size_t p = 1; p < x->P; p++)
+      nr += x->rois.idx[p] != x->rois.idx[p - 1] + 1;
+    if (nr <= x->P / 4) {
+      c->run_src = malloc(nr * sizeof *c->run_src);
+      c->run_len = malloc(nr * sizeof *c->run_len);
+      if (!c->run_src || !c->run_len)
+        return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": cannot allocate %zu pixel runs", nr);
+      size_t j = 0;
+      for (size_t p = 0; p < x->P; p++) {
+        if (p == 0 || x->rois.idx[p] != x->rois.idx[p - 1] + 1) {
+          c->run_src[j] = x->rois.idx[p];
+          c->run_len[j++] = 0;
+        }
+        c->run_len[j - 1]++;
+      }
+      c->nruns = nr;
+    }
+  }
+  return 0;
+}
+
 static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in,
                      beam_diag_t *d) {
   cpu_t *c = self->priv;
   int rc = beam_xmt_start(self, &c->x, series, in, d);
+  if (rc == 0)
+    rc = narrow_start(c, d);
   return rc < 0 ? rc : tiles_start(c, d);
 }
 

@@ -216,8 +216,8 @@ static void run_random(beam_dtype_t dt, unsigned levels, unsigned nb, size_t N, 
   bh_t *h = make(cfg);
   beam_diag_t d = {0};
   assert_int_equal(bh_start(h, dt, 2, sh, &d), 0);
-  const beam_xmt_t *xs = h->st.priv;
-  assert_true(banded ? xs->nruns == 12 && xs->run_src : xs->run_src == NULL); /* which gather runs */
+  size_t runs = beam_xmt_cpu_gather_runs(&h->st);
+  assert_true(banded ? runs == 12 : runs == 0); /* which gather runs */
   double *frames = calloc(N * H * W, sizeof *frames);
   int *bad = calloc(N, sizeof *bad);
   size_t npartial = 0;
@@ -543,7 +543,7 @@ static void run_threads(beam_dtype_t dt, int per_pixel, int banded, int threads,
   bh_t *h = make(cfg);
   beam_diag_t d = {0};
   assert_int_equal(bh_start(h, dt, 2, sh, &d), 0);
-  assert_true(banded ? ((beam_xmt_t *)h->st.priv)->run_src != NULL || dt != BEAM_DT_U16 || per_pixel : 1);
+  assert_true(banded ? beam_xmt_cpu_gather_runs(&h->st) > 0 || dt != BEAM_DT_U16 || per_pixel : 1);
   double *frames = check_ref ? calloc((size_t)N * H * W, sizeof *frames) : NULL;
   int bad[N] = {0};
   memset(o, 0, sizeof *o);
