@@ -283,7 +283,7 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
 
 static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in,
                      beam_diag_t *d) {
-  return beam_roi_host_start(self, self->priv, in, 1, d);
+  return beam_roi_host_start(self, self->priv, series, in, 1, d);
 }
 
 static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *emit) {
