@@ -10,7 +10,8 @@ centre, energy, distance, pixel size).
 - xpcs_multitau on q rings with centre, mask and q geometry from the
   series: bit-identical to the same rings with everything typed in (the
   mask as a file), and equal to numpy's closed form on labels computed
-  here from the q formula with the mask's pixels removed.
+  here from the q formula with the mask's pixels removed; xpcs_twotime
+  (the same ROI code) bit-identical between the two configs as well.
 - a series without the mask or the centre is refused at its start, with
   the reason in the log.
 """
@@ -105,6 +106,11 @@ def test_mask_and_center_from_series(tmp_path, ports, zctx, start_beamd, receive
          "levels": LEVELS, "buffers": NB, "intensities": True,
          "rois": dict(q_rois, center=[CX, CY], energy=EV, distance=DIST, pixel_size=PIX,
                       mask=str(tmp_path / "mask.npy"))},
+        {"name": "ts", "kind": "xpcs_twotime", "backend": "cpu", "input": "frames",
+         "rois": dict(q_rois, center="series", mask="series")},
+        {"name": "tt", "kind": "xpcs_twotime", "backend": "cpu", "input": "frames",
+         "rois": dict(q_rois, center=[CX, CY], energy=EV, distance=DIST, pixel_size=PIX,
+                      mask=str(tmp_path / "mask.npy"))},
     ]
     b = start_beamd(dectris_config(ports, stages))
     rx = Receiver(zctx, ports.ep_publish)
@@ -114,9 +120,11 @@ def test_mask_and_center_from_series(tmp_path, ports, zctx, start_beamd, receive
     sid, n = 6, 16
     data = detector_frames(n, 5)
     send_series(det, sid, data, mask)
-    rx.wait_for(lambda ms: sum(1 for m in ms if m[0].endswith(".if") and m[1].series_id == sid
-                               and m[1].flags & proto.FLAG_FINAL) >= 2,
-                timeout=20, what="final .if of both xpcs stages")
+    finals = {(st, out) for st in ("ms", "mt") for out in ("g2", "lags", "info", "g_num", "ip", "if")}
+    finals |= {(st, out) for st in ("ts", "tt") for out in ("c2", "g2", "lags", "info")}
+    rx.wait_for(lambda ms: finals <= {tuple(m[0].split(".", 1)) for m in ms if m[1].series_id == sid
+                                      and m[1].flags & proto.FLAG_FINAL},
+                timeout=20, what="the final results of the four xpcs stages")
     rx.wait_for(lambda ms: sum(1 for m in ms if m[0] == "vs.sums" and m[1].series_id == sid) >= n
                 and sum(1 for m in ms if m[0] == "vt.sums" and m[1].series_id == sid) >= n,
                 timeout=10, what="every sum")
@@ -135,6 +143,10 @@ def test_mask_and_center_from_series(tmp_path, ports, zctx, start_beamd, receive
     for key in ms:
         if key[1] != "lags":
             assert ms[key].tobytes() == mt[key].tobytes(), key
+    ts, tt = got["ts"], got["tt"]
+    assert ts and set(ts) == set(tt)
+    for key in ts:
+        assert ts[key].tobytes() == tt[key].tobytes(), key
     ref = multitau_numpy(data, np.zeros(n, bool), ring_labels(mask), LEVELS, NB)
     assert ref["rows"] > 0
     for name, out in (("g2", "g2"), ("G", "g_num"), ("IP", "ip"), ("IF", "if")):
