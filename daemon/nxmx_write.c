@@ -161,6 +161,13 @@ int beam_nx_write_series(hid_t file, const beam_series_t *series, beam_dtype_t d
   hid_t det = ins >= 0 ? beam_h5_group(ins, "detector", "NXdetector") : -1;
   hid_t beam = det >= 0 ? beam_h5_group(ins, "beam", "NXbeam") : -1;
   rc = beam >= 0 ? write_detector(det, series, m, dtype) : -1;
+  /* NeXus keeps the frames in the detector group and links them into
+   * NXdata; ours are created in NXdata (what replay readers open), so the
+   * detector gets the link. One object: readers that walk the file by
+   * object (beamd-replay's search for the 3-D dataset) see it once. */
+  if (rc == 0 && beam_h5_exists(file, "/entry/data/data") &&
+      H5Lcreate_hard(file, "/entry/data/data", det, "data", H5P_DEFAULT, H5P_DEFAULT) < 0)
+    rc = -1;
   if (rc == 0) {
     double ev = series->energy_ev > 0 ? series->energy_ev : num(m, "energy");
     double wl = num(m, "wavelength"); /* angstrom (the DECTRIS key) */

@@ -15,7 +15,8 @@
  * instrument (NXinstrument) / detector (NXdetector): description,
  * detector_distance [m], x_pixel_size, y_pixel_size [m], beam_center_x,
  * beam_center_y [pixel], count_time, frame_time [s], pixel_mask (uint32,
- * nonzero = bad), saturation_value, bit_depth_readout; instrument / beam
+ * nonzero = bad), saturation_value, bit_depth_readout, data (a hard link
+ * to /entry/data/data, when that exists); instrument / beam
  * (NXbeam): incident_energy [eV] and incident_wavelength [angstrom]. Each
  * field only when the series says it (metadata keys of PROTOCOL.md 7.1,
  * the "pixel_mask" series array, DECTRIS' own keys under "dectris"); an

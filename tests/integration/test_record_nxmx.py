@@ -118,6 +118,7 @@ def test_dectris_stream_round_trip(tmp_path, ports, zctx, start_beamd, run_tool)
         assert bm["incident_energy"][()] == 12400.0 and s(bm["incident_energy"].attrs["units"]) == "eV"
         assert bm["incident_wavelength"][()] == pytest.approx(12398.419843320026 / 12400.0, rel=1e-14)
         assert s(bm["incident_wavelength"].attrs["units"]) == "angstrom"
+        assert d["data"].id == f["/entry/data/data"].id  # one dataset, linked into the detector
         # what the record stage wrote before stays
         assert f["/entry/data/data"].shape == (n, H, W)
         assert f["/entry/data/frame_id"][...].tolist() == list(range(n))
