@@ -1,6 +1,6 @@
 /* Stage kind `roi_sum`: schema, and the host-side setup both backends share
- * (ROI parsing, mask files, pixel runs or per-ROI pixel lists, scan image,
- * outputs). The summation loops live in roi_sum_cpu.c and
+ * (ROI parsing, mask files, the bad-pixel mask and centres taken from the
+ * series, pixel runs or per-ROI pixel lists, scan image, outputs). The summation loops live in roi_sum_cpu.c and
  * gpu/roi_sum_cuda.cu. */
 #include "pipeline/kern/roi_sum.h"
 

@@ -102,7 +102,8 @@ typedef struct beam_roi_host_s {
   uint64_t nframes; /* frames seen this series */
 } beam_roi_host_t;
 
-/* init: parses rois/masks (exactly one), loads the mask file, scan_shape.
+/* init: parses rois/masks (exactly one), loads the masks file and the
+ * bad-pixel mask file (not for `mask: series`), scan_shape.
  * On failure nothing stays allocated. */
 int beam_roi_host_init(beam_roi_host_t *h, const beam_cnode_t *cfg, beam_diag_t *d);
 void beam_roi_host_free(beam_roi_host_t *h);
