@@ -819,7 +819,8 @@ static int convert_value(vctx_t *vc, beam_cnode_t *v, const beam_param_t *p, con
   case BEAM_P_ENDPOINT_LIST:
     /* A list key may also take one of its choices' words instead of a list
      * (`center: series`); the stage tells the two apart by the node kind. */
-    if (v->kind == BEAM_CN_SCALAR && p->choices && v->scalar && enum_index(p->choices, v->scalar) >= 0) {
+    if (v->kind == BEAM_CN_SCALAR && p->choices && v->scalar &&
+        enum_index(p->choices, v->scalar) >= 0) {
       v->typed = 1;
       break;
     }

@@ -1,7 +1,7 @@
 /* Stage kind `roi_sum`: schema, and the host-side setup both backends share
  * (ROI parsing, mask files, the bad-pixel mask and centres taken from the
- * series, pixel runs or per-ROI pixel lists, scan image, outputs). The summation loops live in roi_sum_cpu.c and
- * gpu/roi_sum_cuda.cu. */
+ * series, pixel runs or per-ROI pixel lists, scan image, outputs). The
+ * summation loops live in roi_sum_cpu.c and gpu/roi_sum_cuda.cu. */
 #include "pipeline/kern/roi_sum.h"
 
 #include <math.h>
@@ -562,7 +562,8 @@ static int resolve_series(beam_roi_sum_conf_t *c, const beam_series_t *series, u
     uint32_t fshape[2] = {h, w};
     return BEAM_DIAG(d, BEAM_ESHAPE, "roi_sum: the mask%s is %s but the frames are %s",
                      c->mask_series ? " (from the series)" : "",
-                     beam_shape_str(m->ndim, m->shape, ms, sizeof ms), beam_shape_str(2, fshape, fs, sizeof fs));
+                     beam_shape_str(m->ndim, m->shape, ms, sizeof ms),
+                     beam_shape_str(2, fshape, fs, sizeof fs));
   }
   size_t n = (size_t)h * w;
   if (!(c->bad = malloc(n)))

@@ -112,7 +112,8 @@ static int init_conf(beam_xpcs_rois_t *r, const beam_cnode_t *cfg, const char *w
       r->center_series = 1;
     } else {
       if (!center || beam_cfg_len(center) != 2)
-        return BEAM_DIAG(d, BEAM_ECONFIG, "%s: rois needs file, or center [x, y] (or series) with radii or q", who);
+        return BEAM_DIAG(d, BEAM_ECONFIG,
+                         "%s: rois needs file, or center [x, y] (or series) with radii or q", who);
       r->cx = beam__cfg_item_num(beam_cfg_at(center, 0));
       r->cy = beam__cfg_item_num(beam_cfg_at(center, 1));
       if (!isfinite(r->cx) || !isfinite(r->cy))
