@@ -70,7 +70,7 @@ static void print_param(FILE *f, const beam_param_t *p, const char *prefix, int 
     bound(hi, sizeof hi, p->max);
     fprintf(f, ", range %s..%s", lo, hi);
   }
-  /* INFILE's choices are words that name no file; ENUM's are the values. */
+  /* INFILE's and lists' choices are words taken instead (no file, no list); ENUM's are the values. */
   if (p->choices)
     fprintf(f, ", %s %s", p->type == BEAM_P_ENUM ? "one of" : "or", p->choices);
   fprintf(f, "): %s\n", p->doc ? p->doc : "");

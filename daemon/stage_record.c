@@ -4,8 +4,9 @@
  *
  * Layout (docs/recording.md): /entry/data/data (N, *frame shape), chunked
  * chunk_frames frames per chunk; /entry/data/{frame_id, t_acq_ns, flags}
- * (N,); series metadata as attributes of /series; /entry attributes
- * series_id, frames_written, complete. The file is DIR/<prefix>series_<id>.h5,
+ * (N,); series metadata as attributes of /series, and the detector's
+ * geometry and pixel mask as NXmx fields (nxmx_write.h) so beamd-replay
+ * reads them back; /entry attributes series_id, frames_written, complete. The file is DIR/<prefix>series_<id>.h5,
  * written as NAME.partial and renamed at the end of the series.
  *
  * Compression: bitshuffle+LZ4 chunks are made by our own encoder
@@ -55,6 +56,7 @@
 #include <lz4.h>
 
 #include "daemon/h5util.h"
+#include "daemon/nxmx_write.h"
 #include "proto/lz4_check.h"
 
 #define REC_IDS_FLUSH 1024u     /* companions (frame_id ...) written in batches of this */
@@ -332,6 +334,7 @@ static int create_file(beam_stage_t *self, rec_t *s, const beam_series_t *series
     rc |= beam_h5_attr_str(dg, "signal", "data");
     rc |= beam_h5_attr_str(entry, "compression", s->bslz4 ? "bslz4" : "none");
     rc |= write_series_attrs(s, series);
+    rc |= beam_nx_write_series(s->file, series, s->dtype);
   }
   if (pl >= 0) H5Pclose(pl);
   if (sp >= 0) H5Sclose(sp);

@@ -109,7 +109,7 @@ static int cu_init(beam_stage_t *self, beam_diag_t *d) {
 static int cu_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in,
                     beam_diag_t *d) {
   cuda_t *s = (cuda_t *)self->priv;
-  int rc = beam_roi_host_start(self, &s->h, in, 0, d);
+  int rc = beam_roi_host_start(self, &s->h, series, in, 0, d);
   if (rc < 0)
     return rc;
   const beam_roi_lists_t *l = &s->h.lists;

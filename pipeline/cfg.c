@@ -817,13 +817,20 @@ static int convert_value(vctx_t *vc, beam_cnode_t *v, const beam_param_t *p, con
   case BEAM_P_INT_LIST:
   case BEAM_P_FLOAT_LIST:
   case BEAM_P_ENDPOINT_LIST:
+    /* A list key may also take one of its choices' words instead of a list
+     * (`center: series`); the stage tells the two apart by the node kind. */
+    if (v->kind == BEAM_CN_SCALAR && p->choices && v->scalar &&
+        enum_index(p->choices, v->scalar) >= 0) {
+      v->typed = 1;
+      break;
+    }
     if (v->kind != BEAM_CN_SEQ) {
       char q[QUOTE_MAX * 2 + 16];
       if (v->kind == BEAM_CN_SCALAR) {
         quote_val(q, sizeof q, v->scalar);
-        verr(vc, v, "%s: expected %s such as %s, got \"%s\"", path, type_name(p->type),
+        verr(vc, v, "%s: expected %s such as %s%s%s, got \"%s\"", path, type_name(p->type),
              p->type == BEAM_P_ENDPOINT_LIST ? "[tcp://host:5500, tcp://host:5501]" : "[1, 2]",
-             q);
+             p->choices ? ", or " : "", p->choices ? p->choices : "", q);
       } else {
         verr(vc, v, "%s: expected %s, got %s", path, type_name(p->type), kind_name(v));
       }

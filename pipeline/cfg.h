@@ -71,7 +71,7 @@ struct beam_param_s {
   const char *def;     /* default as scalar text; NULL = no default */
   int required;        /* error when absent (def must be NULL) */
   double min, max;     /* INT/FLOAT/SIZE/DURATION/lists; ignored when min > max */
-  const char *choices; /* ENUM: "cpu|cuda|auto" */
+  const char *choices; /* ENUM: "cpu|cuda|auto"; INFILE and lists: words taken instead ("series") */
   const beam_param_t *sub; /* MAP/MAP_LIST: terminated by {NULL} */
   const char *doc;     /* one line: units and meaning; the reference config repeats it */
   /* Optional extra check on the converted node; returns NULL when valid or a

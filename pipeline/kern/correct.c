@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pipeline/kern/from_series.h"
 #include "pipeline/kern/kern_int.h"
 #include "pipeline/kern/kinds.h"
 
-/* The literal value of `mask` / `flat` that takes the array from the series. */
-#define FROM_SERIES "series"
+#define FROM_SERIES BEAM_FROM_SERIES
 #define GAP_INT_MAX (1LL << 53) /* every integer up to 2^53 is exact in double */
 
 /* "auto", "none", or an integer within +-2^53; *v gets the integer. */
@@ -141,21 +141,6 @@ double beam_correct_gap(const beam_correct_conf_t *c, beam_dtype_t dt) {
   }
 }
 
-/* The series' array `name` for key `key`, checked to be real. */
-static int series_array(const beam_series_t *series, const char *key, const char *name,
-                        const beam_array_t **out, beam_diag_t *d) {
-  const beam_series_array_t *sa = beam_series_array(series, name);
-  if (!sa)
-    return BEAM_DIAG(d, BEAM_ECONFIG, "correct: %s: series, but series %llu carries no \"%s\" "
-                     "array (a DECTRIS detector sends it only with header_detail \"all\")",
-                     key, series ? (unsigned long long)series->series_id : 0ull, name);
-  if (sa->arr.dtype == BEAM_DT_C64 || sa->arr.dtype == BEAM_DT_C128)
-    return BEAM_DIAG(d, BEAM_ENOTSUP, "correct: %s: the series' \"%s\" array holds complex numbers",
-                     key, name);
-  *out = &sa->arr;
-  return 0;
-}
-
 int beam_correct_src(const beam_correct_conf_t *c, const beam_series_t *series,
                      const beam_indesc_t *in, beam_correct_src_t *src, beam_diag_t *d) {
   memset(src, 0, sizeof *src);
@@ -169,11 +154,12 @@ int beam_correct_src(const beam_correct_conf_t *c, const beam_series_t *series,
   src->flat = c->flat.data ? &c->flat : NULL;
   src->mask = c->mask.data ? &c->mask : NULL;
   if (c->flat_series) {
-    if ((rc = series_array(series, "flat", "flatfield", &src->flat, d)) < 0)
+    if ((rc = beam__series_real_array(series, "correct", "flat", "flatfield", &src->flat, d)) < 0)
       return rc;
     src->flat_mul = 1;
   }
-  if (c->mask_series && (rc = series_array(series, "mask", "pixel_mask", &src->mask, d)) < 0)
+  if (c->mask_series &&
+      (rc = beam__series_real_array(series, "correct", "mask", "pixel_mask", &src->mask, d)) < 0)
     return rc;
   src->gap = beam_correct_gap(c, in->dtype);
   char fs[64], as[64];

@@ -1,20 +1,22 @@
 /* Stage kind `roi_sum`: schema, and the host-side setup both backends share
- * (ROI parsing, mask files, pixel runs or per-ROI pixel lists, scan image,
- * outputs). The summation loops live in roi_sum_cpu.c and
- * gpu/roi_sum_cuda.cu. */
+ * (ROI parsing, mask files, the bad-pixel mask and centres taken from the
+ * series, pixel runs or per-ROI pixel lists, scan image, outputs). The
+ * summation loops live in roi_sum_cpu.c and gpu/roi_sum_cuda.cu. */
 #include "pipeline/kern/roi_sum.h"
 
 #include <math.h>
 #include <string.h>
 
+#include "pipeline/kern/from_series.h"
 #include "pipeline/kern/kern_int.h"
 #include "pipeline/kern/kinds.h"
 
 static const beam_param_t roi_geom_params[] = {
     {"name", BEAM_P_STRING, NULL, 1, 0, 0, NULL, NULL, "ROI name (shown by viewers)", NULL},
     {"shape", BEAM_P_ENUM, NULL, 1, 0, 0, "disk|annulus|rect", NULL, "ROI geometry", NULL},
-    {"center", BEAM_P_FLOAT_LIST, NULL, 0, -1e9, 1e9, NULL, NULL,
-     "[x, y] in pixels (pixel centres at integers); default: the frame centre", NULL},
+    {"center", BEAM_P_FLOAT_LIST, NULL, 0, -1e9, 1e9, BEAM_FROM_SERIES, NULL,
+     "[x, y] in pixels (pixel centres at integers); \"series\": the series metadata's "
+     "beam_center; default: the frame centre", NULL},
     {"radius", BEAM_P_FLOAT, NULL, 0, 0, 1e9, NULL, NULL, "disk radius in pixels", NULL},
     {"radii", BEAM_P_FLOAT_LIST, NULL, 0, 0, 1e9, NULL, NULL, "annulus [inner, outer] radii in pixels (inner <= r < outer)", NULL},
     {"rect", BEAM_P_INT_LIST, NULL, 0, 0, 1e9, NULL, NULL, "rectangle [x0, y0, x1, y1], half-open, in pixels", NULL},
@@ -33,6 +35,10 @@ const beam_param_t beam_roi_sum_params[] = {
     {"scan_shape", BEAM_P_INT_LIST, NULL, 0, 1, 1e6, NULL, NULL,
      "[ny, nx]: also build the virtual-detector image of a raster scan (frame id -> pixel)", NULL},
     {"image_every", BEAM_P_INT, "256", 0, 1, 1e9, NULL, NULL, "publish the scan image every N frames (and at series end)", NULL},
+    {"mask", BEAM_P_INFILE, NULL, 0, 0, 0, BEAM_FROM_SERIES, NULL,
+     "bad-pixel mask (.h5/.npy, frame shape, nonzero = bad): bad pixels leave every ROI; "
+     "\"series\": the series' pixel_mask array", NULL},
+    {"mask_dataset", BEAM_P_STRING, "/mask", 0, 0, 0, NULL, NULL, "HDF5 dataset of the mask file", NULL},
     BEAM_PARAM_END};
 
 /* Largest scan image (bytes): it is copied into a result every image_every frames. */
@@ -64,10 +70,13 @@ static int parse_roi(const beam_cnode_t *m, size_t i, beam_roi_geom_t *g, beam_d
                      *radii = beam_cfg_get(m, "radii"), *rect = beam_cfg_get(m, "rect");
   if (!shape)
     return BEAM_DIAG(d, BEAM_ECONFIG, "roi_sum: ROI \"%s\" has no shape", name);
-  if (center) {
+  if (center && center->kind == BEAM_CN_SCALAR && center->scalar &&
+      !strcmp(center->scalar, BEAM_FROM_SERIES)) {
+    g->center_series = 1;
+  } else if (center) {
     double c[2];
     if (list_nums(center, c, 2) < 0)
-      return BEAM_DIAG(d, BEAM_ECONFIG, "roi_sum: ROI \"%s\": center must be [x, y]", name);
+      return BEAM_DIAG(d, BEAM_ECONFIG, "roi_sum: ROI \"%s\": center must be [x, y] or series", name);
     g->has_center = 1, g->cx = c[0], g->cy = c[1];
   }
   if (strcmp(shape, "disk") == 0) {
@@ -268,6 +277,17 @@ static int init_conf(beam_roi_sum_conf_t *c, const beam_cnode_t *cfg, beam_diag_
       return BEAM_DIAG(d, BEAM_ELIMIT, "roi_sum: scan image of %zu x %u x %u floats exceeds %llu bytes",
                        c->nroi, c->scan_ny, c->scan_nx, (unsigned long long)IMAGE_MAX_BYTES);
   }
+  const char *mask = beam_cfg_str(cfg, "mask");
+  if (mask && !strcmp(mask, BEAM_FROM_SERIES)) {
+    c->mask_series = 1; /* a file really called "series" is written ./series */
+  } else if (mask) {
+    beam_diag_t sub = {0};
+    const char *ds = beam_cfg_str(cfg, "mask_dataset");
+    if ((rc = beam_array_load(mask, ds ? ds : "/mask", &c->mask, &sub)) < 0)
+      return BEAM_DIAG(d, rc, "roi_sum: mask: %s", sub.msg);
+    if (c->mask.ndim != 2 || !beam__dtype_real(c->mask.dtype))
+      return BEAM_DIAG(d, BEAM_ECONFIG, "roi_sum: %s: the mask must be a 2-D real array", mask);
+  }
   int64_t every = beam_cfg_int(cfg, "image_every", 256);
   c->image_every = every >= 1 ? (uint64_t)every : 1;
   return make_labels_json(c, d);
@@ -300,6 +320,8 @@ void beam_roi_host_free(beam_roi_host_t *h) {
   free(c->labels);
   free(c->labels_json);
   beam_array_free(&c->masks);
+  beam_array_free(&c->mask);
+  free(c->bad);
   lists_free(&h->lists);
   runs_free(&h->runs);
   free(h->img);
@@ -322,6 +344,8 @@ static size_t label_index(const beam_roi_sum_conf_t *c, int64_t l) {
 
 double beam_roi_weight(const beam_roi_sum_conf_t *c, size_t r, uint32_t h, uint32_t w,
                        uint32_t y, uint32_t x) {
+  if (c->bad && c->bad[(size_t)y * w + x])
+    return 0.0;
   if (c->geom) {
     const beam_roi_geom_t *g = &c->geom[r];
     if (g->shape == BEAM_ROI_RECT)
@@ -348,7 +372,8 @@ static int empty_roi(const beam_roi_sum_conf_t *c, size_t r, uint32_t h, uint32_
     snprintf(name, sizeof name, "label %lld", (long long)c->labels[r]);
   else
     snprintf(name, sizeof name, "mask %zu", r);
-  return BEAM_DIAG(d, BEAM_ESHAPE, "roi_sum: ROI %s has no pixel inside the %ux%u frame", name, h, w);
+  return BEAM_DIAG(d, BEAM_ESHAPE, "roi_sum: ROI %s has no pixel inside the %ux%u frame%s", name, h,
+                   w, c->bad ? " (after the bad-pixel mask)" : "");
 }
 
 /* Adds pixel i of ROI r to the runs. Pixels arrive in raster order per
@@ -404,7 +429,7 @@ static int build_runs(beam_roi_host_t *hs, uint32_t h, uint32_t w, beam_diag_t *
         prev = lab;
         pr = lab > 0 ? label_index(c, lab) : SIZE_MAX;
       }
-      if (pr == SIZE_MAX)
+      if (pr == SIZE_MAX || (c->bad && c->bad[i]))
         continue;
       cnt[pr]++;
       if (run_add(rs, &cap, (uint32_t)i, (uint32_t)pr) < 0)
@@ -457,7 +482,7 @@ static int build_lists(beam_roi_host_t *hs, uint32_t h, uint32_t w, beam_diag_t 
   if (c->labels) {
     for (size_t i = 0; i < npix; i++) {
       int64_t lab = label_at(&c->masks, i);
-      size_t r = lab > 0 ? label_index(c, lab) : SIZE_MAX;
+      size_t r = lab > 0 && !(c->bad && c->bad[i]) ? label_index(c, lab) : SIZE_MAX;
       if (r != SIZE_MAX)
         l->off[r + 1]++;
     }
@@ -487,7 +512,7 @@ static int build_lists(beam_roi_host_t *hs, uint32_t h, uint32_t w, beam_diag_t 
     memcpy(cur, l->off, nroi * sizeof *cur);
     for (size_t i = 0; i < npix; i++) {
       int64_t lab = label_at(&c->masks, i);
-      size_t r = lab > 0 ? label_index(c, lab) : SIZE_MAX;
+      size_t r = lab > 0 && !(c->bad && c->bad[i]) ? label_index(c, lab) : SIZE_MAX;
       if (r != SIZE_MAX)
         l->idx[cur[r]++] = (uint32_t)i;
     }
@@ -509,8 +534,47 @@ static int build_lists(beam_roi_host_t *hs, uint32_t h, uint32_t w, beam_diag_t 
   return 0;
 }
 
-int beam_roi_host_start(beam_stage_t *self, beam_roi_host_t *hs, const beam_indesc_t *in,
-                        int use_runs, beam_diag_t *d) {
+/* The per-series part of the configuration: the bad-pixel table from the
+ * mask file or the series' pixel_mask, and the centres taken from the
+ * series. The series' arrays are read here and not kept. */
+static int resolve_series(beam_roi_sum_conf_t *c, const beam_series_t *series, uint32_t h,
+                          uint32_t w, beam_diag_t *d) {
+  free(c->bad);
+  c->bad = NULL;
+  int rc;
+  for (size_t r = 0; c->geom && r < c->nroi; r++) {
+    beam_roi_geom_t *g = &c->geom[r];
+    if (!g->center_series)
+      continue;
+    char key[BEAM_NAME_MAX + 32];
+    snprintf(key, sizeof key, "ROI \"%s\": center", g->name);
+    if ((rc = beam__series_beam_center(series, "roi_sum", key, &g->cx, &g->cy, d)) < 0)
+      return rc;
+    g->has_center = 1;
+  }
+  const beam_array_t *m = c->mask.data ? &c->mask : NULL;
+  if (c->mask_series && (rc = beam__series_real_array(series, "roi_sum", "mask", "pixel_mask", &m, d)) < 0)
+    return rc;
+  if (!m)
+    return 0;
+  if (m->ndim != 2 || m->shape[0] != h || m->shape[1] != w) {
+    char ms[64], fs[64];
+    uint32_t fshape[2] = {h, w};
+    return BEAM_DIAG(d, BEAM_ESHAPE, "roi_sum: the mask%s is %s but the frames are %s",
+                     c->mask_series ? " (from the series)" : "",
+                     beam_shape_str(m->ndim, m->shape, ms, sizeof ms),
+                     beam_shape_str(2, fshape, fs, sizeof fs));
+  }
+  size_t n = (size_t)h * w;
+  if (!(c->bad = malloc(n)))
+    return BEAM_DIAG(d, BEAM_ENOMEM, "roi_sum: cannot allocate the %zu-pixel mask table", n);
+  for (size_t i = 0; i < n; i++)
+    c->bad[i] = beam_array_get(m, i) != 0.0;
+  return 0;
+}
+
+int beam_roi_host_start(beam_stage_t *self, beam_roi_host_t *hs, const beam_series_t *series,
+                        const beam_indesc_t *in, int use_runs, beam_diag_t *d) {
   beam_roi_sum_conf_t *c = &hs->conf;
   char fs[64], ms[64];
   if (!beam__dtype_real(in->dtype))
@@ -534,7 +598,10 @@ int beam_roi_host_start(beam_stage_t *self, beam_roi_host_t *hs, const beam_inde
    * ever summed. */
   lists_free(&hs->lists);
   runs_free(&hs->runs);
-  int rc = use_runs && (c->geom || c->labels) ? build_runs(hs, h, w, d) : 1;
+  int rc = resolve_series(c, series, h, w, d);
+  if (rc < 0)
+    return rc;
+  rc = use_runs && (c->geom || c->labels) ? build_runs(hs, h, w, d) : 1;
   if (rc == 1)
     rc = build_lists(hs, h, w, d);
   if (rc < 0) {

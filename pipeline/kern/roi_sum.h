@@ -7,7 +7,10 @@
  * (cx, cy) defaulting to ((w-1)/2, (h-1)/2), d2 = (x-cx)^2 + (y-cy)^2 in
  * double: disk d2 < r^2; annulus r_in^2 <= d2 < r_out^2; rect x0 <= x < x1,
  * y0 <= y < y1; label image: pixel label == the ROI's label; weight stack:
- * the ROI's plane value (0 = outside).
+ * the ROI's plane value (0 = outside). A pixel the bad-pixel mask marks
+ * (nonzero; a file, or "series": the series' pixel_mask) is in no ROI.
+ * A centre may be "series": the series metadata's beam_center [y, x]
+ * (from_series.h). A series lacking either is refused at its start.
  *
  * At start the ROIs become what the backend sums fastest: for the CPU,
  * unit-weight ROIs (geometry, label images) become runs of contiguous
@@ -37,6 +40,7 @@ typedef struct beam_roi_geom_s {
   char name[BEAM_NAME_MAX];
   beam_roi_shape_t shape;
   int has_center;
+  int center_series;    /* `center: series`: cx, cy set at each start */
   double cx, cy;        /* when has_center */
   double r_in, r_out;   /* disk: r_out only */
   int64_t x0, y0, x1, y1;
@@ -48,6 +52,9 @@ typedef struct beam_roi_sum_conf_s {
   beam_array_t masks;    /* `masks`: the file (2-D labels or 3-D weights) */
   int64_t *labels;       /* 2-D label image: the nroi labels, increasing */
   char *labels_json;     /* ["name", ...] for the output descriptor */
+  beam_array_t mask;     /* `mask` file; data NULL when none */
+  int mask_series;       /* `mask: series`: the series' pixel_mask */
+  uint8_t *bad;          /* from start: [h * w] 1 = bad pixel, in no ROI; NULL = no mask */
   int scan;              /* scan_shape given */
   uint32_t scan_ny, scan_nx;
   uint64_t image_every;
@@ -95,18 +102,21 @@ typedef struct beam_roi_host_s {
   uint64_t nframes; /* frames seen this series */
 } beam_roi_host_t;
 
-/* init: parses rois/masks (exactly one), loads the mask file, scan_shape.
+/* init: parses rois/masks (exactly one), loads the masks file and the
+ * bad-pixel mask file (not for `mask: series`), scan_shape.
  * On failure nothing stays allocated. */
 int beam_roi_host_init(beam_roi_host_t *h, const beam_cnode_t *cfg, beam_diag_t *d);
 void beam_roi_host_free(beam_roi_host_t *h);
 
-/* start: 2-D real frames, mask shape = frame shape, every ROI non-empty;
+/* start: takes the mask and centres the config asks the series for
+ * (series may be NULL: then none can be), 2-D real frames, masks and
+ * mask shape = frame shape, every ROI non-empty (after the mask);
  * builds runs (use_runs != 0, unit weights, and runs that average at
  * least BEAM_ROI_RUN_MIN_MEAN pixels) or else index lists, resets the
  * scan image, declares "sums" (float64 [N]) and, with scan_shape,
  * "image" (float32 [N, ny, nx]). */
-int beam_roi_host_start(beam_stage_t *self, beam_roi_host_t *h, const beam_indesc_t *in,
-                        int use_runs, beam_diag_t *d);
+int beam_roi_host_start(beam_stage_t *self, beam_roi_host_t *h, const beam_series_t *series,
+                        const beam_indesc_t *in, int use_runs, beam_diag_t *d);
 
 /* After a frame's sums are in `sums` (the emitted frame, not yet put):
  * records them in the scan image. Then, after putting the sums, call

@@ -348,7 +348,7 @@ static int cpu_reduce_mapped(beam_stage_t *self, const beam_frame_t *in, beam_pr
 static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in,
                      beam_diag_t *d) {
   beam_roi_host_t *h = self->priv;
-  int rc = beam_roi_host_start(self, h, in, 1, d);
+  int rc = beam_roi_host_start(self, h, series, in, 1, d);
   /* Pieces add in the runs' order only on the runs path (float32 is what
    * a pointwise upstream such as correct makes). */
   self->reduce_mapped = rc == 0 && h->runs.run && in->dtype == BEAM_DT_F32 ? cpu_reduce_mapped : NULL;

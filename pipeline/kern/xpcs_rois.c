@@ -8,14 +8,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pipeline/kern/from_series.h"
 #include "pipeline/kern/kern_int.h"
 
 const beam_param_t beam_xpcs_rois_params[] = {
     {"file", BEAM_P_INFILE, NULL, 0, 0, 0, NULL, NULL,
      ".h5 or .npy integer label image (0 = unused); give file or center", NULL},
     {"dataset", BEAM_P_STRING, "/labels", 0, 0, 0, NULL, NULL, "HDF5 dataset of the label image", NULL},
-    {"center", BEAM_P_FLOAT_LIST, NULL, 0, -1e9, 1e9, NULL, NULL,
-     "rings: beam centre [x, y] in pixels (pixel centres at integers)", NULL},
+    {"center", BEAM_P_FLOAT_LIST, NULL, 0, -1e9, 1e9, BEAM_FROM_SERIES, NULL,
+     "rings: beam centre [x, y] in pixels (pixel centres at integers); \"series\": the series "
+     "metadata's beam_center", NULL},
     {"radii", BEAM_P_FLOAT_LIST, NULL, 0, 0, 1e9, NULL, NULL,
      "rings: increasing radius edges in pixels; ring k is edge k <= r < edge k+1", NULL},
     {"q", BEAM_P_FLOAT_LIST, NULL, 0, 0, 1e3, NULL, NULL,
@@ -24,7 +26,8 @@ const beam_param_t beam_xpcs_rois_params[] = {
     {"distance", BEAM_P_FLOAT, NULL, 0, 1e-6, 1e3, NULL, NULL,
      "sample-detector distance in m; default: series metadata", NULL},
     {"pixel_size", BEAM_P_FLOAT, NULL, 0, 1e-9, 1, NULL, NULL, "pixel size in m; default: series metadata", NULL},
-    {"mask", BEAM_P_INFILE, NULL, 0, 0, 0, NULL, NULL, "bad-pixel mask (.h5/.npy, nonzero = bad)", NULL},
+    {"mask", BEAM_P_INFILE, NULL, 0, 0, 0, BEAM_FROM_SERIES, NULL,
+     "bad-pixel mask (.h5/.npy, nonzero = bad); \"series\": the series' pixel_mask array", NULL},
     {"mask_dataset", BEAM_P_STRING, "/mask", 0, 0, 0, NULL, NULL, "HDF5 dataset of the mask", NULL},
     BEAM_PARAM_END};
 
@@ -104,12 +107,18 @@ static int init_conf(beam_xpcs_rois_t *r, const beam_cnode_t *cfg, const char *w
                        beam_shape_str(r->labels_img.ndim, r->labels_img.shape, s, sizeof s));
     }
   } else {
-    if (!center || beam_cfg_len(center) != 2)
-      return BEAM_DIAG(d, BEAM_ECONFIG, "%s: rois needs file, or center [x, y] with radii or q", who);
-    r->cx = beam__cfg_item_num(beam_cfg_at(center, 0));
-    r->cy = beam__cfg_item_num(beam_cfg_at(center, 1));
-    if (!isfinite(r->cx) || !isfinite(r->cy))
-      return BEAM_DIAG(d, BEAM_ECONFIG, "%s: rois.center must be two numbers", who);
+    if (center && center->kind == BEAM_CN_SCALAR && center->scalar &&
+        !strcmp(center->scalar, BEAM_FROM_SERIES)) {
+      r->center_series = 1;
+    } else {
+      if (!center || beam_cfg_len(center) != 2)
+        return BEAM_DIAG(d, BEAM_ECONFIG,
+                         "%s: rois needs file, or center [x, y] (or series) with radii or q", who);
+      r->cx = beam__cfg_item_num(beam_cfg_at(center, 0));
+      r->cy = beam__cfg_item_num(beam_cfg_at(center, 1));
+      if (!isfinite(r->cx) || !isfinite(r->cy))
+        return BEAM_DIAG(d, BEAM_ECONFIG, "%s: rois.center must be two numbers or series", who);
+    }
     if ((radii != NULL) == (q != NULL))
       return BEAM_DIAG(d, BEAM_ECONFIG, "%s: rois: rings need exactly one of radii (pixels) or q (1/A)", who);
     r->rings = 1;
@@ -124,7 +133,9 @@ static int init_conf(beam_xpcs_rois_t *r, const beam_cnode_t *cfg, const char *w
                       beam_cfg_get(cfg, "pixel_size")))
     return BEAM_DIAG(d, BEAM_ECONFIG, "%s: rois: energy, distance and pixel_size apply to q rings only", who);
   const char *mask = beam_cfg_str(cfg, "mask");
-  if (mask) {
+  if (mask && !strcmp(mask, BEAM_FROM_SERIES)) {
+    r->mask_series = 1; /* a file really called "series" is written ./series */
+  } else if (mask) {
     beam_diag_t sub = {0};
     const char *ds = beam_cfg_str(cfg, "mask_dataset");
     if ((rc = beam_array_load(mask, ds ? ds : "/mask", &r->mask, &sub)) < 0)
@@ -159,8 +170,9 @@ static size_t edge_bin(const double *e, size_t n, double v) {
 
 /* Per pixel: the ROI's position in r->label, or SIZE_MAX. rings: the ring
  * index; file: looked up in the sorted distinct labels. */
-static size_t roi_of(const beam_xpcs_rois_t *r, size_t i, uint32_t w, double k_q, double pix_over_d) {
-  if (r->mask.data && beam_array_get(&r->mask, i) != 0)
+static size_t roi_of(const beam_xpcs_rois_t *r, const beam_array_t *mask, size_t i, uint32_t w,
+                     double k_q, double pix_over_d) {
+  if (mask && beam_array_get(mask, i) != 0)
     return SIZE_MAX;
   if (r->rings) {
     double dx = (double)(i % w) - r->cx, dy = (double)(i / w) - r->cy;
@@ -205,9 +217,19 @@ static int build(beam_xpcs_rois_t *r, uint32_t h, uint32_t w, const beam_series_
   if (!r->rings && (r->labels_img.shape[0] != h || r->labels_img.shape[1] != w))
     return BEAM_DIAG(d, BEAM_ESHAPE, "%s: the label image is %s but the frames are %s", who,
                      beam_shape_str(2, r->labels_img.shape, ms, sizeof ms), beam_shape_str(2, fshape, fs, sizeof fs));
-  if (r->mask.data && (r->mask.shape[0] != h || r->mask.shape[1] != w))
-    return BEAM_DIAG(d, BEAM_ESHAPE, "%s: the mask is %s but the frames are %s", who,
-                     beam_shape_str(2, r->mask.shape, ms, sizeof ms), beam_shape_str(2, fshape, fs, sizeof fs));
+  /* The series' arrays and centre are borrowed for this start only: the
+   * pixel lists built below are all that is kept. */
+  const beam_array_t *mask = r->mask.data ? &r->mask : NULL;
+  int rc;
+  if (r->mask_series && (rc = beam__series_real_array(s, who, "rois.mask", "pixel_mask", &mask, d)) < 0)
+    return rc;
+  if (mask && (mask->ndim != 2 || mask->shape[0] != h || mask->shape[1] != w))
+    return BEAM_DIAG(d, BEAM_ESHAPE, "%s: the mask%s is %s but the frames are %s", who,
+                     r->mask_series ? " (from the series)" : "",
+                     beam_shape_str(mask->ndim, mask->shape, ms, sizeof ms),
+                     beam_shape_str(2, fshape, fs, sizeof fs));
+  if (r->center_series && (rc = beam__series_beam_center(s, who, "rois.center", &r->cx, &r->cy, d)) < 0)
+    return rc;
   double k_q = 0, pod = 0, rmax = 0;
   for (int c = 0; c < 4; c++) {
     double dx = (c & 1 ? (double)w - 1 : 0) - r->cx, dy = (c & 2 ? (double)h - 1 : 0) - r->cy;
@@ -260,14 +282,14 @@ static int build(beam_xpcs_rois_t *r, uint32_t h, uint32_t w, const beam_series_
   if (!(r->off = calloc(r->nroi + 1, sizeof *r->off)))
     goto nomem;
   for (size_t i = 0; i < npix; i++) {
-    size_t k = roi_of(r, i, w, k_q, pod);
+    size_t k = roi_of(r, mask, i, w, k_q, pod);
     if (k != SIZE_MAX)
       r->off[k + 1]++;
   }
   for (size_t k = 0; k < r->nroi; k++) {
     if (r->off[k + 1] == 0)
       return BEAM_DIAG(d, BEAM_ESHAPE, "%s: ROI with label %lld has no pixel%s", who, (long long)r->label[k],
-                       r->mask.data ? " (after the bad-pixel mask)" : " in the frame");
+                       mask ? " (after the bad-pixel mask)" : " in the frame");
     r->off[k + 1] += r->off[k];
   }
   r->total = r->off[r->nroi];
@@ -278,7 +300,7 @@ static int build(beam_xpcs_rois_t *r, uint32_t h, uint32_t w, const beam_series_
   }
   memcpy(cur, r->off, r->nroi * sizeof *cur);
   for (size_t i = 0; i < npix; i++) {
-    size_t k = roi_of(r, i, w, k_q, pod);
+    size_t k = roi_of(r, mask, i, w, k_q, pod);
     if (k != SIZE_MAX)
       r->idx[cur[k]++] = (uint32_t)i;
   }

@@ -14,9 +14,13 @@
  *          from the config or else the series metadata:
  *          q = 4 pi / lambda * sin(atan(r * pixel / distance) / 2),
  *          lambda [A] = 12398.419843 / energy [eV].
+ * The centre may be "series": the series metadata's beam_center [y, x]
+ * (from_series.h; a series without one is refused at its start).
  * A bad-pixel mask (nonzero = bad) removes pixels from every ROI: scikit-
  * beam marks a whole frame bad for one NaN pixel, so permanently bad
- * pixels must leave the labels instead (its issue #431).
+ * pixels must leave the labels instead (its issue #431). The mask is a file
+ * or "series": the series' pixel_mask array (the DECTRIS detector's gap,
+ * dead, cold and hot pixels), looked up at every start as correct does.
  *
  * Errors at start (the frame shape is known only then): label image or
  * mask shape differs from the frames, an ROI without pixels (named by its
@@ -41,10 +45,12 @@ extern const beam_param_t beam_xpcs_rois_params[];
 typedef struct beam_xpcs_rois_s {
   /* From init. */
   beam_array_t labels_img; /* file: the label image */
-  beam_array_t mask;       /* optional bad-pixel mask; data NULL if none */
+  beam_array_t mask;       /* optional bad-pixel mask file; data NULL if none */
+  int mask_series;         /* `mask: series`: the series' pixel_mask, at start */
+  int center_series;       /* `center: series`: the metadata's beam_center, at start */
   int rings;               /* 1: ring geometry */
   int q_edges;             /* rings given as q (1/A), else radii (pixels) */
-  double cx, cy;
+  double cx, cy;           /* with center_series: the last series' */
   double *edges;           /* rings: nedges increasing values */
   size_t nedges;
   double energy_ev, distance_m, pixel_m; /* config values, 0 = from series */
@@ -62,7 +68,8 @@ typedef struct beam_xpcs_rois_s {
 int beam_xpcs_rois_init(beam_xpcs_rois_t *r, const beam_cnode_t *cfg, const char *who,
                         beam_diag_t *d);
 /* Builds the pixel lists for h x w frames; series (may be NULL) supplies
- * energy, distance and pixel size the config left out. */
+ * energy, distance and pixel size the config left out, and the mask and
+ * centre the config sets to "series" (BEAM_ECONFIG when it lacks them). */
 int beam_xpcs_rois_start(beam_xpcs_rois_t *r, uint32_t h, uint32_t w,
                          const beam_series_t *series, const char *who, beam_diag_t *d);
 /* Frees everything; NULL-safe, idempotent. */

@@ -11,8 +11,8 @@
 #include "tests/common/runner.h"
 
 enum { H = 256, W = 256 };
-static char wpath[256];
-static int use_weights;
+static char wpath[256], mpath[256];
+static int use_weights, use_mask;
 
 static beam_cnode_t *cfg_of(void) {
   beam_cnode_t *c = bh_stage_cfg("roi_sum");
@@ -38,6 +38,8 @@ static beam_cnode_t *cfg_of(void) {
     bh_push(rois, r);
     bh_put(c, "rois", rois);
   }
+  if (use_mask)
+    bh_set(c, "mask", mpath);
   bh_set(c, "scan_shape", "[4, 5]");
   bh_set(c, "image_every", "7");
   return c;
@@ -137,11 +139,28 @@ static void test_weights_f64(void **state) {
   run(BEAM_DT_F64, 1);
 }
 
+/* A bad-pixel mask (what mask: series resolves to as well): the host
+ * leaves its pixels out of the index lists both backends sum. */
+static void test_masked_u16(void **state) {
+  static uint8_t m[H * W];
+  for (size_t i = 0; i < sizeof m; i++)
+    m[i] = (i * 2654435761u) % 19 == 0 || i % W == 128; /* dead pixels and a gap column */
+  uint32_t shp[2] = {H, W};
+  snprintf(mpath, sizeof mpath, "%s/m.npy", bh_tmpdir());
+  assert_int_equal(bh_write_npy(mpath, "|u1", 2, shp, m, sizeof m), 0);
+  use_mask = 1;
+  if (!bh_gpu_available())
+    xcheck_expect_no_device(&beam_roi_sum_cuda_ops, beam_roi_sum_params, cfg_of);
+  run(BEAM_DT_U16, 0);
+  use_mask = 0;
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_geometry_u16),
       cmocka_unit_test(test_geometry_f32),
       cmocka_unit_test(test_weights_f64),
+      cmocka_unit_test(test_masked_u16),
   };
   return beam_run_tests(tests, NULL, NULL);
 }

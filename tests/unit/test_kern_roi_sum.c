@@ -266,10 +266,10 @@ static void check_vs_ref(beam_cnode_t *(*mkcfg)(void), uint32_t hh, uint32_t ww,
       }
       /* The same frame through index lists (start again without runs). */
       beam_indesc_t ind = {dt, 2, {hh, ww}};
-      assert_int_equal(beam_roi_host_start(&h->st, host, &ind, 0, &d), 0);
+      assert_int_equal(beam_roi_host_start(&h->st, host, NULL, &ind, 0, &d), 0);
       assert_null(host->runs.run);
       beam_roi_sum_cpu(host, dt, in->data, lst);
-      assert_int_equal(beam_roi_host_start(&h->st, host, &ind, 1, &d), 0);
+      assert_int_equal(beam_roi_host_start(&h->st, host, NULL, &ind, 1, &d), 0);
       int exact = dt != BEAM_DT_F32 && dt != BEAM_DT_F64 && !host->lists.w;
       for (size_t r = 0; r < nroi; r++) {
         double tol = exact ? 0.0 : 2.0 * (double)npix * 0x1p-53 * mag[r] * 1.001;
@@ -530,7 +530,7 @@ static void test_exact_large(void **state) {
     const double *s = h->res[0]->data;
     double lst[2];
     beam_indesc_t ind = {cases[c].dt, 2, {300, 300}};
-    assert_int_equal(beam_roi_host_start(&h->st, host, &ind, 0, &d), 0);
+    assert_int_equal(beam_roi_host_start(&h->st, host, NULL, &ind, 0, &d), 0);
     beam_roi_sum_cpu(host, cases[c].dt, in->data, lst);
     if (!(s[0] == 90000 * cases[c].v && s[1] == 900 * cases[c].v && lst[0] == s[0] && lst[1] == s[1]))
       fail_msg("%s: runs %.17g %.17g lists %.17g %.17g, want %.17g %.17g", beam_dtype_name(cases[c].dt),
@@ -726,6 +726,192 @@ static void test_start_errors(void **state) {
   bh_free(&h);
 }
 
+/* ---- mask and centre from the series --------------------------------------- */
+
+/* A 9 x 11 uint32 series: pixel_mask bad at three pixels, one of them the
+ * hot pixel (huge value) inside every ROI below; beam_center [y, x] =
+ * [4, 6] in the metadata. with_mask / with_center leave either out. */
+enum { SH = 9, SW = 11 };
+static const size_t bad_px[3] = {4 * SW + 6, 4 * SW + 7, 0};
+static beam_series_t *meta_series(int with_mask, int with_center) {
+  uint32_t shp[2] = {SH, SW};
+  const char *meta = with_center ? "{\"detector\":\"t\",\"beam_center\":[4,6]}" : "{\"detector\":\"t\"}";
+  beam_series_t *s = beam_series_new(3, BEAM_DT_U32, 2, shp, meta, strlen(meta));
+  assert_non_null(s);
+  uint32_t mask[SH * SW] = {0};
+  for (int i = 0; i < 3; i++)
+    mask[bad_px[i]] = 1u << i; /* any bit set is bad (DECTRIS gap, dead, cold...) */
+  if (with_mask)
+    assert_int_equal(beam_series_add_array(s, "pixel_mask", BEAM_DT_U32, 2, shp, mask, sizeof mask), 0);
+  return s;
+}
+
+static int start_on(bh_t *h, const beam_series_t *s, int use_runs, beam_diag_t *d) {
+  beam_indesc_t in;
+  memset(&in, 0, sizeof in);
+  in.dtype = s->dtype;
+  in.ndim = s->ndim;
+  memcpy(in.shape, s->shape, sizeof in.shape);
+  h->st.nouts = 0;
+  return beam_roi_host_start(&h->st, h->st.priv, s, &in, use_runs, d);
+}
+
+/* Value x + 100 y, and 4e9 at the hot pixel (6, 4). */
+static beam_frame_t *hot_frame(void) {
+  uint32_t shp[2] = {SH, SW};
+  beam_frame_t *f = bh_frame_new(BEAM_DT_U32, 2, shp, 0);
+  for (size_t i = 0; i < SH * SW; i++)
+    ((uint32_t *)f->data)[i] = (uint32_t)(i % SW + 100 * (i / SW));
+  ((uint32_t *)f->data)[bad_px[0]] = 4000000000u;
+  return f;
+}
+
+static int is_bad(size_t i) { return i == bad_px[0] || i == bad_px[1] || i == bad_px[2]; }
+
+/* Independent sum over a disk of radius r at (cx, cy), bad pixels out. */
+static double disk_sum(const beam_frame_t *f, double cx, double cy, double r, int mask) {
+  double sum = 0;
+  for (size_t i = 0; i < SH * SW; i++) {
+    double dx = (double)(i % SW) - cx, dy = (double)(i / SW) - cy;
+    if (dx * dx + dy * dy < r * r && !(mask && is_bad(i)))
+      sum += ((const uint32_t *)f->data)[i];
+  }
+  return sum;
+}
+
+static beam_cnode_t *disk_cfg(const char *center, const char *mask) {
+  beam_cnode_t *cfg = bh_stage_cfg("roi_sum"), *rois = bh_seq(), *m = roi("bf", "disk");
+  bh_set(m, "radius", "2.5");
+  if (center)
+    bh_set(m, "center", center);
+  bh_push(rois, m);
+  m = roi("all", "rect");
+  bh_set(m, "rect", "[0, 0, 11, 9]");
+  bh_push(rois, m);
+  bh_put(cfg, "rois", rois);
+  if (mask)
+    bh_set(cfg, "mask", mask);
+  return cfg;
+}
+
+static void test_series_mask_center(void **state) {
+  beam_frame_t *f = hot_frame();
+  beam_series_t *s = meta_series(1, 1);
+  double typed[2];
+  /* The centre typed in, no mask: the hot pixel is in both sums. */
+  bh_t *h = make(disk_cfg("[6, 4]", NULL), 0, NULL);
+  beam_diag_t d = {0};
+  assert_int_equal(start_on(h, s, 1, &d), 0);
+  assert_int_equal(bh_process(h, f), 0);
+  memcpy(typed, h->res[0]->data, sizeof typed);
+  assert_true(typed[0] == disk_sum(f, 6, 4, 2.5, 0));
+  assert_true(typed[0] > 4e9);
+  bh_free(&h);
+  /* center: series and mask: series, runs and lists: the centre is the
+   * same, the three bad pixels are out of both ROIs. */
+  for (int use_runs = 0; use_runs < 2; use_runs++) {
+    h = make(disk_cfg("series", "series"), 0, NULL);
+    beam_diag_clear(&d);
+    assert_int_equal(start_on(h, s, use_runs, &d), 0);
+    assert_int_equal(bh_process(h, f), 0);
+    const double *got = h->res[0]->data;
+    assert_true(got[0] == disk_sum(f, 6, 4, 2.5, 1));
+    assert_true(got[0] == typed[0] - 4000000000.0 - 7.0 - 400.0); /* (7, 4) = 7 + 400 */
+    double all = 0;
+    for (size_t i = 0; i < SH * SW; i++)
+      all += is_bad(i) ? 0 : ((const uint32_t *)f->data)[i];
+    assert_true(got[1] == all);
+    bh_free(&h);
+  }
+  /* Label images honour the mask too (runs and lists). */
+  uint32_t shp[2] = {SH, SW};
+  int32_t lab[SH * SW];
+  for (size_t i = 0; i < SH * SW; i++)
+    lab[i] = (int32_t)(i / SW) + 1; /* one label per row */
+  assert_int_equal(bh_write_npy(tmp_path("rows.npy"), "<i4", 2, shp, lab, sizeof lab), 0);
+  for (int use_runs = 0; use_runs < 2; use_runs++) {
+    beam_cnode_t *cfg = bh_stage_cfg("roi_sum"), *mk = bh_map();
+    bh_set(mk, "file", tmp_path("rows.npy"));
+    bh_put(cfg, "masks", mk);
+    bh_set(cfg, "mask", "series");
+    h = make(cfg, 0, NULL);
+    beam_diag_clear(&d);
+    assert_int_equal(start_on(h, s, use_runs, &d), 0);
+    assert_int_equal(bh_process(h, f), 0);
+    const double *got = h->res[0]->data;
+    for (uint32_t y = 0; y < SH; y++) {
+      double want = 0;
+      for (uint32_t x = 0; x < SW; x++)
+        want += is_bad(y * SW + x) ? 0 : ((const uint32_t *)f->data)[y * SW + x];
+      assert_true(got[y] == want);
+    }
+    bh_free(&h);
+  }
+  beam_series_unref(&s);
+  bh_frame_free(f);
+}
+
+/* What the config asks the series for must be there: refused at start. */
+static void test_series_missing(void **state) {
+  beam_diag_t d = {0};
+  beam_series_t *nomask = meta_series(0, 1), *nocenter = meta_series(1, 0);
+  bh_t *h = make(disk_cfg(NULL, "series"), 0, NULL);
+  assert_int_equal(start_on(h, nomask, 1, &d), BEAM_ECONFIG);
+  assert_non_null(strstr(d.msg, "roi_sum: mask: series, but series 3 carries no \"pixel_mask\""));
+  beam_diag_clear(&d);
+  assert_int_equal(start_on(h, nocenter, 1, &d), 0); /* the mask is all it needs */
+  bh_free(&h);
+  h = make(disk_cfg("series", NULL), 0, NULL);
+  beam_diag_clear(&d);
+  assert_int_equal(start_on(h, nocenter, 1, &d), BEAM_ECONFIG);
+  assert_non_null(strstr(d.msg, "roi_sum: ROI \"bf\": center: series, but the metadata of series 3 has no beam_center"));
+  beam_diag_clear(&d);
+  assert_int_equal(bh_start(h, BEAM_DT_U32, 2, nocenter->shape, &d), BEAM_ECONFIG); /* no metadata at all */
+  bh_free(&h);
+  /* A mask of another shape; a file mask like the series one. */
+  uint32_t other[2] = {SW, SH};
+  beam_series_t *o = beam_series_new(4, BEAM_DT_U32, 2, other, NULL, 0);
+  uint32_t m[SH * SW] = {0};
+  assert_int_equal(beam_series_add_array(o, "pixel_mask", BEAM_DT_U32, 2, other, m, sizeof m), 0);
+  uint32_t shp[2] = {SH, SW};
+  h = make(disk_cfg(NULL, "series"), 0, NULL);
+  beam_indesc_t in = {.dtype = BEAM_DT_U32, .ndim = 2, .shape = {SH, SW}};
+  beam_diag_clear(&d);
+  assert_int_equal(beam_roi_host_start(&h->st, h->st.priv, o, &in, 1, &d), BEAM_ESHAPE);
+  assert_non_null(strstr(d.msg, "the mask (from the series) is [11, 9] but the frames are [9, 11]"));
+  bh_free(&h);
+  uint8_t fm[SH * SW] = {0};
+  fm[bad_px[0]] = 1;
+  assert_int_equal(bh_write_npy(tmp_path("m.npy"), "|u1", 2, shp, fm, sizeof fm), 0);
+  h = make(disk_cfg("[6, 4]", tmp_path("m.npy")), 0, NULL);
+  beam_diag_clear(&d);
+  assert_int_equal(bh_start(h, BEAM_DT_U32, 2, shp, &d), 0);
+  beam_frame_t *f = hot_frame();
+  assert_int_equal(bh_process(h, f), 0);
+  assert_true(((const double *)h->res[0]->data)[0] == disk_sum(f, 6, 4, 2.5, 0) - 4000000000.0);
+  bh_frame_free(f);
+  bh_free(&h);
+  /* A disk wholly masked is an empty ROI. */
+  fm[bad_px[0]] = 0;
+  for (size_t i = 0; i < SH * SW; i++)
+    fm[i] = 1;
+  assert_int_equal(bh_write_npy(tmp_path("m1.npy"), "|u1", 2, shp, fm, sizeof fm), 0);
+  h = make(disk_cfg(NULL, tmp_path("m1.npy")), 0, NULL);
+  beam_diag_clear(&d);
+  assert_int_equal(bh_start(h, BEAM_DT_U32, 2, shp, &d), BEAM_ESHAPE);
+  assert_non_null(strstr(d.msg, "(after the bad-pixel mask)"));
+  bh_free(&h);
+  /* center takes a list or the word series, nothing else. */
+  char msg[256];
+  beam_cnode_t *cfg = disk_cfg("middle", NULL);
+  assert_true(bh_validate(cfg, beam_roi_sum_params, msg, sizeof msg) > 0);
+  assert_non_null(strstr(msg, "or series"));
+  beam_cnode_free(cfg);
+  beam_series_unref(&o);
+  beam_series_unref(&nomask);
+  beam_series_unref(&nocenter);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hand_computed), cmocka_unit_test(test_random_u16),
@@ -736,6 +922,7 @@ int main(void) {
       cmocka_unit_test(test_mapped_bitwise), cmocka_unit_test(test_fast_overlap),
       cmocka_unit_test(test_fast_thin_rings), cmocka_unit_test(test_fast_labels),
       cmocka_unit_test(test_fast_weights),  cmocka_unit_test(test_exact_large),
+      cmocka_unit_test(test_series_mask_center), cmocka_unit_test(test_series_missing),
   };
   return beam_run_tests(tests, NULL, NULL);
 }

@@ -805,6 +805,86 @@ static void test_rings(void **state) {
   bh_free(&h);
 }
 
+/* center: series and mask: series: the same pixel lists as the centre typed
+ * in with the masked pixels left out; q geometry from the series as well.
+ * A series without them is refused at its start. */
+static int start_on(bh_t *h, const beam_series_t *s, beam_diag_t *d) {
+  beam_indesc_t in;
+  memset(&in, 0, sizeof in);
+  in.dtype = s->dtype;
+  in.ndim = s->ndim;
+  memcpy(in.shape, s->shape, sizeof in.shape);
+  h->st.nouts = 0;
+  return h->st.ops->start(&h->st, s, &in, d);
+}
+
+static void test_rings_from_series(void **state) {
+  uint32_t sh[2] = {20, 30};
+  const char *meta = "{\"detector\":\"t\",\"energy\":8000,\"distance\":2,\"pixel_size\":7.5e-5,"
+                     "\"beam_center\":[9.0,14.5]}";
+  beam_series_t *s = beam_series_new(9, BEAM_DT_U16, 2, sh, meta, strlen(meta));
+  static uint32_t mask[20 * 30];
+  for (size_t i = 0; i < 20 * 30; i++)
+    if (i % 7 == 3 || i / 30 == 9) /* scattered dead pixels and a gap row through the centre */
+      mask[i] = 1;
+  assert_int_equal(beam_series_add_array(s, "pixel_mask", BEAM_DT_U32, 2, sh, mask, sizeof mask), 0);
+  const char *q = "[0.0005, 0.0015, 0.0025]";
+  beam_diag_t d = {0};
+  beam_cnode_t *cfg = bh_stage_cfg("xpcs_multitau"), *rois = bh_map();
+  bh_set(rois, "center", "[14.5, 9.0]");
+  bh_set(rois, "q", q);
+  bh_put(cfg, "rois", rois);
+  bh_t *typed = make(cfg);
+  if (start_on(typed, s, &d) != 0)
+    fail_msg("start: %s", d.msg);
+  cfg = bh_stage_cfg("xpcs_multitau");
+  rois = bh_map();
+  bh_set(rois, "center", "series");
+  bh_set(rois, "q", q);
+  bh_set(rois, "mask", "series");
+  bh_put(cfg, "rois", rois);
+  bh_t *h = make(cfg);
+  assert_int_equal(start_on(h, s, &d), 0);
+  const beam_xpcs_rois_t *a = &((beam_xmt_t *)typed->st.priv)->rois, *b = &((beam_xmt_t *)h->st.priv)->rois;
+  assert_true(b->cx == 14.5 && b->cy == 9.0);
+  assert_int_equal(a->nroi, 2);
+  assert_int_equal(b->nroi, 2);
+  for (size_t r = 0; r < 2; r++) {
+    size_t k = b->off[r];
+    for (size_t j = a->off[r]; j < a->off[r + 1]; j++)
+      if (!mask[a->idx[j]]) {
+        assert_true(k < b->off[r + 1]);
+        assert_int_equal(b->idx[k++], a->idx[j]);
+      }
+    assert_int_equal(k, b->off[r + 1]);
+  }
+  assert_true(b->total < a->total);
+  bh_free(&typed);
+  /* Refused at start: no pixel_mask, no beam_center. */
+  beam_series_t *bare = beam_series_new(10, BEAM_DT_U16, 2, sh, meta, strlen(meta));
+  beam_diag_clear(&d);
+  assert_int_equal(start_on(h, bare, &d), BEAM_ECONFIG);
+  assert_non_null(strstr(d.msg, "xpcs_multitau: rois.mask: series, but series 10 carries no \"pixel_mask\""));
+  beam_series_unref(&bare);
+  const char *nobc = "{\"detector\":\"t\",\"energy\":8000,\"distance\":2,\"pixel_size\":7.5e-5}";
+  bare = beam_series_new(11, BEAM_DT_U16, 2, sh, nobc, strlen(nobc));
+  assert_int_equal(beam_series_add_array(bare, "pixel_mask", BEAM_DT_U32, 2, sh, mask, sizeof mask), 0);
+  beam_diag_clear(&d);
+  assert_int_equal(start_on(h, bare, &d), BEAM_ECONFIG);
+  assert_non_null(strstr(d.msg, "xpcs_multitau: rois.center: series, but the metadata of series 11 has no beam_center"));
+  beam_series_unref(&bare);
+  /* A mask of another shape. */
+  uint32_t other[2] = {30, 20};
+  bare = beam_series_new(12, BEAM_DT_U16, 2, sh, meta, strlen(meta));
+  assert_int_equal(beam_series_add_array(bare, "pixel_mask", BEAM_DT_U32, 2, other, mask, sizeof mask), 0);
+  beam_diag_clear(&d);
+  assert_int_equal(start_on(h, bare, &d), BEAM_ESHAPE);
+  assert_non_null(strstr(d.msg, "the mask (from the series) is [30, 20] but the frames are [20, 30]"));
+  beam_series_unref(&bare);
+  bh_free(&h);
+  beam_series_unref(&s);
+}
+
 static void expect_start_error(beam_cnode_t *cfg, uint32_t h0, uint32_t w0, int rc_want, const char *msg) {
   bh_t *h = make(cfg);
   beam_diag_t d = {0};
@@ -875,6 +955,7 @@ int main(void) {
       cmocka_unit_test(test_reference_f32), cmocka_unit_test(test_lag_list),
       cmocka_unit_test(test_reference_u16_wide),
       cmocka_unit_test(test_dark_roi),      cmocka_unit_test(test_rings),
+      cmocka_unit_test(test_rings_from_series),
       cmocka_unit_test(test_errors),        cmocka_unit_test(test_per_pixel_u16),
       cmocka_unit_test(test_per_pixel_f32), cmocka_unit_test(test_per_pixel_overflow),
       cmocka_unit_test(test_threads_u16),   cmocka_unit_test(test_threads_f32),
