@@ -42,6 +42,7 @@ extern const beam_stage_ops_t beam_xpcs_twotime_cuda_ops;
 extern const beam_stage_ops_t beam_pca_cuda_ops;
 extern const beam_stage_ops_t beam_ptycho_dm_cuda_ops;
 extern const beam_stage_ops_t beam_fit_cuda_ops;
+extern const beam_stage_ops_t beam_azint_cuda_ops;
 
 #ifdef __cplusplus
 }
