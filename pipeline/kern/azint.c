@@ -335,12 +335,20 @@ static void calc_bounds(const beam_azint_conf_t *c, const pix_t *p, size_t n, co
  * put(ctx, row, coef) for each; returns how many. */
 typedef void (*put_fn)(void *ctx, uint32_t row, double coef);
 
+/* pyFAI's <Py_ssize_t> cast (truncation toward zero), clamped so that a
+ * pixel far outside a narrow radial_range cannot overflow the cast. */
+static int64_t trunc_bin(double f) {
+  if (!(f > -1e15))
+    return -(int64_t)1e15;
+  return f < 1e15 ? (int64_t)f : (int64_t)1e15;
+}
+
 static size_t entries_1d(const bounds_t *b, uint32_t bins, double c0, double d0, double c1, double d1,
                          put_fn put, void *ctx) {
   if (b->check1 && ((c1 + d1 < b->min1) || (c1 - d1 > b->maxin1)))
     return 0;
   double f0 = (c0 - d0 - b->min0) / b->delta0, f1 = (c0 + d0 - b->min0) / b->delta0;
-  int64_t lo = (int64_t)f0, hi = (int64_t)f1; /* truncation, as pyFAI's <Py_ssize_t> cast */
+  int64_t lo = trunc_bin(f0), hi = trunc_bin(f1);
   if (hi < 0 || lo >= (int64_t)bins)
     return 0;
   if (hi > (int64_t)bins - 1) hi = bins - 1;
@@ -364,7 +372,7 @@ static size_t entries_2d(const bounds_t *b, uint32_t n0, uint32_t n1, double c0,
                          double c1, double d1, put_fn put, void *ctx) {
   double f0a = (c0 - d0 - b->min0) / b->delta0, f0b = (c0 + d0 - b->min0) / b->delta0;
   double f1a = (c1 - d1 - b->min1) / b->delta1, f1b = (c1 + d1 - b->min1) / b->delta1;
-  int64_t i0 = (int64_t)f0a, i1 = (int64_t)f0b, j0 = (int64_t)f1a, j1 = (int64_t)f1b;
+  int64_t i0 = trunc_bin(f0a), i1 = trunc_bin(f0b), j0 = trunc_bin(f1a), j1 = trunc_bin(f1b);
   if (i1 < 0 || i0 >= (int64_t)n0 || j1 < 0 || j0 >= (int64_t)n1)
     return 0;
   if (i1 > (int64_t)n0 - 1) i1 = n0 - 1;
@@ -466,6 +474,8 @@ static int csr_build(beam_azint_csr_t *m, const beam_azint_conf_t *c, const pix_
     for (uint32_t r = 0; r < rows; r++)
       m->ptr[r + 1] += m->ptr[r];
     m->nnz = m->ptr[rows];
+    if (m->nnz > BEAM_AZINT_MAX_NNZ)
+      return 1;
     m->idx = malloc((m->nnz ? m->nnz : 1) * sizeof *m->idx);
     m->w = malloc((m->nnz ? m->nnz : 1) * sizeof *m->w);
     f.cur = malloc(((size_t)rows + 1) * sizeof *f.cur);
@@ -480,9 +490,28 @@ static int csr_build(beam_azint_csr_t *m, const beam_azint_conf_t *c, const pix_
   return 0;
 }
 
+/* Σ c·norm and Σ c per row, in the reference's order and arithmetic. */
+static double *pre_sums(const beam_azint_csr_t *m, const float *norm) {
+  double *pre = malloc(2 * ((size_t)m->nrows ? m->nrows : 1) * sizeof *pre);
+  if (!pre)
+    return NULL;
+  for (uint32_t r = 0; r < m->nrows; r++) {
+    double nrm = 0, cnt = 0;
+    for (uint64_t j = m->ptr[r]; j < m->ptr[r + 1]; j++) {
+      double cf = (double)m->w[j];
+      nrm += cf * (double)norm[m->idx[j]];
+      cnt += cf;
+    }
+    pre[r] = nrm;
+    pre[m->nrows + r] = cnt;
+  }
+  return pre;
+}
+
 void beam_azint_tab_free(beam_azint_tab_t *t) {
   csr_free(&t->r1);
   csr_free(&t->r2);
+  free(t->pre1), free(t->pre2);
   free(t->norm), free(t->radial), free(t->chi);
   memset(t, 0, sizeof *t);
 }
@@ -491,6 +520,7 @@ int beam_azint_tab_build(beam_azint_tab_t *t, const beam_azint_conf_t *c, uint32
                          const beam_array_t *mask, beam_diag_t *d) {
   beam_azint_tab_free(t);
   size_t n = (size_t)h * w;
+  int rc = 0;
   pix_t p = {0};
   uint8_t *bad = calloc(n ? n : 1, 1);
   t->h = h, t->w = w;
@@ -503,26 +533,45 @@ int beam_azint_tab_build(beam_azint_tab_t *t, const beam_azint_conf_t *c, uint32
     bad[k] = (uint8_t)masked(mask, k);
   bounds_t b1, b2;
   calc_bounds(c, &p, n, bad, 0, &b1);
-  if (csr_build(&t->r1, c, &p, n, bad, 0, &b1) < 0)
-    goto nomem;
+  if (!(b1.delta0 > 0)) {
+    rc = BEAM_DIAG(d, BEAM_ESHAPE, WHO ": every pixel of the %ux%u frame is masked, or the unmasked "
+                   "ones span no radial range", h, w);
+    goto fail;
+  }
+  if ((rc = csr_build(&t->r1, c, &p, n, bad, 0, &b1)) != 0)
+    goto built;
   double s = beam_azint_scale(c->unit);
   for (uint32_t i = 0; i < c->npt; i++)
     t->radial[i] = (b1.min0 + (i + 0.5) * b1.delta0) * s;
   if (c->npt_azim) {
     calc_bounds(c, &p, n, bad, 1, &b2);
-    if (csr_build(&t->r2, c, &p, n, bad, 1, &b2) < 0)
-      goto nomem;
+    if (!(b2.delta1 > 0)) {
+      rc = BEAM_DIAG(d, BEAM_ESHAPE, WHO ": the unmasked pixels span no azimuthal range");
+      goto fail;
+    }
+    if ((rc = csr_build(&t->r2, c, &p, n, bad, 1, &b2)) != 0)
+      goto built;
     for (uint32_t j = 0; j < c->npt_azim; j++)
       t->chi[j] = (b2.min1 + (j + 0.5) * b2.delta1) * 180.0 / M_PI;
   }
+  if (!(t->pre1 = pre_sums(&t->r1, t->norm)) || (c->npt_azim && !(t->pre2 = pre_sums(&t->r2, t->norm))))
+    goto nomem;
   pix_free(&p);
   free(bad);
   return 0;
+built: /* csr_build: < 0 out of memory, 1 too many entries */
+  if (rc > 0) {
+    rc = BEAM_DIAG(d, BEAM_ELIMIT, WHO ": the %ux%u frame would need more than %llu matrix entries "
+                   "(fewer bins, or split: none)", h, w, (unsigned long long)BEAM_AZINT_MAX_NNZ);
+    goto fail;
+  }
 nomem:
+  rc = BEAM_DIAG(d, BEAM_ENOMEM, WHO ": out of memory building the %ux%u pixel tables", h, w);
+fail:
   pix_free(&p);
   free(bad);
   beam_azint_tab_free(t);
-  return BEAM_DIAG(d, BEAM_ENOMEM, WHO ": out of memory building the %ux%u pixel tables", h, w);
+  return rc;
 }
 
 /* ---- outputs ------------------------------------------------------------------ */

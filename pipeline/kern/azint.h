@@ -32,6 +32,10 @@ extern "C" {
 
 #define BEAM_AZINT_MAX_BINS (1u << 20) /* npt and npt_azim x npt */
 #define BEAM_AZINT_MAX_THREADS 64
+/* Matrix entries per series (8 bytes each, 2 GiB at most): bbox splitting into very many bins can spread
+ * each pixel over thousands of them. A 4 Mpx frame into a few thousand
+ * bins takes 2-3 entries per pixel. */
+#define BEAM_AZINT_MAX_NNZ ((uint64_t)1 << 28)
 
 typedef enum beam_azint_unit_e {
   BEAM_AZINT_Q_NM = 0, /* q_nm^-1 */
@@ -79,6 +83,10 @@ typedef struct beam_azint_tab_s {
   uint32_t h, w;
   beam_azint_csr_t r1, r2; /* r2.nrows == 0 without a cake; rows chi-major */
   float *norm;
+  /* Per row of r1 / r2: Σ c·norm and Σ c over every entry, in row order
+   * (2 x nrows: norm sums, then counts), the frame-independent half of
+   * the sums when no pixel of the row is invalid in a frame. */
+  double *pre1, *pre2;
   double *radial;          /* npt centres, in `unit` */
   double *chi;             /* npt_azim centres, degrees */
 } beam_azint_tab_t;
@@ -140,6 +148,14 @@ void beam_azint_outs(const beam_azint_conf_t *c, beam_azint_outs_t *o);
 void beam_azint_csr_apply(const beam_azint_csr_t *m, const beam_azint_conf_t *c, const float *norm,
                           beam_dtype_t dt, const void *px, uint32_t r0, uint32_t r1,
                           beam_azint_sums_t *s);
+/* The CPU backend's loop (azint_cpu.c): per row, signal and variance from
+ * the frame, normalisation and count from pre (beam_azint_tab_t.pre1/2)
+ * unless the row meets an invalid pixel, which then goes through
+ * beam_azint_csr_apply. Bit-identical to beam_azint_csr_apply (same
+ * terms, same order). */
+void beam_azint_csr_apply_fast(const beam_azint_csr_t *m, const beam_azint_conf_t *c,
+                               const float *norm, const double *pre, beam_dtype_t dt,
+                               const void *px, uint32_t r0, uint32_t r1, beam_azint_sums_t *s);
 /* I, sigma, count of nb bins into the emitted frames (any may be NULL). */
 void beam_azint_finish(const beam_azint_conf_t *c, const beam_azint_sums_t *s, uint32_t nb,
                        double *I, double *sigma, double *count);

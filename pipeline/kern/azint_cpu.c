@@ -3,7 +3,16 @@
  * xpcs_pool.c. Each row is summed by exactly one thread in the reference
  * order (beam_azint_csr_apply), so the result does not depend on the
  * thread count. Nothing is allocated per frame: the sums live in the
- * stage and are sized at series start. */
+ * stage and are sized at series start.
+ *
+ * The normalisation and count of a row depend on the frame only through
+ * its invalid pixels (NaN, dummy), so they are summed once at start
+ * (pre1/pre2) and the frame loop gathers only the pixel and its
+ * coefficient; a row meeting an invalid pixel is redone by the reference
+ * loop. Measured (bench/azint.py, 4.5 Mpx uint16, 1000 bins, bbox, one
+ * thread, shared 2-core VM): the reference four-sum loop 30-36 frames/s,
+ * this one 74-88 (the norm gather, the validity tests and two of the
+ * four dependent add chains are gone). */
 #include <math.h>
 #include <string.h>
 
@@ -11,6 +20,47 @@
 #include "pipeline/kern/kern_int.h"
 #include "pipeline/kern/kinds.h"
 #include "pipeline/kern/xpcs_pool.h"
+
+/* Integers cannot be NaN or infinite: without a dummy value every pixel
+ * of an integer frame is valid and the row loop needs no test. */
+#define VALID(v) (!CHECK || (isfinite(v) && !(c->has_dummy && (c->delta_dummy == 0              \
+                                                  ? (v) == c->dummy                            \
+                                                  : fabs((v) - c->dummy) <= c->delta_dummy))))
+
+#define FAST_ROWS(T, CHECK_EXPR)                                                            \
+  do {                                                                                      \
+    const T *restrict x = px;                                                               \
+    const int CHECK = (CHECK_EXPR);                                                         \
+    for (uint32_t r = r0; r < r1; r++) {                                                    \
+      double sig = 0, var = 0;                                                              \
+      uint64_t j = m->ptr[r], e = m->ptr[r + 1];                                            \
+      for (; j < e; j++) {                                                                  \
+        double v = (double)x[m->idx[j]], cf = (double)m->w[j];                              \
+        if (!VALID(v))                                                                      \
+          break;                                                                            \
+        sig += cf * v;                                                                      \
+        var += cf * cf * (v > 1.0 ? v : 1.0);                                               \
+      }                                                                                     \
+      if (j < e) { /* an invalid pixel: the row's norm and count change */                  \
+        beam_azint_csr_apply(m, c, norm, dt, px, r, r + 1, s);                              \
+        continue;                                                                           \
+      }                                                                                     \
+      s->sig[r] = sig, s->var[r] = var;                                                     \
+      s->norm[r] = pre[r], s->count[r] = pre[m->nrows + r];                                 \
+    }                                                                                       \
+  } while (0)
+
+void beam_azint_csr_apply_fast(const beam_azint_csr_t *m, const beam_azint_conf_t *c,
+                               const float *norm, const double *pre, beam_dtype_t dt,
+                               const void *px, uint32_t r0, uint32_t r1, beam_azint_sums_t *s) {
+  switch (dt) {
+#define FAST_CASE(T, DT) \
+  case DT: FAST_ROWS(T, c->has_dummy || DT == BEAM_DT_F32 || DT == BEAM_DT_F64); break;
+    BEAM__REAL_DTYPES(FAST_CASE)
+#undef FAST_CASE
+  default: BEAM_ASSERT(!"azint: dtype not accepted at start");
+  }
+}
 
 /* Tasks per thread and per frame: rows differ in length (outer rings
  * hold more pixels), so a few tasks each keep the threads even. */
@@ -90,7 +140,8 @@ static void task(void *ctx, unsigned k) {
     uint64_t n = m[q]->nrows;
     uint32_t r0 = (uint32_t)(n * k / s->ntasks), r1 = (uint32_t)(n * (k + 1) / s->ntasks);
     if (r1 > r0)
-      beam_azint_csr_apply(m[q], &s->c, s->t.norm, s->dt, s->px, r0, r1, out[q]);
+      beam_azint_csr_apply_fast(m[q], &s->c, s->t.norm, q ? s->t.pre2 : s->t.pre1, s->dt, s->px,
+                                r0, r1, out[q]);
   }
 }
 

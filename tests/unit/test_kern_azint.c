@@ -21,7 +21,7 @@
 #include "pipeline/kern/kinds.h"
 #include "tests/common/stage_harness.h"
 
-static const char *poni1 = "0.0032", *solid = "false";
+static const char *poni1 = "0.0032", *solid = "false", *npt = "40";
 
 static beam_cnode_t *base_cfg(const char *split, const char *npt_azim) {
   beam_cnode_t *c = bh_stage_cfg("azint");
@@ -31,7 +31,7 @@ static beam_cnode_t *base_cfg(const char *split, const char *npt_azim) {
   bh_set(c, "wavelength", "1e-10");
   bh_set(c, "pixel1", "1e-4");
   bh_set(c, "pixel2", "1e-4");
-  bh_set(c, "npt", "40");
+  bh_set(c, "npt", npt);
   bh_set(c, "npt_azim", npt_azim);
   bh_set(c, "split", split);
   bh_set(c, "solid_angle", solid);
@@ -203,6 +203,52 @@ static void test_threads_identical(void **state) {
   bh_free(&b[1]);
 }
 
+/* The CPU backend's loop (norm and count precomputed, rows with an
+ * invalid pixel redone) against the plain reference, bit for bit, on
+ * float frames with NaN, inf and dummy pixels, and integer ones. */
+static void test_fast_equals_reference(void **state) {
+  enum { H = 40, W = 56 };
+  const beam_dtype_t dts[3] = {BEAM_DT_F32, BEAM_DT_U16, BEAM_DT_I32};
+  for (int withd = 0; withd < 2; withd++) {
+    beam_cnode_t *c = base_cfg("bbox", "6");
+    bh_set(c, "polarization_factor", "0.5");
+    if (withd)
+      bh_set(c, "dummy", "3");
+    assert_int_equal(bh_validate(c, beam_azint_params, NULL, 0), 0);
+    beam_azint_conf_t conf;
+    beam_azint_tab_t t = {0};
+    beam_diag_t d = {0};
+    assert_int_equal(beam_azint_conf_load(&conf, c, &d), 0);
+    assert_int_equal(beam_azint_tab_build(&t, &conf, H, W, NULL, &d), 0);
+    for (int k = 0; k < 3; k++) {
+      uint32_t shp[2] = {H, W};
+      beam_frame_t *f = bh_frame_new(dts[k], 2, shp, 0);
+      bh_frame_fill(f, 5 + k, 20);
+      if (dts[k] == BEAM_DT_F32) {
+        ((float *)f->data)[7] = NAN;
+        ((float *)f->data)[300] = INFINITY;
+        ((float *)f->data)[901] = 3.0f;
+      }
+      const beam_azint_csr_t *m[2] = {&t.r1, &t.r2};
+      const double *pre[2] = {t.pre1, t.pre2};
+      for (int q = 0; q < 2; q++) {
+        size_t n = m[q]->nrows;
+        double *buf = calloc(8 * n, sizeof *buf);
+        beam_azint_sums_t a = {buf, buf + n, buf + 2 * n, buf + 3 * n};
+        beam_azint_sums_t b = {buf + 4 * n, buf + 5 * n, buf + 6 * n, buf + 7 * n};
+        beam_azint_csr_apply(m[q], &conf, t.norm, dts[k], f->data, 0, (uint32_t)n, &a);
+        beam_azint_csr_apply_fast(m[q], &conf, t.norm, pre[q], dts[k], f->data, 0, (uint32_t)n, &b);
+        assert_int_equal(bh_bits_differ(buf, buf + 4 * n, 4 * n * sizeof *buf), 0);
+        free(buf);
+      }
+      bh_frame_free(f);
+    }
+    beam_azint_tab_free(&t);
+    beam_azint_conf_free(&conf);
+    beam_cnode_free(c);
+  }
+}
+
 static void write_file(const char *path, const char *text) {
   FILE *f = fopen(path, "w");
   assert_non_null(f);
@@ -286,6 +332,31 @@ static void test_bad_config(void **state) {
   assert_int_equal(bh_start(b, BEAM_DT_U16, 2, s2, &d), BEAM_ESHAPE);
   assert_non_null(strstr(d.msg, "mask has shape"));
   bh_free(&b);
+  /* every pixel masked: nothing to bin */
+  static uint8_t all[64];
+  memset(all, 1, sizeof all);
+  uint32_t as[2] = {8, 8};
+  snprintf(path, sizeof path, "%s/all.npy", bh_tmpdir());
+  assert_int_equal(bh_write_npy(path, "|u1", 2, as, all, sizeof all), 0);
+  c = base_cfg("bbox", "4");
+  bh_set(c, "mask", path);
+  b = bh_make(c, beam_azint_params, &beam_azint_cpu_ops, 0, NULL);
+  beam_diag_clear(&d);
+  assert_int_equal(bh_start(b, BEAM_DT_U16, 2, s2, &d), BEAM_ESHAPE);
+  assert_non_null(strstr(d.msg, "every pixel"));
+  bh_free(&b);
+  /* bbox into a million bins: each pixel spans thousands, more entries
+   * than BEAM_AZINT_MAX_NNZ; refused at start, before any allocation */
+  npt = "1048576";
+  c = base_cfg("bbox", "0");
+  npt = "40";
+  b = bh_make(c, beam_azint_params, &beam_azint_cpu_ops, 0, NULL);
+  beam_diag_clear(&d);
+  uint32_t big[2] = {512, 512};
+  int rc = bh_start(b, BEAM_DT_U16, 2, big, &d);
+  assert_int_equal(rc, BEAM_ELIMIT);
+  assert_non_null(strstr(d.msg, "matrix entries"));
+  bh_free(&b);
   /* mask: series without a pixel_mask in the series */
   c = base_cfg("none", "0");
   bh_set(c, "mask", "series");
@@ -301,6 +372,7 @@ int main(void) {
       cmocka_unit_test(test_untilted_geometry), cmocka_unit_test(test_rotations),
       cmocka_unit_test(test_csr_column_sums),   cmocka_unit_test(test_flat_frame),
       cmocka_unit_test(test_threads_identical), cmocka_unit_test(test_poni_files),
+      cmocka_unit_test(test_fast_equals_reference),
       cmocka_unit_test(test_bad_config),
   };
   return beam_run_tests(tests, NULL, NULL);
