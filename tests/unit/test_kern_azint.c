@@ -249,6 +249,51 @@ static void test_fast_equals_reference(void **state) {
   }
 }
 
+/* mask: series takes the series' pixel_mask (DECTRIS: uint32, nonzero =
+ * bad) and gives what the same mask from a file gives. */
+static void test_series_mask(void **state) {
+  enum { H = 30, W = 40 };
+  static uint32_t m32[H * W];
+  static uint8_t m8[H * W];
+  for (size_t k = 0; k < H * W; k++)
+    m8[k] = (uint8_t)(m32[k] = (k % 7 == 0) ? 4u : 0u);
+  uint32_t shp[2] = {H, W};
+  char path[256];
+  snprintf(path, sizeof path, "%s/sm.npy", bh_tmpdir());
+  assert_int_equal(bh_write_npy(path, "|u1", 2, shp, m8, sizeof m8), 0);
+  beam_cnode_t *c = base_cfg("bbox", "0");
+  bh_set(c, "mask", "series");
+  bh_t *a = bh_make(c, beam_azint_params, &beam_azint_cpu_ops, 0, NULL);
+  beam_series_array_t *sa = &a->series.arrays[0];
+  snprintf(sa->name, sizeof sa->name, "pixel_mask");
+  sa->arr = (beam_array_t){.dtype = BEAM_DT_U32, .ndim = 2, .shape = {H, W}, .nbytes = sizeof m32,
+                           .data = m32};
+  a->series.narrays = 1;
+  beam_diag_t d = {0};
+  assert_int_equal(bh_start(a, BEAM_DT_U16, 2, shp, &d), 0);
+  c = base_cfg("bbox", "0");
+  bh_set(c, "mask", path);
+  bh_t *b = started(c, BEAM_DT_U16, H, W);
+  beam_frame_t *f = bh_frame_new(BEAM_DT_U16, 2, shp, 0);
+  bh_frame_fill(f, 9, 100);
+  assert_int_equal(bh_process(a, f), 0);
+  assert_int_equal(bh_process(b, f), 0);
+  assert_int_equal(a->nres, b->nres);
+  for (size_t i = 0; i < a->nres; i++)
+    assert_int_equal(bh_bits_differ(a->res[i]->data, b->res[i]->data, a->res[i]->nbytes), 0);
+  double total = 0; /* output 1 is count (no sigma without poisson) */
+  for (int k = 0; k < 40; k++)
+    total += ((const double *)bh_last(a, 1)->data)[k];
+  size_t good = 0;
+  for (size_t k = 0; k < H * W; k++)
+    good += m8[k] == 0;
+  assert_true(fabs(total - (double)good) <= 1e-3);
+  a->series.narrays = 0; /* the array is this test's */
+  bh_frame_free(f);
+  bh_free(&a);
+  bh_free(&b);
+}
+
 static void write_file(const char *path, const char *text) {
   FILE *f = fopen(path, "w");
   assert_non_null(f);
@@ -372,7 +417,7 @@ int main(void) {
       cmocka_unit_test(test_untilted_geometry), cmocka_unit_test(test_rotations),
       cmocka_unit_test(test_csr_column_sums),   cmocka_unit_test(test_flat_frame),
       cmocka_unit_test(test_threads_identical), cmocka_unit_test(test_poni_files),
-      cmocka_unit_test(test_fast_equals_reference),
+      cmocka_unit_test(test_fast_equals_reference), cmocka_unit_test(test_series_mask),
       cmocka_unit_test(test_bad_config),
   };
   return beam_run_tests(tests, NULL, NULL);
