@@ -332,7 +332,7 @@ static void calc_bounds(const beam_azint_conf_t *c, const pix_t *p, size_t n, co
 
 /* The entries of one pixel, (row, coefficient), by pyFAI's calc_lut_1d /
  * calc_lut_2d (including their handling of the clipped end bins). Calls
- * put(ctx, row, coef) for each; returns how many. */
+ * put(ctx, row, coef) for each. */
 typedef void (*put_fn)(void *ctx, uint32_t row, double coef);
 
 /* pyFAI's <Py_ssize_t> cast (truncation toward zero), clamped so that a
@@ -343,55 +343,53 @@ static int64_t trunc_bin(double f) {
   return f < 1e15 ? (int64_t)f : (int64_t)1e15;
 }
 
-static size_t entries_1d(const bounds_t *b, uint32_t bins, double c0, double d0, double c1, double d1,
-                         put_fn put, void *ctx) {
+static void entries_1d(const bounds_t *b, uint32_t bins, double c0, double d0, double c1, double d1,
+                       put_fn put, void *ctx) {
   if (b->check1 && ((c1 + d1 < b->min1) || (c1 - d1 > b->maxin1)))
-    return 0;
+    return;
   double f0 = (c0 - d0 - b->min0) / b->delta0, f1 = (c0 + d0 - b->min0) / b->delta0;
   int64_t lo = trunc_bin(f0), hi = trunc_bin(f1);
   if (hi < 0 || lo >= (int64_t)bins)
-    return 0;
+    return;
   if (hi > (int64_t)bins - 1) hi = bins - 1;
   if (lo < 0) lo = 0;
   if (lo == hi) {
     put(ctx, (uint32_t)lo, 1.0);
-    return 1;
+    return;
   }
   double inv = 1.0 / (f1 - f0);
   put(ctx, (uint32_t)lo, inv * ((double)(lo + 1) - f0));
   put(ctx, (uint32_t)hi, inv * (f1 - (double)hi));
   for (int64_t k = lo + 1; k < hi; k++)
     put(ctx, (uint32_t)k, inv);
-  return (size_t)(hi - lo + 1);
 }
 
 /* Row of cake bin (radial i, azimuthal j): j * npt + i (chi-major, the
  * cake's [npt_azim, npt] layout; pyFAI stores i * npt_azim + j and
  * transposes at the end). */
-static size_t entries_2d(const bounds_t *b, uint32_t n0, uint32_t n1, double c0, double d0,
-                         double c1, double d1, put_fn put, void *ctx) {
+static void entries_2d(const bounds_t *b, uint32_t n0, uint32_t n1, double c0, double d0,
+                       double c1, double d1, put_fn put, void *ctx) {
   double f0a = (c0 - d0 - b->min0) / b->delta0, f0b = (c0 + d0 - b->min0) / b->delta0;
   double f1a = (c1 - d1 - b->min1) / b->delta1, f1b = (c1 + d1 - b->min1) / b->delta1;
   int64_t i0 = trunc_bin(f0a), i1 = trunc_bin(f0b), j0 = trunc_bin(f1a), j1 = trunc_bin(f1b);
   if (i1 < 0 || i0 >= (int64_t)n0 || j1 < 0 || j0 >= (int64_t)n1)
-    return 0;
+    return;
   if (i1 > (int64_t)n0 - 1) i1 = n0 - 1;
   if (i0 < 0) i0 = 0;
   if (j1 > (int64_t)n1 - 1) j1 = n1 - 1;
   if (j0 < 0) j0 = 0;
 #define ROW(i, j) ((uint32_t)((j) * (int64_t)n0 + (i)))
-  size_t cnt = 0;
   if (i0 == i1) {
     if (j0 == j1) {
       put(ctx, ROW(i0, j0), 1.0);
-      return 1;
+      return;
     }
     double down = (double)(j0 + 1) - f1a, up = f1b - (double)j1, inv = 1.0 / (f1b - f1a);
     put(ctx, ROW(i0, j0), inv * down);
     put(ctx, ROW(i0, j1), inv * up);
     for (int64_t j = j0 + 1; j < j1; j++)
       put(ctx, ROW(i0, j), inv);
-    return (size_t)(j1 - j0 + 1);
+    return;
   }
   double left = (double)(i0 + 1) - f0a, right = f0b - (double)i1;
   if (j0 == j1) {
@@ -400,7 +398,7 @@ static size_t entries_2d(const bounds_t *b, uint32_t n0, uint32_t n1, double c0,
     put(ctx, ROW(i1, j0), inv * right);
     for (int64_t i = i0 + 1; i < i1; i++)
       put(ctx, ROW(i, j0), inv);
-    return (size_t)(i1 - i0 + 1);
+    return;
   }
   double down = (double)(j0 + 1) - f1a, up = f1b - (double)j1;
   double inv = 1.0 / ((f0b - f0a) * (f1b - f1a));
@@ -408,21 +406,17 @@ static size_t entries_2d(const bounds_t *b, uint32_t n0, uint32_t n1, double c0,
   put(ctx, ROW(i0, j1), inv * left * up);
   put(ctx, ROW(i1, j0), inv * right * down);
   put(ctx, ROW(i1, j1), inv * right * up);
-  cnt = 4;
   for (int64_t i = i0 + 1; i < i1; i++) {
     put(ctx, ROW(i, j0), inv * down);
     for (int64_t j = j0 + 1; j < j1; j++)
-      put(ctx, ROW(i, j), inv), cnt++;
+      put(ctx, ROW(i, j), inv);
     put(ctx, ROW(i, j1), inv * up);
-    cnt += 2;
   }
   for (int64_t j = j0 + 1; j < j1; j++) {
     put(ctx, ROW(i0, j), inv * left);
     put(ctx, ROW(i1, j), inv * right);
-    cnt += 2;
   }
 #undef ROW
-  return cnt;
 }
 
 /* Two passes over the pixels: count per row, then fill (pixel order, so
