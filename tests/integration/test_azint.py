@@ -113,6 +113,22 @@ def _run(tmp_path, ports, zctx, start_beamd, receivers, case, frames, mask, thre
     return rx
 
 
+def _cake_ref(frame, npt, npt_azim, method, kw):
+    """pyFAI's cake, from a fresh integrator each time until two agree.
+    pyFAI 0.21.3's 2-D CSR builder without splitting (calc_lut_2d,
+    do_split false) leaves the box half-widths d0, d1 uninitialised: they
+    are usually 0 (the right answer), but now and then stack garbage that
+    empties or shifts the whole cake (seen about once in 50 builds)."""
+    prev = None
+    for _ in range(6):
+        ref = _ai(GEOM).integrate2d_ng(frame, npt, npt_azim, method=method, **kw)
+        cnt = np.asarray(ref.count)
+        if prev is not None and cnt.sum() > 0 and np.array_equal(cnt, np.asarray(prev.count)):
+            return ref
+        prev = ref
+    pytest.fail("pyFAI's integrate2d_ng gave no two equal cakes in 6 tries")
+
+
 def _by_frame(rx, topic):
     return {m[1].frame_id: m[2] for m in rx.snapshot(topic)}
 
@@ -166,7 +182,7 @@ def test_azint_matches_pyfai(case, tmp_path, ports, zctx, start_beamd, receivers
                      _by_frame(rx, "az.cake_count"))
         chi = rx.snapshot("az.chi")
         for fid, f in enumerate(frames):
-            ref = ai.integrate2d_ng(f, npt, c["npt_azim"], method=method, **kw2)
+            ref = _cake_ref(f, npt, c["npt_azim"], method, kw2)
             assert K[fid].shape == (c["npt_azim"], npt)
             if fid == 0:
                 _close(chi[0][2], ref.azimuthal, 1e-9, case + " chi")
