@@ -1,17 +1,19 @@
 /* Stage kind `azint`, CUDA backend: the CSR matrices of azint.c (built on
  * the host at series start, copied once) applied per frame on the device.
  *
- * Kernel azint_rows: one thread per bin (row), 128 threads a block, grid
- * over the rows; each thread walks its row in the stored pixel order with
- * double accumulators, exactly the CPU reference's loop
- * (beam_azint_csr_apply), so the sums differ from the CPU only where
- * nvcc contracts a multiply-add into an FMA (one rounding fewer): the
- * cross-check allows 1e-12 relative to Σ|c·x| per bin. A thread per row
- * reads its pixels scattered (rows are rings); for the few thousand bins
- * of a pattern this keeps every SM busy without atomics or a reduction
- * tree, and the result stays deterministic. Only the frame goes up and
- * the per-bin sums come down each frame; I, sigma and count are then
- * formed on the host by the shared beam_azint_emit. */
+ * Kernel azint_rows: one warp per bin (row), 4 warps a block, grid over
+ * the rows. Lane l sums entries l, l + 32, ... of its row with double
+ * accumulators (signal, variance, normalisation, count, exactly the terms
+ * of the CPU reference beam_azint_csr_apply), then a shuffle tree adds
+ * the 32 lane sums. Rows are long (a 4 Mpx frame into 1000 bins: ~4500
+ * entries each) and few, so a thread per row would leave most of the GPU
+ * idle; a warp per row keeps 32 loads in flight per row. The order of
+ * the additions differs from the CPU's single chain (and nvcc may
+ * contract to FMA), so the cross-check allows 1e-12 relative; every term
+ * is non-negative for non-negative pixels, so there is no cancellation to
+ * amplify that. Fixed split, fixed tree, no atomics: deterministic. Only
+ * the frame goes up and the 4 x bins sums come down each frame; I, sigma
+ * and count are then formed on the host by the shared beam_azint_emit. */
 #include "gpu/cuda_int.h"
 
 #include <math.h>
@@ -32,11 +34,14 @@ __global__ void azint_rows(const T *__restrict__ px, const uint64_t *__restrict_
                            const uint32_t *__restrict__ idx, const float *__restrict__ w,
                            const float *__restrict__ norm, uint32_t nrows, az_kparams kp,
                            double *__restrict__ out /* 4 x nrows: sig, var, norm, count */) {
-  uint32_t r = blockIdx.x * blockDim.x + threadIdx.x;
+  /* One warp per row; the row index is the same for all 32 lanes, so the
+   * whole warp takes the early return together and the shuffles below
+   * always see 32 active lanes. */
+  const uint32_t r = (blockIdx.x * blockDim.x + threadIdx.x) / 32u, lane = threadIdx.x % 32u;
   if (r >= nrows)
     return;
   double sig = 0, var = 0, nrm = 0, cnt = 0;
-  for (uint64_t j = ptr[r]; j < ptr[r + 1]; j++) {
+  for (uint64_t j = ptr[r] + lane; j < ptr[r + 1]; j += 32) {
     uint32_t k = idx[j];
     double v = (double)px[k], cf = (double)w[j];
     if (!isfinite(v) ||
@@ -47,10 +52,18 @@ __global__ void azint_rows(const T *__restrict__ px, const uint64_t *__restrict_
     nrm += cf * (double)norm[k];
     cnt += cf;
   }
-  out[r] = sig;
-  out[nrows + r] = var;
-  out[2 * (size_t)nrows + r] = nrm;
-  out[3 * (size_t)nrows + r] = cnt;
+  for (unsigned o = 16; o > 0; o >>= 1) {
+    sig += __shfl_down_sync(0xffffffffu, sig, o);
+    var += __shfl_down_sync(0xffffffffu, var, o);
+    nrm += __shfl_down_sync(0xffffffffu, nrm, o);
+    cnt += __shfl_down_sync(0xffffffffu, cnt, o);
+  }
+  if (lane == 0) {
+    out[r] = sig;
+    out[nrows + r] = var;
+    out[2 * (size_t)nrows + r] = nrm;
+    out[3 * (size_t)nrows + r] = cnt;
+  }
 }
 
 typedef struct dcsr_s {
@@ -160,7 +173,8 @@ static int cu_start(beam_stage_t *self, const beam_series_t *series, const beam_
 template <typename T>
 static void launch(cuda_t *s, const dcsr_t *m, uint32_t nrows, double *out) {
   az_kparams kp = {s->c.has_dummy, s->c.dummy, s->c.delta_dummy};
-  unsigned grid = (nrows + AZ_THREADS - 1) / AZ_THREADS;
+  unsigned rows_per_block = AZ_THREADS / 32;
+  unsigned grid = (nrows + rows_per_block - 1) / rows_per_block;
   azint_rows<T><<<grid ? grid : 1, AZ_THREADS, 0, s->cx.stream>>>(
       (const T *)s->d_frame, (const uint64_t *)m->ptr, (const uint32_t *)m->idx,
       (const float *)m->w, (const float *)s->d_norm, nrows, kp, out);

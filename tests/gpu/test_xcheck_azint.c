@@ -1,10 +1,12 @@
 /* CPU vs CUDA for `azint`. Both apply the same host-built CSR matrices
- * with double accumulators in the same pixel order per bin; the device may
- * contract c·x + acc into an FMA, so every published value (intensity,
- * sigma, count, cake) must agree within 1e-12 relative (all sums are of
- * non-negative terms here, so there is no cancellation to amplify it);
- * the axes (radial, chi) come from the host tables and must be identical.
- * Corrupt frames give NaN on both. Skips without a GPU. */
+ * with double accumulators; the CPU adds each row's terms in one chain,
+ * the device in 32 strided lane chains joined by a shuffle tree (and may
+ * contract to FMA), so every published value (intensity, sigma, count,
+ * cake) must agree within 1e-12 relative: the frames here are
+ * non-negative, so every sum is of non-negative terms and rounding cannot
+ * be amplified by cancellation. The axes (radial, chi) come from the host
+ * tables and must be identical. Corrupt frames give NaN on both. Skips
+ * without a GPU. */
 #include "pipeline/kern/azint.h"
 #include "pipeline/kern/kinds.h"
 #include "tests/gpu/xcheck.h"
