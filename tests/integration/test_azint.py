@@ -2,7 +2,8 @@
 sigma, count and cake compared with pyFAI's AzimuthalIntegrator
 (integrate1d_ng / integrate2d_ng, method (split, "csr", "cython")) on the
 same frames and geometry: tilted and rotated detector, mask, polarisation,
-solid angle, Poisson errors, dummy values, both splitting modes, all three
+solid angle, Poisson errors, dummy values, radial and azimuth ranges, both
+splitting modes, uint16 and float32 frames, all three
 units, geometry from keys and from a .poni file pyFAI wrote.
 
 Tolerance: bin positions rtol 1e-9; on bins with counts (count > 0),
@@ -69,6 +70,15 @@ CASES = {
                             kw=dict(unit="2th_deg", correctSolidAngle=False,
                                     radial_range=(2.0, 14.0), azimuth_range=(-120.0, 60.0),
                                     dummy=65535, error_model="poisson"), split="no", npt_azim=0),
+    # bbox with an azimuth range (1-D: whole pixels whose box meets it) and
+    # a radial range, vertical polarisation, mask, float32 frames
+    "bbox_qA_ranges": dict(cfg={"unit": "q_A^-1", "npt": 90, "split": "bbox", "mask": True,
+                                "radial_range": [0.1, 0.9], "azimuth_range": [-30.0, 150.0],
+                                "polarization_factor": -0.5, "error_model": "poisson"},
+                           kw=dict(unit="q_A^-1", radial_range=(0.1, 0.9),
+                                   azimuth_range=(-30.0, 150.0), polarization_factor=-0.5,
+                                   error_model="poisson"), split="bbox", npt_azim=0,
+                           dtype=np.float32),
     # .poni file (pyFAI's own writer), q in 1/A, none splitting with cake
     "poni_qA_none_cake": dict(cfg={"unit": "q_A^-1", "npt": 64, "npt_azim": 24, "split": "none",
                                    "poni": True, "dummy": 65535, "delta_dummy": 0.5},
@@ -100,7 +110,7 @@ def _run(tmp_path, ports, zctx, start_beamd, receivers, case, frames, mask, thre
     rx.wait_live()
     tx = Sender(zctx, ports.ep_input, zmq.PUSH)
     sid = 3
-    tx.start(sid, (H, W), np.uint16)
+    tx.start(sid, (H, W), frames[0].dtype)
     for fid, f in enumerate(frames):
         tx.frame(sid, fid, f)
     tx.end(sid)
@@ -153,7 +163,7 @@ def _compare(got_I, got_s, got_c, ref, what, crtol=1e-5, catol=1e-300):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_azint_matches_pyfai(case, tmp_path, ports, zctx, start_beamd, receivers):
     rng = np.random.default_rng(11)
-    frames = _frames(rng, 4)
+    frames = [f.astype(CASES[case].get("dtype", np.uint16)) for f in _frames(rng, 4)]
     mask = np.zeros((H, W), np.uint8)
     mask[rng.integers(0, H, 60), rng.integers(0, W, 60)] = 1
     mask[:, :3] = 1
