@@ -267,11 +267,11 @@ check-gpu: $(GPUT_BIN)
 EMU       := $(BUILD)/emu
 CXX       ?= g++
 EMU_CU    := common bin_cuda pca_cuda dm_cuda ptycho_dm_cuda xpcs_multitau_cuda xpcs_twotime_cuda \
-             roi_sum_cuda correct_cuda preview_cuda fit_cuda fit_stage_cuda \
+             roi_sum_cuda correct_cuda preview_cuda fit_cuda fit_stage_cuda azint_cuda \
              fit_k_dcos fit_k_dcos2 fit_k_exp fit_k_peak com_cuda
 EMU_TESTS := test_xcheck_pca test_xcheck_xpcs_multitau test_xcheck_xpcs_twotime test_xcheck_roi_sum \
              test_xcheck_correct test_xcheck_bin test_xcheck_preview test_dm_xcheck test_xcheck_fit \
-             test_cuda_alloc_fail test_xcheck_com
+             test_cuda_alloc_fail test_xcheck_com test_xcheck_azint
 EMU_SRC   := $(patsubst gpu/%,$(EMU)/src/gpu/%,$(wildcard gpu/*.cu gpu/*.cuh))
 EMU_OBJ   := $(EMU_CU:%=$(EMU)/%.o) $(EMU)/emu_rt.o
 EMU_CXX    = $(CXX) -std=c++17 -O1 -g -ffp-contract=off $(SANFLAGS) -Wall -Wno-unused-parameter \

@@ -624,12 +624,12 @@ def main():
                     help="karabo: length of each output run (default 2; --reps runs of each case)")
     ap.add_argument("--only", choices=["throughput", "latency", "kernels", "replay", "xpcs", "view",
                                         "ptycho", "ptycho_gpu", "dectris", "curve",
-                                        "karabo", "fit"],
+                                        "karabo", "fit", "azint"],
                     action="append",
                     help="run only these figures (repeatable; latency includes memory)")
     a = ap.parse_args()
     only = set(a.only or ["throughput", "latency", "kernels", "replay", "xpcs", "view",
-                          "ptycho", "ptycho_gpu", "dectris", "curve", "karabo", "fit"])
+                          "ptycho", "ptycho_gpu", "dectris", "curve", "karabo", "fit", "azint"])
     a.json = a.json or os.path.join(a.build, "bench-results.json")
 
     b = Bench(a)
@@ -658,6 +658,9 @@ def main():
              ("fit", "batched fitter (bench/fit.py: damped cosine, g2, XANI-shaped; beamd on one "
               "core beside SciPy least_squares on the same data)",
               lambda: res.__setitem__("fit", __import__("fit").run(a.build, log=log))),
+             ("azint", "azimuthal integration (bench/azint.py: 4.5 Mpx uint16 to 1000 bins, "
+              "beamd's CPU stage beside pyFAI's CSR integrator, threads 1 and 2)",
+              lambda: res.__setitem__("azint", __import__("azint").run(a.build, log=log))),
              ("dectris", "DECTRIS detector input (bench/dectris.py: EIGER 4M stream v1 and "
               "EIGER2 16M stream v2, bslz4, raw ZeroMQ vs beamd record pass-through and roi_sum; "
               "decoder and parse cost)",

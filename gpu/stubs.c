@@ -62,6 +62,7 @@ STUB_OPS(pca)
 STUB_OPS(ptycho_dm)
 STUB_OPS(fit)
 STUB_OPS(com)
+STUB_OPS(azint)
 
 /* The DM ptychography engine's CUDA backend (pipeline/ptycho/dm_int.h). */
 #include "pipeline/ptycho/dm_int.h"

@@ -43,6 +43,7 @@ extern const beam_stage_ops_t beam_pca_cuda_ops;
 extern const beam_stage_ops_t beam_ptycho_dm_cuda_ops;
 extern const beam_stage_ops_t beam_fit_cuda_ops;
 extern const beam_stage_ops_t beam_com_cuda_ops;
+extern const beam_stage_ops_t beam_azint_cuda_ops;
 
 #ifdef __cplusplus
 }

@@ -37,10 +37,14 @@ static const beam_stage_kind_t k_com = {
     "com", "4D-STEM centre of mass per frame; DPC maps (shift, divergence, curl, iDPC) over the scan",
     beam_com_params, &beam_com_cpu_ops, &beam_com_cuda_ops, NULL};
 
+static const beam_stage_kind_t k_azint = {
+    "azint", "azimuthal integration to I(q) or I(2theta) and a cake, pyFAI geometry and CSR integrators",
+    beam_azint_params, &beam_azint_cpu_ops, &beam_azint_cuda_ops, beam_azint_check};
+
 /* Built-in kinds first; kinds that need libraries pipeline/ must not use
  * (HDF5 for `record`) are registered by the daemon at start-up. */
 #define MAX_KINDS 32
-static const beam_stage_kind_t *kinds[MAX_KINDS + 1] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, &k_xpcs_multitau, &k_xpcs_twotime, &k_pca, &k_ptycho_dm, &k_fit, &k_com, NULL};
+static const beam_stage_kind_t *kinds[MAX_KINDS + 1] = {&k_correct, &k_roi_sum, &k_bin, &k_preview, &k_xpcs_multitau, &k_xpcs_twotime, &k_pca, &k_ptycho_dm, &k_fit, &k_com, &k_azint, NULL};
 
 const beam_stage_kind_t *const *beam_stage_kinds(void) { return kinds; }
 

@@ -25,6 +25,10 @@ extern const beam_stage_ops_t beam_ptycho_dm_cpu_ops;
 extern const beam_param_t beam_com_params[];
 extern const beam_stage_ops_t beam_com_cpu_ops;
 
+extern const beam_param_t beam_azint_params[];
+extern const beam_stage_ops_t beam_azint_cpu_ops;
+int beam_azint_check(const beam_cnode_t *cfg, beam_cfg_errs_t *errs);
+
 extern const beam_param_t beam_fit_params[];
 extern const beam_stage_ops_t beam_fit_cpu_ops;
 int beam_fit_stage_check(const beam_cnode_t *cfg, beam_cfg_errs_t *errs);

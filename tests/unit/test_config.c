@@ -577,7 +577,7 @@ static void test_all_errors_at_once(void **state) {
 static void test_stage_checks(void **state) {
   {
     static const char *m[] = {"c.yaml:2:21: error: stage \"a\".kind: unknown stage kind "
-                              "\"corect\" (known kinds: correct, roi_sum, bin, preview, xpcs_multitau, xpcs_twotime, pca, ptycho_dm, fit, com)"};
+                              "\"corect\" (known kinds: correct, roi_sum, bin, preview, xpcs_multitau, xpcs_twotime, pca, ptycho_dm, fit, com, azint)"};
     load_expect("stages:\n  - {name: a, kind: corect}\n", m, 1);
   }
   {
