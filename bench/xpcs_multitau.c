@@ -45,7 +45,7 @@
 #include "bench/bench_stage.h"
 #include "pipeline/emit_int.h"
 #include "pipeline/kern/xpcs_multitau.h"
-#include "pipeline/kern/xpcs_pool.h"
+#include "pipeline/fjpool.h"
 #include "pipeline/stage.h"
 
 
@@ -286,9 +286,9 @@ static void meet(void *ctx, unsigned k) {
 
 /* Empty phases through the pool: the handoff cost alone. */
 static int handoff(int threads, int n) {
-  beam_xpcs_pool_t *p;
+  beam_fjpool_t *p;
   beam_diag_t d = {0};
-  if (beam_xpcs_pool_new(&p, (unsigned)threads, "bench", &d) < 0) {
+  if (beam_fjpool_new(&p, (unsigned)threads, "bench", &d) < 0) {
     fprintf(stderr, "%s\n", d.msg);
     return -1;
   }
@@ -296,7 +296,7 @@ static int handoff(int threads, int n) {
   _Atomic unsigned arrived;
   for (int i = 0; i < n; i++) {
     atomic_store(&arrived, 0);
-    beam_xpcs_pool_run(p, 2, meet, &arrived);
+    beam_fjpool_run(p, 2, meet, &arrived);
   }
   double t1 = bench_now_s(), c1 = bench_cpu_s();
   /* the same after 1 ms idle: the helper has gone to sleep (futex) */
@@ -307,10 +307,10 @@ static int handoff(int threads, int n) {
     nanosleep(&ms, NULL);
     double a = bench_now_s();
     atomic_store(&arrived, 0);
-    beam_xpcs_pool_run(p, 2, meet, &arrived);
+    beam_fjpool_run(p, 2, meet, &arrived);
     slept += bench_now_s() - a;
   }
-  beam_xpcs_pool_destroy(&p);
+  beam_fjpool_destroy(&p);
   printf("pool handoff, threads %d: %.2f us per phase of 2 tasks that wait for each other, back to back "
          "(%.2f us cpu); %.2f us after 1 ms idle (helper asleep); load %.2f\n",
          threads, 1e6 * (t1 - t0) / n, 1e6 * (c1 - c0) / n, 1e6 * slept / ns, la);

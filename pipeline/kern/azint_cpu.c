@@ -1,6 +1,6 @@
 /* Stage kind `azint`, CPU backend: the CSR product of azint.c applied per
  * frame, its rows shared among `threads` through the fork-join pool of
- * xpcs_pool.c. Each row is summed by exactly one thread in the reference
+ * fjpool.c. Each row is summed by exactly one thread in the reference
  * order (beam_azint_csr_apply), so the result does not depend on the
  * thread count. Nothing is allocated per frame: the sums live in the
  * stage and are sized at series start.
@@ -19,7 +19,7 @@
 #include "pipeline/kern/azint.h"
 #include "pipeline/kern/kern_int.h"
 #include "pipeline/kern/kinds.h"
-#include "pipeline/kern/xpcs_pool.h"
+#include "pipeline/fjpool.h"
 
 /* Integers cannot be NaN or infinite: without a dummy value every pixel
  * of an integer frame is valid and the row loop needs no test. */
@@ -71,7 +71,7 @@ typedef struct cpu_s {
   beam_azint_tab_t t;
   beam_azint_sums_t s1, s2;
   double *buf;
-  beam_xpcs_pool_t *pool;
+  beam_fjpool_t *pool;
   beam_indesc_t in;
   int first;
   /* the frame being integrated, for the pool tasks */
@@ -84,7 +84,7 @@ static void cpu_destroy(beam_stage_t *self) {
   cpu_t *s = self->priv;
   if (!s)
     return;
-  beam_xpcs_pool_destroy(&s->pool);
+  beam_fjpool_destroy(&s->pool);
   beam_azint_tab_free(&s->t);
   beam_azint_conf_free(&s->c);
   free(s->buf);
@@ -99,10 +99,10 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
   self->priv = s;
   int rc = beam_azint_conf_load(&s->c, self->cfg, d);
   if (rc == 0) {
-    unsigned n = s->c.threads ? s->c.threads : beam_xpcs_pool_cores();
+    unsigned n = s->c.threads ? s->c.threads : beam_fjpool_cores();
     if (n > BEAM_AZINT_MAX_THREADS)
       n = BEAM_AZINT_MAX_THREADS;
-    rc = beam_xpcs_pool_new(&s->pool, n, "azint", d);
+    rc = beam_fjpool_new(&s->pool, n, "azint", d);
   }
   if (rc < 0)
     cpu_destroy(self);
@@ -124,7 +124,7 @@ static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam
   s->s1 = (beam_azint_sums_t){p, p + n1, p + 2 * n1, p + 3 * n1};
   p += 4 * n1;
   s->s2 = (beam_azint_sums_t){p, p + n2, p + 2 * n2, p + 3 * n2};
-  unsigned th = beam_xpcs_pool_size(s->pool);
+  unsigned th = beam_fjpool_size(s->pool);
   s->ntasks = th == 1 ? 1 : th * TASKS_PER_THREAD;
   s->in = *in;
   s->first = 1;
@@ -154,7 +154,7 @@ static int cpu_process(beam_stage_t *self, const beam_frame_t *in, beam_emit_t *
     return rc;
   s->px = in->data;
   s->dt = in->dtype;
-  beam_xpcs_pool_run(s->pool, s->ntasks, task, s);
+  beam_fjpool_run(s->pool, s->ntasks, task, s);
   s->px = NULL;
   return beam_azint_emit(self, &s->c, &s->t, &s->s1, &s->s2, &s->first, emit);
 }

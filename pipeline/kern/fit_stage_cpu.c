@@ -2,7 +2,7 @@
  * stage's threads with beam_fit_cpu_range. Ranges are whole blocks of 16
  * fits (the engine's SIMD width), so every fit runs in the same lane
  * company whatever the thread count: results do not depend on `threads`.
- * Tasks are 4 per thread (a fork-join pool, xpcs_pool.h, made at init),
+ * Tasks are 4 per thread (a fork-join pool, fjpool.h, made at init),
  * each with its own workspace, because dcos fits differ in iterations and
  * equal ranges would leave threads waiting on the slowest. */
 #include <math.h>
@@ -12,14 +12,14 @@
 #include "pipeline/kern/fit_stage.h"
 #include "pipeline/kern/kern_int.h"
 #include "pipeline/kern/kinds.h"
-#include "pipeline/kern/xpcs_pool.h"
+#include "pipeline/fjpool.h"
 
 #define WHO "fit"
 #define TASKS_PER_THREAD 4
 
 typedef struct cpu_s {
   beam_fits_t s;
-  beam_xpcs_pool_t *pool;
+  beam_fjpool_t *pool;
   unsigned ntasks;
   void *ws;          /* ntasks x ws_bytes */
   size_t ws_bytes;   /* per task, for max points */
@@ -35,7 +35,7 @@ static void destroy(beam_stage_t *self) {
   cpu_t *c = self->priv;
   if (!c)
     return;
-  beam_xpcs_pool_destroy(&c->pool);
+  beam_fjpool_destroy(&c->pool);
   beam_fits_free(&c->s);
   free(c->ws);
   free(c);
@@ -50,10 +50,10 @@ static int init(beam_stage_t *self, beam_diag_t *d) {
   int rc = beam_fits_conf_load(&c->s.conf, self->cfg, d);
   if (rc < 0)
     return rc;
-  unsigned n = c->s.conf.threads ? c->s.conf.threads : beam_xpcs_pool_cores();
+  unsigned n = c->s.conf.threads ? c->s.conf.threads : beam_fjpool_cores();
   if (n > BEAM_FITS_MAX_THREADS)
     n = BEAM_FITS_MAX_THREADS;
-  if ((rc = beam_xpcs_pool_new(&c->pool, n, WHO, d)) < 0)
+  if ((rc = beam_fjpool_new(&c->pool, n, WHO, d)) < 0)
     return rc;
   self->ncounters = 2;
   self->counters[0].name = "fits";
@@ -80,7 +80,7 @@ static int start(beam_stage_t *self, const beam_series_t *series, const beam_ind
     return BEAM_DIAG(d, BEAM_EINVAL, WHO ": %s", sub.msg[0] ? sub.msg : "invalid batch");
   }
   size_t blocks = (c->s.n_fits + 15) / 16;
-  unsigned nt = beam_xpcs_pool_size(c->pool) * TASKS_PER_THREAD;
+  unsigned nt = beam_fjpool_size(c->pool) * TASKS_PER_THREAD;
   if (nt > blocks)
     nt = (unsigned)blocks;
   if (nt != c->ntasks || ws > c->ws_bytes) {
@@ -126,7 +126,7 @@ static int fit_now(beam_stage_t *self, cpu_t *c) {
         s->params[i * (size_t)s->conf.P + j] = s->errors[i * (size_t)s->conf.P + j] = NAN;
     }
   } else {
-    beam_xpcs_pool_run(c->pool, c->ntasks, run_task, c);
+    beam_fjpool_run(c->pool, c->ntasks, run_task, c);
   }
   s->seconds_last = (double)(beam_now_ns() - t0) * 1e-9;
   if (atomic_load(&c->failed))

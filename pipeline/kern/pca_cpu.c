@@ -22,7 +22,7 @@
  * scores from the nonzeros of s (robust_split); the last step keeps s in
  * c->E (b x P more floats) and writes y - mu over the batch rows of M.
  * The split runs on a pool of as many threads as OpenBLAS has
- * (xpcs_pool.h): the noise scales a task per frame, A0 and each step's
+ * (fjpool.h): the noise scales a task per frame, A0 and each step's
  * chunks shared out among the threads, each making its own chunks' GEMMs
  * with OpenBLAS on one thread and the pass over them; the stage's other
  * BLAS calls run on its own thread, threaded by OpenBLAS. Frames arrive
@@ -36,7 +36,7 @@
 #include "pipeline/kern/kern_int.h"
 #include "pipeline/kern/kinds.h"
 #include "pipeline/kern/pca.h"
-#include "pipeline/kern/xpcs_pool.h"
+#include "pipeline/fjpool.h"
 
 
 typedef struct cpu_s {
@@ -56,7 +56,7 @@ typedef struct cpu_s {
   float *Vs;   /* robust: k x NSAMP, V at the noise subsample */
   float *Es;   /* robust: b x NSAMP, S V there */
   float *sv;   /* robust: NSAMP, one frame's subsample */
-  beam_xpcs_pool_t *pool; /* robust: the chunks of the split */
+  beam_fjpool_t *pool; /* robust: the chunks of the split */
   _Atomic size_t rnext; /* robust: the next chunk to claim */
   int rlast;            /* robust: the split's last step */
   int ra0;              /* robust: the chunks' shares of A0 (in c->Snc) instead of a step */
@@ -351,7 +351,7 @@ static void robust_split(cpu_t *c) {
       openblas_set_num_threads(1);
     c->ra0 = 1;
     atomic_store_explicit(&c->rnext, 0, memory_order_relaxed);
-    beam_xpcs_pool_run(c->pool, beam_xpcs_pool_size(c->pool), rchunks, c);
+    beam_fjpool_run(c->pool, beam_fjpool_size(c->pool), rchunks, c);
     c->ra0 = 0;
     memcpy(c->A0, c->Snc, nb * k * sizeof *c->A0);
     for (size_t ci = 1; ci < nch; ci++)
@@ -370,13 +370,13 @@ static void robust_split(cpu_t *c) {
        * spread over all pixels), which would inflate it. */
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, (int)ns, (int)k, 1.0f, h->S, (int)k,
                   c->Vs, (int)ns, 0.0f, c->Es, (int)ns);
-      beam_xpcs_pool_run(c->pool, (unsigned)nb, rsigma, c);
+      beam_fjpool_run(c->pool, (unsigned)nb, rsigma, c);
       if (last)
         for (size_t j = 0; j < nb; j++)
           c->c2[j] = c->xs[j] = 0;
       c->rlast = last;
       atomic_store_explicit(&c->rnext, 0, memory_order_relaxed);
-      beam_xpcs_pool_run(c->pool, beam_xpcs_pool_size(c->pool), rchunks, c);
+      beam_fjpool_run(c->pool, beam_fjpool_size(c->pool), rchunks, c);
       memcpy(c->Sn, c->A0, nb * k * sizeof *c->Sn);
       for (size_t ci = 0; ci < nch; ci++) {
         const float *d = c->Snc + ci * nb * k;
@@ -638,7 +638,7 @@ static void cpu_destroy(beam_stage_t *self) {
   beam_pca_host_free(&s->h);
   beam_pca_conf_free(&s->h.conf);
   free_buffers(s);
-  beam_xpcs_pool_destroy(&s->pool);
+  beam_fjpool_destroy(&s->pool);
   free(s);
   self->priv = NULL;
 }
@@ -672,10 +672,10 @@ static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam
    * (OPENBLAS_NUM_THREADS, else every core), each with its own scratch. */
   if (s->h.conf.robust && !s->pool) {
     int nt = openblas_get_num_threads();
-    unsigned cores = beam_xpcs_pool_cores(), n = nt < 1 ? 1 : (unsigned)nt;
+    unsigned cores = beam_fjpool_cores(), n = nt < 1 ? 1 : (unsigned)nt;
     n = n > cores ? cores : n;
-    n = n > BEAM_XPCS_POOL_MAX ? BEAM_XPCS_POOL_MAX : n;
-    if ((rc = beam_xpcs_pool_new(&s->pool, n, "pca", d)) < 0)
+    n = n > BEAM_FJPOOL_MAX ? BEAM_FJPOOL_MAX : n;
+    if ((rc = beam_fjpool_new(&s->pool, n, "pca", d)) < 0)
       return rc;
   }
   size_t ns = BEAM_PCA_NSAMP, nch = (s->h.P + RCHUNK - 1) / RCHUNK;
@@ -683,7 +683,7 @@ static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam
       (!(s->E = malloc(b * s->h.P * sizeof *s->E)) || !(s->A0 = calloc(b * k, sizeof *s->A0)) ||
        !(s->Sn = calloc(b * k, sizeof *s->Sn)) || !(s->Vs = calloc(k * ns, sizeof *s->Vs)) ||
        !(s->Es = calloc(b * ns, sizeof *s->Es)) ||
-       !(s->Ec = calloc(beam_xpcs_pool_size(s->pool) * b * RCHUNK, sizeof *s->Ec)) ||
+       !(s->Ec = calloc(beam_fjpool_size(s->pool) * b * RCHUNK, sizeof *s->Ec)) ||
        !(s->Snc = calloc(nch * b * k, sizeof *s->Snc)) || !(s->xsc = calloc(nch * b, sizeof *s->xsc)) ||
        !(s->c2c = calloc(nch * b, sizeof *s->c2c)) || !(s->sv = calloc(ns, sizeof *s->sv))))
     return BEAM_DIAG(d, BEAM_ENOMEM, "pca: robust: cannot allocate the %zu x %zu sparse batch", b, s->h.P);

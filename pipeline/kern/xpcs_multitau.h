@@ -66,7 +66,7 @@ typedef struct beam_xmt_conf_s {
                            * at most BEAM_XMT_AUTO_THREADS); CUDA ignores it */
 } beam_xmt_conf_t;
 
-#define BEAM_XMT_MAX_THREADS 64  /* the schema's bound (BEAM_XPCS_POOL_MAX) */
+#define BEAM_XMT_MAX_THREADS 64  /* the schema's bound (BEAM_FJPOOL_MAX) */
 #define BEAM_XMT_AUTO_THREADS 16 /* threads: 0 takes at most this many cores */
 
 typedef struct beam_xmt_s {

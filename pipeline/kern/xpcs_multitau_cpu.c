@@ -13,7 +13,7 @@
  * (gather, level sums, the dots of each pair) touches only the pixels of
  * one tile, so whichever thread claims a tile runs the whole level/pair
  * recurrence of the frame on it, in one fork-join phase per frame
- * (xpcs_pool.h: no thread creation, no allocation, one handoff). A tile
+ * (fjpool.h: no thread creation, no allocation, one handoff). A tile
  * writes one partial sum per block: the ROI sums of each new level frame
  * and the dot of each pair. The calling thread then folds the partials
  * into the ROI accumulators in block order. Blocks do not depend on the
@@ -50,13 +50,13 @@
 #include "pipeline/kern/kern_int.h"
 #include "pipeline/kern/kinds.h"
 #include "pipeline/kern/xpcs_multitau.h"
-#include "pipeline/kern/xpcs_pool.h"
+#include "pipeline/fjpool.h"
 
 #define NARROW_MAX 32767
 #define BLK 4096 /* pixels per block: 8 KiB of an int16 frame stays in L1 */
 #define WHO "xpcs_multitau"
 #define TILES_PER_THREAD 4
-#define MAX_TILES (TILES_PER_THREAD * BEAM_XPCS_POOL_MAX)
+#define MAX_TILES (TILES_PER_THREAD * BEAM_FJPOOL_MAX)
 
 /* A block partial: int128 (integer input) or double. */
 typedef union acc_u {
@@ -85,7 +85,7 @@ typedef struct op_s {
 
 typedef struct cpu_s {
   beam_xmt_t x; /* first: self->priv is also the beam_xmt_t */
-  beam_xpcs_pool_t *pool;
+  beam_fjpool_t *pool;
   /* Per series. */
   size_t nblk, ntiles, LN; /* LN = levels * nb slots */
   uint64_t *boff;          /* [nblk + 1] block b = compact pixels boff[b]..boff[b+1] */
@@ -549,7 +549,7 @@ static void flush(cpu_t *c) {
   size_t nb = x->conf.nb;
   if (c->nops == 0)
     return;
-  beam_xpcs_pool_run(c->pool, (unsigned)c->ntiles, run_tile, c);
+  beam_fjpool_run(c->pool, (unsigned)c->ntiles, run_tile, c);
   for (size_t i = 0; i < c->nops; i++) {
     const op_t *op = &c->ops[i];
     if (op->kind == OP_GATHER) {
@@ -669,7 +669,7 @@ static int tiles_start(cpu_t *c, beam_diag_t *d) {
   c->LN = L * nb;
   /* More tiles than threads: a thread preempted inside a tile holds the
    * phase up for one tile, not for 1/threads of the frame. */
-  size_t th = beam_xpcs_pool_size(c->pool), want = th > 1 ? TILES_PER_THREAD * th : 1;
+  size_t th = beam_fjpool_size(c->pool), want = th > 1 ? TILES_PER_THREAD * th : 1;
   c->ntiles = want < nblk ? want : nblk;
   c->boff = malloc((nblk + 1) * sizeof *c->boff);
   c->rblk = malloc((R + 1) * sizeof *c->rblk);
@@ -734,7 +734,7 @@ static void cpu_destroy(beam_stage_t *self) {
   cpu_t *c = self->priv;
   if (!c)
     return;
-  beam_xpcs_pool_destroy(&c->pool);
+  beam_fjpool_destroy(&c->pool);
   tiles_free(c);
   narrow_free(c);
   beam_xmt_free(&c->x);
@@ -751,10 +751,10 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
   if (rc == 0) {
     unsigned th = c->x.conf.threads;
     if (th == 0) {
-      th = beam_xpcs_pool_cores();
+      th = beam_fjpool_cores();
       th = th > BEAM_XMT_AUTO_THREADS ? BEAM_XMT_AUTO_THREADS : th;
     }
-    rc = beam_xpcs_pool_new(&c->pool, th, WHO, d);
+    rc = beam_fjpool_new(&c->pool, th, WHO, d);
   }
   if (rc < 0)
     cpu_destroy(self);

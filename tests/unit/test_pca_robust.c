@@ -26,7 +26,7 @@
 
 #include "pipeline/kern/kinds.h"
 #include "pipeline/kern/pca.h"
-#include "pipeline/kern/xpcs_pool.h"
+#include "pipeline/fjpool.h"
 #include "tests/common/stage_harness.h"
 
 #define FH 97
@@ -222,7 +222,7 @@ static void test_split_matches_reference(void **state) {
 /* Every result (scores, residuals, flags, and the models published after
  * each batch) bit for bit the same from a pool of 1 thread and of 2. */
 static void test_pool_size_same_bits(void **state) {
-  if (beam_xpcs_pool_cores() < 2) {
+  if (beam_fjpool_cores() < 2) {
     printf("# one core: the pool cannot have 2 threads\n");
     skip();
   }

@@ -1,4 +1,4 @@
-/* Persistent fork-join pool for the XPCS CPU kernels (see xpcs_pool.h).
+/* Persistent fork-join pool of the CPU backends (see fjpool.h).
  *
  * A job is n tasks claimed one at a time from one 64-bit word, `claim` =
  * generation (32 bits) | n (16) | next task (16), with a compare-and-swap:
@@ -14,7 +14,7 @@
  * waiting for frames costs no CPU. The spin is short on purpose: where
  * threads outnumber cores, a spinning thread steals the slice that the
  * thread it waits for needs. */
-#include "pipeline/kern/xpcs_pool.h"
+#include "pipeline/fjpool.h"
 
 #include <limits.h>
 #include <linux/futex.h>
@@ -28,16 +28,16 @@
 /* About 10-30 us of polling, by the pause instruction's latency. */
 #define SPIN 2000
 
-struct beam_xpcs_pool_s {
+struct beam_fjpool_s {
   unsigned n; /* threads, caller included */
-  pthread_t tid[BEAM_XPCS_POOL_MAX];
+  pthread_t tid[BEAM_FJPOOL_MAX];
   unsigned started;        /* helpers running */
   _Atomic uint64_t claim;  /* gen << 32 | tasks << 16 | next */
   _Atomic unsigned gen;    /* low bits of the generation: helpers sleep on it */
   _Atomic unsigned done;   /* tasks finished in this generation */
   _Atomic int sleepers, caller_sleeps;
   atomic_bool stop;
-  beam_xpcs_pool_fn fn;    /* the job (written before claim is published) */
+  beam_fjpool_fn fn;    /* the job (written before claim is published) */
   void *ctx;
 };
 
@@ -58,7 +58,7 @@ static void futex_wake(_Atomic unsigned *a, int n) {
 }
 
 /* Claims and runs tasks of the current job until none is left. */
-static void work(beam_xpcs_pool_t *p) {
+static void work(beam_fjpool_t *p) {
   uint64_t c = atomic_load(&p->claim);
   for (;;) {
     unsigned tasks = (unsigned)(c >> 16) & 0xffff, k = (unsigned)c & 0xffff;
@@ -75,7 +75,7 @@ static void work(beam_xpcs_pool_t *p) {
 }
 
 static void *helper(void *arg) {
-  beam_xpcs_pool_t *p = arg;
+  beam_fjpool_t *p = arg;
   /* The generation at creation, not whatever gen is when this thread
    * first runs: a helper scheduled late (the caller does the work without
    * it) could otherwise take destroy's bump as its starting point and
@@ -101,18 +101,18 @@ static void *helper(void *arg) {
   }
 }
 
-int beam_xpcs_pool_new(beam_xpcs_pool_t **out, unsigned n, const char *who, beam_diag_t *d) {
+int beam_fjpool_new(beam_fjpool_t **out, unsigned n, const char *who, beam_diag_t *d) {
   *out = NULL;
-  if (n < 1 || n > BEAM_XPCS_POOL_MAX)
-    return BEAM_DIAG(d, BEAM_EINVAL, "%s: threads must be 1..%d, got %u", who, BEAM_XPCS_POOL_MAX, n);
-  beam_xpcs_pool_t *p = calloc(1, sizeof *p);
+  if (n < 1 || n > BEAM_FJPOOL_MAX)
+    return BEAM_DIAG(d, BEAM_EINVAL, "%s: threads must be 1..%d, got %u", who, BEAM_FJPOOL_MAX, n);
+  beam_fjpool_t *p = calloc(1, sizeof *p);
   if (!p)
     return BEAM_DIAG(d, BEAM_ENOMEM, "%s: out of memory", who);
   p->n = n;
   for (unsigned k = 1; k < n; k++) {
     int e = pthread_create(&p->tid[k], NULL, helper, p);
     if (e != 0) {
-      beam_xpcs_pool_destroy(&p);
+      beam_fjpool_destroy(&p);
       return BEAM_DIAG(d, BEAM_ENOMEM, "%s: cannot start thread %u of %u: %s", who, k + 1, n, strerror(e));
     }
     p->started++;
@@ -121,8 +121,8 @@ int beam_xpcs_pool_new(beam_xpcs_pool_t **out, unsigned n, const char *who, beam
   return 0;
 }
 
-void beam_xpcs_pool_destroy(beam_xpcs_pool_t **self) {
-  beam_xpcs_pool_t *p = self ? *self : NULL;
+void beam_fjpool_destroy(beam_fjpool_t **self) {
+  beam_fjpool_t *p = self ? *self : NULL;
   if (!p)
     return;
   atomic_store(&p->stop, 1);
@@ -134,10 +134,10 @@ void beam_xpcs_pool_destroy(beam_xpcs_pool_t **self) {
   *self = NULL;
 }
 
-unsigned beam_xpcs_pool_size(const beam_xpcs_pool_t *self) { return self->n; }
+unsigned beam_fjpool_size(const beam_fjpool_t *self) { return self->n; }
 
-void beam_xpcs_pool_run(beam_xpcs_pool_t *p, unsigned n, beam_xpcs_pool_fn fn, void *ctx) {
-  BEAM_ASSERT(n >= 1 && n <= BEAM_XPCS_POOL_TASKS);
+void beam_fjpool_run(beam_fjpool_t *p, unsigned n, beam_fjpool_fn fn, void *ctx) {
+  BEAM_ASSERT(n >= 1 && n <= BEAM_FJPOOL_TASKS);
   if (p->n == 1 || n == 1) {
     for (unsigned k = 0; k < n; k++)
       fn(ctx, k);
@@ -164,7 +164,7 @@ void beam_xpcs_pool_run(beam_xpcs_pool_t *p, unsigned n, beam_xpcs_pool_fn fn, v
   }
 }
 
-unsigned beam_xpcs_pool_cores(void) {
+unsigned beam_fjpool_cores(void) {
   long c = sysconf(_SC_NPROCESSORS_ONLN);
-  return c < 1 ? 1u : c > BEAM_XPCS_POOL_MAX ? BEAM_XPCS_POOL_MAX : (unsigned)c;
+  return c < 1 ? 1u : c > BEAM_FJPOOL_MAX ? BEAM_FJPOOL_MAX : (unsigned)c;
 }

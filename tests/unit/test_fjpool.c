@@ -1,4 +1,4 @@
-/* The XPCS CPU kernels' fork-join pool (pipeline/kern/xpcs_pool.h): every
+/* The CPU backends' fork-join pool (pipeline/fjpool.h): every
  * task of a run runs exactly once and its writes are visible when the run
  * returns, for task counts below, at and above the thread count; pools
  * created and destroyed at once (a helper that first runs after destroy
@@ -13,7 +13,7 @@
 
 #include <string.h>
 
-#include "pipeline/kern/xpcs_pool.h"
+#include "pipeline/fjpool.h"
 
 typedef struct job_s {
   unsigned hits[64];
@@ -29,16 +29,16 @@ static void task(void *ctx, unsigned k) {
 
 static void test_each_task_once(void **state) {
   for (unsigned th = 1; th <= 4; th++) {
-    beam_xpcs_pool_t *p;
+    beam_fjpool_t *p;
     beam_diag_t d = {0};
-    assert_int_equal(beam_xpcs_pool_new(&p, th, "test", &d), 0);
-    assert_int_equal(beam_xpcs_pool_size(p), th);
+    assert_int_equal(beam_fjpool_new(&p, th, "test", &d), 0);
+    assert_int_equal(beam_fjpool_size(p), th);
     job_t j;
     memset(&j, 0, sizeof j);
     for (unsigned r = 0; r < 3000; r++) {
       unsigned n = 1 + r % 40;
       j.gen = r; /* written before the run: every task must see it */
-      beam_xpcs_pool_run(p, n, task, &j);
+      beam_fjpool_run(p, n, task, &j);
       for (unsigned k = 0; k < n; k++) {
         if (j.hits[k] != 1 || j.seen[k] != r)
           fail_msg("threads %u run %u: task %u ran %u times, saw run %u", th, r, k, j.hits[k], j.seen[k]);
@@ -47,9 +47,9 @@ static void test_each_task_once(void **state) {
       for (unsigned k = n; k < 64; k++)
         assert_int_equal(j.hits[k], 0);
     }
-    beam_xpcs_pool_destroy(&p);
+    beam_fjpool_destroy(&p);
     assert_null(p);
-    beam_xpcs_pool_destroy(&p); /* NULL-safe */
+    beam_fjpool_destroy(&p); /* NULL-safe */
   }
 }
 
@@ -57,23 +57,23 @@ static void test_create_destroy(void **state) {
   job_t j;
   memset(&j, 0, sizeof j);
   for (unsigned it = 0; it < 2000; it++) {
-    beam_xpcs_pool_t *p;
+    beam_fjpool_t *p;
     beam_diag_t d = {0};
-    assert_int_equal(beam_xpcs_pool_new(&p, 2 + it % 3, "test", &d), 0);
+    assert_int_equal(beam_fjpool_new(&p, 2 + it % 3, "test", &d), 0);
     for (unsigned r = 0; r < it % 4; r++)
-      beam_xpcs_pool_run(p, 3, task, &j);
-    beam_xpcs_pool_destroy(&p); /* must return: helpers may not have run yet */
+      beam_fjpool_run(p, 3, task, &j);
+    beam_fjpool_destroy(&p); /* must return: helpers may not have run yet */
   }
 }
 
 static void test_bad_sizes(void **state) {
-  beam_xpcs_pool_t *p = (beam_xpcs_pool_t *)1;
+  beam_fjpool_t *p = (beam_fjpool_t *)1;
   beam_diag_t d = {0};
-  assert_int_equal(beam_xpcs_pool_new(&p, 0, "xpcs_multitau", &d), BEAM_EINVAL);
+  assert_int_equal(beam_fjpool_new(&p, 0, "xpcs_multitau", &d), BEAM_EINVAL);
   assert_null(p);
   assert_non_null(strstr(d.msg, "xpcs_multitau: threads must be 1..64"));
-  assert_int_equal(beam_xpcs_pool_new(&p, BEAM_XPCS_POOL_MAX + 1, "x", &d), BEAM_EINVAL);
-  assert_true(beam_xpcs_pool_cores() >= 1);
+  assert_int_equal(beam_fjpool_new(&p, BEAM_FJPOOL_MAX + 1, "x", &d), BEAM_EINVAL);
+  assert_true(beam_fjpool_cores() >= 1);
 }
 
 int main(void) {
