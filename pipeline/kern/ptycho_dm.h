@@ -123,6 +123,12 @@ int beam_ptycho_dm_idle(beam_stage_t *self, beam_emit_t *emit);
 int beam_ptycho_dm_end(beam_stage_t *self, beam_emit_t *emit);
 void beam_ptycho_dm_destroy(beam_stage_t *self);
 
+/* Parameters and files of a stage's config into c (ptycho_dm_conf.c); on
+ * failure what was loaded is freed by beam_ptycho_dm_conf_free (the
+ * stage's destroy). */
+int beam_ptycho_dm_conf_load(beam_ptycho_dm_conf_t *c, const beam_cnode_t *cfg, beam_diag_t *d);
+void beam_ptycho_dm_conf_free(beam_ptycho_dm_conf_t *c);
+
 /* Parses "scan": {"positions": [[x, y], ...]} and "beam_center": [y, x]
  * from series metadata JSON (may be NULL). *pos (count x 2, y then x) is
  * malloc'd, NULL when absent; *have_bc says whether bc holds a centre.
