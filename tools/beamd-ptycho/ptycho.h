@@ -7,10 +7,35 @@
 #include <hdf5.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "proto/err.h"
 #include "pipeline/ptycho/dm.h"
 #include "pipeline/ptycho/setup.h"
+
+/* ---- command line (cli.c) ------------------------------------------------- */
+
+typedef struct pt_opts_s {
+  const char *input, *output, *dataset, *png_dir;
+  uint32_t iterations, n, margin;
+  int center_mode; /* 0: file, else centre of mass; 1: centre of mass; 2: given */
+  double cy, cx;
+  double energy, distance, pixel; /* 0: from the file */
+  const char *probe_init;         /* mean | zp | FILE[:/dataset] */
+  double zp_diam, zp_drn, zp_cs, defocus;
+  const char *object_init;        /* flat | FILE[:/dataset] */
+  beam_dm_conf_t conf;
+  beam_dm_backend_t backend;
+  int threads_set, device_set;
+  double diverge;
+  double max_memory;              /* bytes; 0: MemAvailable / local ranks */
+  uint32_t progress_every;
+  int quiet;
+} pt_opts_t;
+
+void pt_usage(FILE *f);
+/* Parses argv into o (defaults first); 0, or what tool_args_exit takes. */
+int pt_parse_args(int argc, char **argv, pt_opts_t *o);
 
 /* ---- scan file (scan.c) ---------------------------------------------------- */
 
