@@ -615,3 +615,57 @@ def test_describe_stage_unknown_kind():
     assert 'unknown stage kind "nope"' in r.stderr
     for k in expected_kinds():
         assert re.search(r"\b%s\b" % k, r.stderr), (k, r.stderr)
+
+
+# ---- beamd-ctl endpoints --------------------------------------------------------
+# A bare HOST:PORT is tcp://HOST:PORT; a malformed endpoint is refused before
+# any socket is made, saying what was expected, with the daemon's own reason.
+
+CTL = os.path.join(BUILD, "beamd-ctl")
+
+
+def _ctl(*args, env=None):
+    return subprocess.run([CTL] + list(args), capture_output=True, text=True, timeout=20,
+                          env=env)
+
+
+@pytest.mark.parametrize("ep", ["tcp://127.0.0.1:%d", "127.0.0.1:%d", "localhost:%d"])
+def test_ctl_bare_host_port_is_tcp(ep):
+    port = free_port()
+    ctx = zmq.Context.instance()
+    rep = ctx.socket(zmq.REP)
+    rep.setsockopt(zmq.LINGER, 0)
+    rep.bind("tcp://127.0.0.1:%d" % port)
+    try:
+        p = subprocess.Popen([CTL, "-e", ep % port, "-t", "10", "ping"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        assert rep.poll(10000), "beamd-ctl never sent its command"
+        assert rep.recv() == b"ping"
+        rep.send(b'{"ok": true, "pong": 1}')
+        out, err = p.communicate(timeout=10)
+    finally:
+        rep.close()
+    assert p.returncode == 0, err
+    assert json.loads(out) == {"ok": True, "pong": 1}
+
+
+@pytest.mark.parametrize("ep,why", [
+    ("foo", 'missing ":port" after the host'),
+    ("tcp://foo", 'missing ":port" after the host'),
+    ("127.0.0.1:0", "the port must be 1..65535"),
+    ("127.0.0.1:http", "the port must be 1..65535"),
+    ("udp://127.0.0.1:5601", "unsupported transport"),
+    ("ipc://", "ipc:// needs a path"),
+    ("inproc://ctl", "inproc:// only reaches the same process"),
+    ("", "empty"),
+    ("tcp://127.0.0.1:5601 ", "contains whitespace"),
+])
+def test_ctl_bad_endpoint_says_what_it_expected(ep, why):
+    r = _ctl("-e", ep, "-t", "0.2", "ping")
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
+    assert r.stderr.startswith('beamd-ctl: bad endpoint "%s": expected tcp://HOST:PORT, '
+                               'HOST:PORT or ipc://PATH (' % ep), r.stderr
+    assert why in r.stderr, r.stderr
+    # $BEAMD_CONTROL goes through the same check.
+    e = _ctl("-t", "0.2", "ping", env=dict(os.environ, BEAMD_CONTROL=ep))
+    assert e.returncode == 2 and ('bad endpoint "%s"' % ep) in e.stderr, e.stderr
