@@ -445,6 +445,9 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TOOLS = sorted(d for d in os.listdir(os.path.join(REPO, "tools"))
                if os.path.isfile(os.path.join(REPO, "tools", d, "main.c")))
 LONGOPT = re.compile(r'\{\s*"([a-z0-9-]+)",\s*(?:no|required|optional)_argument')
+# Tools written in Python (argparse), installed from $(BUILD) like the others.
+SCRIPTS = ["beamd-pca-rebuild"]
+ARGPARSE_OPT = re.compile(r'add_argument\((?:"-\w",\s*)?"--([a-z0-9-]+)"')
 
 
 def _read(*parts):
@@ -472,6 +475,8 @@ def long_options(src):
 
 
 def tool_options(tool):
+    if tool in SCRIPTS:  # argparse adds --help itself
+        return set(ARGPARSE_OPT.findall(_read("tools", tool))) | {"help"}
     d = os.path.join("tools", tool)
     src = "".join(_read(d, f) for f in sorted(os.listdir(os.path.join(REPO, d))) if f.endswith(".c"))
     return long_options(src)
@@ -481,11 +486,11 @@ def test_tool_list_is_complete():
     # Guards the parametrisation below against a tool moved or renamed.
     assert {"beamd-ctl", "beamd-fit", "beamd-keygen", "beamd-ptycho", "beamd-record",
             "beamd-replay", "beamd-sim", "beamd-sub", "beamd-view"} <= set(TOOLS)
-    for t in TOOLS:
+    for t in TOOLS + SCRIPTS:
         assert {"help", "version"} <= tool_options(t), t
 
 
-@pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.parametrize("tool", TOOLS + SCRIPTS)
 def test_tool_version_and_help(tool):
     exe = os.path.join(BUILD, tool)
     v = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20)
@@ -507,7 +512,18 @@ def test_tool_version_and_help(tool):
     assert bad.returncode == 2, (bad.returncode, bad.stderr)
 
 
-@pytest.mark.parametrize("prog", ["beamd"] + TOOLS)
+def test_script_version_from_source_tree():
+    """Run from the source tree (VERSION = None), a Python tool reads
+    daemon/version.h, so the version is bumped in one place only."""
+    want = re.search(r'#define BEAMD_VERSION "([^"]+)"', _read("daemon", "version.h")).group(1)
+    for tool in SCRIPTS:
+        assert re.search(r"(?m)^VERSION = None$", _read("tools", tool)), tool
+        v = subprocess.run([os.path.join(REPO, "tools", tool), "--version"], capture_output=True,
+                           text=True, timeout=20)
+        assert v.returncode == 0 and v.stdout == "%s %s\n" % (tool, want), (v.stdout, v.stderr)
+
+
+@pytest.mark.parametrize("prog", ["beamd"] + TOOLS + SCRIPTS)
 def test_man_page_lists_every_option(prog):
     page = _read("man", "man1", prog + ".1")
     assert page.startswith(".\\\"") or page.startswith(".TH"), prog
