@@ -84,14 +84,16 @@ def test_checker_catches_broken_links():
 
 # --- YAML config examples ---------------------------------------------------
 #
-# Rule (also in README.md, "Development"): every ```yaml block in README.md
+# Rule (also in docs/hacking.md, "Docs"): every ```yaml block in README.md
 # and docs/*.md is a beamd configuration or a part of one, and must pass
 # `beamd --check-config`, unless its first line is `# not a config`.
 # A part is completed with etc/beamd-minimal.yaml: each top-level section
 # the block lacks (input, output, control, metrics, pool, stages) is taken
 # from there, appended after the block so that an error's line number is
 # the block's own. A block may not hold two configurations (write two
-# blocks). Absolute paths in a block (masks, keys, directories) are moved
+# blocks). A block of one stage's keys starts with `# stage: KIND`; it
+# becomes the keys of a stage of that kind (name "example", input frames),
+# the rest of the config as above. Absolute paths in a block (masks, keys, directories) are moved
 # under a temporary directory, where FIXTURES creates them as the key
 # needs (keygen for CURVE keys, a directory, a file); a path without a
 # fixture fails the test, so a new example cannot slip by unchecked.
@@ -115,7 +117,10 @@ def yaml_blocks():
                 while j < len(lines) and not FENCE.match(lines[j]):
                     j += 1
                 if m.group(1) in ("yaml", "yml"):
-                    out.append((doc, i + 2, "\n".join(lines[i + 1:j]) + "\n"))
+                    # An indented fence (in a list item) indents its body.
+                    ind = len(lines[i]) - len(lines[i].lstrip())
+                    body = [l[ind:] if l[:ind].strip() == "" else l for l in lines[i + 1:j]]
+                    out.append((doc, i + 2, "\n".join(body) + "\n"))
                 i = j
             i += 1
     return out
@@ -136,6 +141,22 @@ def sections(text):
             out[cur] += "".join(pending) + line
             pending = []
     return out
+
+
+STAGE_FRAGMENT = re.compile(r"^# stage: ([a-z0-9_]+)\s*$")
+
+
+def as_config(body):
+    """(config text, lines before the block's first line in it): a
+    `# stage: KIND` block goes into a stage of that kind."""
+    first = body.split("\n", 1)[0]
+    m = STAGE_FRAGMENT.match(first)
+    if not m:
+        return body, 0
+    keys = "".join("    " + l + "\n" if l.strip() else "\n" for l in body.split("\n")[1:])
+    head = "stages:\n  - name: example\n    kind: %s\n    input: frames\n" % m.group(1)
+    # The block's line 1 (the comment) is replaced by the 4 head lines.
+    return head + keys.rstrip("\n") + "\n", 3
 
 
 def complete(body):
@@ -207,14 +228,16 @@ def test_yaml_example_passes_check_config(doc, line, body, tmp_path):
     root = str(tmp_path / "root")
     for p in sorted(set(ABS_PATH.findall(body))):
         FIXTURES[p](root, root + p)
-    text = ABS_PATH.sub(lambda m: root + m.group(0), complete(body))
+    cfg_text, shift = as_config(body)
+    text = ABS_PATH.sub(lambda m: root + m.group(0), complete(cfg_text))
     cfg = tmp_path / "example.yaml"
     cfg.write_text(text)
     r = subprocess.run([binary("beamd"), "--check-config", str(cfg)],
                        capture_output=True, text=True, timeout=30)
     # Map the temp file's line numbers back to the doc's.
     err = re.sub(re.escape(str(cfg)) + r":(\d+):",
-                 lambda m: "%s:%d:" % (doc, line - 1 + int(m.group(1))), r.stdout + r.stderr)
+                 lambda m: "%s:%d:" % (doc, line - 1 - shift + int(m.group(1))),
+                 r.stdout + r.stderr)
     assert r.returncode == 0, "%s:%d: example fails --check-config:\n%s" % (doc, line, err)
 
 
@@ -230,6 +253,12 @@ def test_yaml_check_can_fail(tmp_path):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and "bad.yaml:1:" in r.stdout + r.stderr
     assert "stages:" in complete("input: {mode: live}\n")
+    text, shift = as_config("# stage: roi_sum\nrois: [{name: a, shape: nosuch}]\n")
+    cfg.write_text(complete(text))
+    r = subprocess.run([binary("beamd"), "--check-config", str(cfg)],
+                       capture_output=True, text=True, timeout=30)
+    # the bad value is on the block's line 2
+    assert r.returncode == 1 and "bad.yaml:%d:" % (2 + shift) in r.stdout + r.stderr, r.stderr
     with pytest.raises(AssertionError):
         complete("input: {mode: pull}\nstages: []\n# B\ninput: {mode: live}\n")
     assert ABS_PATH.findall('dark: /data/dark.h5, ep: "ipc:///tmp/x", u: tcp://h:1') \
