@@ -116,6 +116,10 @@ LIBBEAMD   := $(BUILD)/libbeamd.a
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 GPUT_BIN   := $(GPUT_SRC:tests/gpu/%.c=$(BUILD)/tests/%)
 TOOL_BIN   := $(TOOLS:%=$(BUILD)/%)
+# Tools written in Python: copied with beamd's version filled in.
+SCRIPTS    := beamd-pca-rebuild
+SCRIPT_BIN := $(SCRIPTS:%=$(BUILD)/%)
+BEAMD_VERSION := $(shell sed -n 's/^\#define BEAMD_VERSION "\(.*\)"$$/\1/p' daemon/version.h)
 BENCH_BIN  := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 TESTTOOL_BIN := $(TESTTOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%)
 TEST_COMMON_OBJ := $(TEST_COMMON:%.c=$(BUILD)/%.o)
@@ -127,7 +131,7 @@ ALL_OBJ := $(LIB_OBJ) $(DAEMON_OBJ) $(BUILD)/daemon/main.o $(TEST_COMMON_OBJ) $(
            $(TESTTOOL_SRC:%.c=$(BUILD)/%.o)
 
 .PHONY: all check check-unit check-integration check-tsan soak check-gpu check-gpu-emu bench fuzz deps demo install clean print-config
-all: $(BUILD)/beamd $(TOOL_BIN) $(UNIT_BIN) $(GPUT_BIN) $(BENCH_BIN) $(TESTTOOL_BIN)
+all: $(BUILD)/beamd $(TOOL_BIN) $(SCRIPT_BIN) $(UNIT_BIN) $(GPUT_BIN) $(BENCH_BIN) $(TESTTOOL_BIN)
 
 # Rebuild everything when flags change (Redis .make-settings idea).
 FLAGS_STAMP := $(BUILD)/.flags
@@ -191,6 +195,12 @@ $(BUILD)/beamd: $(BUILD)/daemon/main.o $(LIBBEAMD) $(LIBBEAM)
 .SECONDEXPANSION:
 $(TOOL_BIN): $(BUILD)/%: $$(foreach f,$$(wildcard tools/$$*/*.c),$(BUILD)/$$(basename $$(f)).o) $(TOOL_COMMON_OBJ) $(LIBBEAMD) $(LIBBEAM)
 	$(LINK)
+
+$(SCRIPT_BIN): $(BUILD)/%: tools/% daemon/version.h
+	@mkdir -p $(@D)
+	sed 's/^VERSION = None$$/VERSION = "$(BEAMD_VERSION)"/' $< > $@.tmp
+	grep -q '^VERSION = "$(BEAMD_VERSION)"$$' $@.tmp
+	chmod 755 $@.tmp && mv $@.tmp $@
 
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(TEST_COMMON_OBJ) $(LIBBEAMD) $(LIBBEAM)
 	$(LINK) -lcmocka
@@ -353,10 +363,10 @@ MANDIR      := $(PREFIX)/share/man/man1
 MAN_FILES   := $(notdir $(wildcard man/man1/*.1))
 
 .PHONY: uninstall
-install: $(BUILD)/beamd $(TOOL_BIN)
+install: $(BUILD)/beamd $(TOOL_BIN) $(SCRIPT_BIN)
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)/etc/beamd $(DESTDIR)$(UNITDIR) \
 	  $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR)/docs $(DESTDIR)$(VIEWDIR) $(DESTDIR)$(MANDIR)
-	install -m 755 $(BUILD)/beamd $(TOOL_BIN) $(DESTDIR)$(BINDIR)/
+	install -m 755 $(BUILD)/beamd $(TOOL_BIN) $(SCRIPT_BIN) $(DESTDIR)$(BINDIR)/
 	install -m 644 $(MAN_FILES:%=man/man1/%) $(DESTDIR)$(MANDIR)/
 	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' systemd/beamd.service.in \
 	  > $(DESTDIR)$(UNITDIR)/beamd.service.tmp
@@ -382,7 +392,7 @@ install: $(BUILD)/beamd $(TOOL_BIN)
 # perhaps edited) and data; a beamd.yaml.new still equal to the minimal
 # config goes. The service user stays (files may still belong to it).
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/beamd $(TOOLS:%=$(DESTDIR)$(BINDIR)/%)
+	rm -f $(DESTDIR)$(BINDIR)/beamd $(TOOLS:%=$(DESTDIR)$(BINDIR)/%) $(SCRIPTS:%=$(DESTDIR)$(BINDIR)/%)
 	rm -f $(DESTDIR)$(UNITDIR)/beamd.service $(DESTDIR)$(SYSUSERSDIR)/beamd.conf
 	rm -f $(DESTDIR)$(DOCDIR)/beamd.yaml.example $(DESTDIR)$(DOCDIR)/README.md \
 	  $(DOC_FILES:%=$(DESTDIR)$(DOCDIR)/docs/%) $(VIEW_FILES:%=$(DESTDIR)$(VIEWDIR)/%)

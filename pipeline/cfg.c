@@ -520,7 +520,7 @@ static const char *hostport_why(const char *s) {
   return port_why(colon + 1);
 }
 
-static const char *endpoint_why(const char *s) {
+const char *beam_cfg_endpoint_why(const char *s) {
   if (!s[0])
     return NULL; /* disabled */
   if (strlen(s) > ENDPOINT_MAX_LEN)
@@ -739,7 +739,7 @@ static int convert_scalar(vctx_t *vc, beam_cnode_t *v, const beam_param_t *p,
     break;
   }
   case BEAM_P_ENDPOINT: {
-    const char *why = endpoint_why(s);
+    const char *why = beam_cfg_endpoint_why(s);
     if (why) {
       verr(vc, v, "%s: invalid endpoint \"%s\": %s", path, q, why);
       return -1;

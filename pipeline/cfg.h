@@ -133,6 +133,10 @@ typedef struct beam_cfg_endpoint_s {
   const beam_cnode_t *node;
 } beam_cfg_endpoint_t;
 int beam_cfg_endpoint(const beam_cnode_t *v, beam_cfg_endpoint_t *out);
+/* Why the endpoint string s is not one beamd accepts (tcp://host:port,
+ * ipc://path, inproc://name; "" = disabled), or NULL when it is. The one
+ * rule set for the schema and the tools (beamd-ctl). */
+const char *beam_cfg_endpoint_why(const char *s);
 /* Sequences: length (0 when not a sequence) and item i. */
 size_t beam_cfg_len(const beam_cnode_t *seq);
 const beam_cnode_t *beam_cfg_at(const beam_cnode_t *seq, size_t i);

@@ -9,7 +9,7 @@ bitshuffle hdf5-filter-plugin
 libpng-dev libwebsockets-dev libwebsockets-evlib-uv libopenmpi-dev openmpi-bin chromium
 python3 python3-zmq python3-numpy python3-pytest python3-h5py python3-lz4 python3-matplotlib python3-pil
 python3-cbor2 python3-zstandard libmd-dev libmsgpack-dev python3-msgpack python3-scipy
-python3-pyfai"
+python3-pyfai python3-xarray"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

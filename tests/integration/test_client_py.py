@@ -3,7 +3,9 @@ real daemon: every dtype and shape the protocol allows round-trips through
 Publisher -> Subscriber; results from beamd arrive as numpy arrays with
 their descriptors; Control drives the control endpoint; ReplayServer feeds
 beamd's replay input losslessly; LivePlot picks its view from descriptors;
-the package installs with pip offline."""
+g2_with_lags joins an xpcs_multitau stage's g2 with its lag times and
+to_xarray labels a result; the package installs with pip offline and
+leaves its source tree as it was."""
 
 import os
 import subprocess
@@ -16,7 +18,8 @@ import zmq
 from conftest import REPO, free_ports, make_config, roi_masks  # noqa: F401
 
 from beamd import proto
-from beamd_client import Control, ControlError, Publisher, ReplayServer, Result, Subscriber
+from beamd_client import (Control, ControlError, Publisher, ReplayServer, Result, SeriesEvent,
+                          Subscriber, g2_with_lags, to_xarray)
 
 DTYPES = [d for d in proto.DTYPES if d != "none"]
 SHAPES = [(7,), (1,), (3, 5), (1, 1), (2, 3, 4), (2, 1, 3, 2), (33, 17)]
@@ -179,17 +182,145 @@ def test_live_plot_chooses_views_from_descriptors():
     assert lp2.update(0) and len(lp2.fig.axes) == 4  # magnitude, phase + colour bars
 
 
+def _tree(root):
+    return sorted(os.path.relpath(os.path.join(d, n), root)
+                  for d, dirs, names in os.walk(root) for n in dirs + names)
+
+
 def test_pip_installs_offline(tmp_path):
+    """From a copy of tools/python (so a failure cannot dirty the checkout):
+    the install works offline and writes nothing into the source tree (no
+    build/, no *.egg-info: tools/python/build_backend.py builds on a copy)."""
+    import shutil
+    src = tmp_path / "src"
+    shutil.copytree(os.path.join(REPO, "tools", "python"), src,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    before = _tree(src)
     target = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
-                        "--no-index", "--target", str(target), os.path.join(REPO, "tools", "python")],
+                        "--no-index", "--target", str(target), str(src)],
                        capture_output=True, text=True, timeout=120)
     if r.returncode != 0 and "No module named pip" in r.stderr:
         pytest.skip("pip is not installed")
     assert r.returncode == 0, r.stderr
+    assert _tree(src) == before, sorted(set(_tree(src)) - set(before))
+    assert sorted(os.listdir(target)) == ["beamd", "beamd_client", "beamd_client-1.0.0.dist-info"]
     code = ("import sys; sys.path.insert(0, %r); import beamd_client, beamd; "
             "print(beamd_client.__file__)" % str(target))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=str(tmp_path), timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith(str(target))
+
+
+# ---- g2 with its lags, xarray ------------------------------------------------------
+
+MT_LABELS = (2, 5, 9)
+MT_LEVELS, MT_NB = 3, 4
+
+
+def _multi_tau_lags(levels, nb):
+    """skbeam.core.utils.multi_tau_lags, in frames."""
+    lags = list(range(nb))
+    for lev in range(1, levels):
+        lags += [(nb // 2 + j) * 2 ** lev for j in range(nb // 2)]
+    return np.array(lags, np.float64)
+
+
+def _g2_series(tmp_path, ports, start_beamd, zctx, meta):
+    lab = np.zeros((12, 10), np.int32)
+    lab[:4], lab[4:8], lab[8:] = MT_LABELS
+    np.save(tmp_path / "labels.npy", lab)
+    st = {"name": "mt", "kind": "xpcs_multitau", "backend": "cpu", "levels": MT_LEVELS,
+          "buffers": MT_NB, "publish_every": 0, "rois": {"file": str(tmp_path / "labels.npy")}}
+    start_beamd(make_config(ports, [st], mode="pull", push=True))
+    frames = np.random.default_rng(5).poisson(4.0, (40, 12, 10)).astype(np.uint16)
+    out = []
+    with Subscriber(ports.ep_push, pull=True, series=True, context=zctx) as sub, \
+            Publisher(ports.ep_input, kind="push", context=zctx) as pub:
+        pub.series(frames, series_id=3, meta=meta)
+        for r in sub.results(timeout=10):
+            if isinstance(r, SeriesEvent) and r.kind == "end":
+                break
+            if isinstance(r, Result):
+                out.append(r)
+    return out
+
+
+def test_g2_with_lags_from_beamd(tmp_path, ports, start_beamd, zctx):
+    res = _g2_series(tmp_path, ports, start_beamd, zctx, {"frame_time": 0.002})
+    final = {r.topic: r for r in res if r.final}
+    assert {"mt.g2", "mt.lags"} <= set(final), sorted(final)
+    c = g2_with_lags(res)  # the newest per topic: the FINAL publish
+    assert c.stage == "mt" and c.final and c.series_id == 3 and c.lag_units == "s"
+    rows = final["mt.g2"].array.shape[0]
+    assert rows == len(_multi_tau_lags(MT_LEVELS, MT_NB))
+    np.testing.assert_allclose(c.lags, _multi_tau_lags(MT_LEVELS, MT_NB) * 0.002, rtol=1e-15)
+    assert c.rois == list(MT_LABELS) and c.g2.shape == (rows, 3)
+    curves = c.curves()
+    assert list(curves) == list(MT_LABELS)
+    for i, roi in enumerate(MT_LABELS):
+        tau, g = curves[roi]
+        assert tau is c.lags
+        assert np.array_equal(g, final["mt.g2"].array[:, i])
+    assert g2_with_lags(final, stage="mt").g2.tolist() == c.g2.tolist()
+
+
+def test_g2_with_lags_in_frames_without_frame_time(tmp_path, ports, start_beamd, zctx):
+    res = _g2_series(tmp_path, ports, start_beamd, zctx, {})
+    c = g2_with_lags(res)
+    assert c.lag_units == "frames"
+    assert c.lags.tolist() == _multi_tau_lags(MT_LEVELS, MT_NB).tolist()
+    s = g2_with_lags(res, frame_time=0.5)
+    assert s.lag_units == "s" and s.lags.tolist() == (c.lags * 0.5).tolist()
+
+
+def _res(topic, a, desc, frame_id=7, flags=proto.FLAG_FINAL):
+    h = proto.Header(type=proto.RESULT, series_id=1, frame_id=frame_id, flags=flags)
+    return Result(topic, h, np.asarray(a), desc, 0.0)
+
+
+def test_g2_with_lags_refuses_what_does_not_fit():
+    g2 = _res("a.g2", np.ones((3, 2)), {"axes": ["lag", "roi"], "labels": [4, 8]})
+    lags = _res("a.lags", [0.0, 1.0, 2.0, 3.0], {"units": "s"})  # pairs rows: one more
+    c = g2_with_lags({"a.g2": g2, "a.lags": lags})
+    assert c.lags.tolist() == [0.0, 1.0, 2.0] and c.rois == [4, 8]
+    t = g2_with_lags([_res("a.g2", np.ones((2, 3)), {"axes": ["roi", "lag"]}), lags])
+    assert t.g2.shape == (3, 2) and t.rois == [0, 1]
+    with pytest.raises(ValueError, match="different publishes"):
+        g2_with_lags([g2, _res("a.lags", [0.0, 1.0, 2.0], {}, frame_id=6)])
+    with pytest.raises(ValueError, match="no a.lags"):
+        g2_with_lags([g2])
+    with pytest.raises(ValueError, match="2 lags for 3 g2 rows"):
+        g2_with_lags([g2, _res("a.lags", [0.0, 1.0], {})])
+    with pytest.raises(ValueError, match="several stages"):
+        g2_with_lags([g2, lags, _res("b.g2", np.ones((3, 2)), {})])
+    with pytest.raises(ValueError, match="no <stage>.g2"):
+        g2_with_lags([lags])
+
+
+def test_to_xarray_labels_axes():
+    xr = pytest.importorskip("xarray")
+    r = _res("vd.sums", [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]],
+             {"axes": ["t", "roi"], "labels": ["all", "corner"], "units": "counts"})
+    d = to_xarray(r)
+    assert isinstance(d, xr.DataArray) and d.dims == ("t", "roi") and d.name == "vd.sums"
+    assert d.coords["roi"].values.tolist() == ["all", "corner"] and "t" not in d.coords
+    assert d.sel(roi="corner").values.tolist() == [2.0, 4.0, 6.0]
+    assert d.attrs["units"] == "counts" and d.attrs["final"] is True
+    assert to_xarray(_res("x.y", np.zeros((2, 2, 2)), {})).dims == ("dim_0", "dim_1", "dim_2")
+    g = g2_with_lags([_res("a.g2", [[1.5, 1.2], [1.1, 1.0]], {"axes": ["lag", "roi"],
+                                                           "labels": [4, 8]}),
+                      _res("a.lags", [0.0, 0.01], {"units": "s"})]).to_xarray()
+    assert g.dims == ("lag", "roi") and g.sel(roi=8, lag=0.01).item() == 1.0
+    assert g.attrs["lag_units"] == "s"
+
+
+def test_to_xarray_without_xarray_says_what_to_install():
+    code = ("import sys; sys.modules['xarray'] = None; sys.path.insert(0, %r); "
+            "import numpy as np; from beamd_client import to_xarray\n"
+            "try:\n    to_xarray(None)\nexcept ImportError as e:\n    print(e)"
+            % os.path.join(REPO, "tools", "python"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "needs xarray" in r.stdout and "python3-xarray" in r.stdout

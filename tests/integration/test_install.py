@@ -21,6 +21,8 @@ from conftest import BUILD, REPO, binary
 
 TOOLS = sorted(d for d in os.listdir(os.path.join(REPO, "tools"))
                if os.path.isfile(os.path.join(REPO, "tools", d, "main.c")))
+# Tools written in Python, installed from $(BUILD) with the version filled in.
+SCRIPTS = ["beamd-pca-rebuild"]
 
 
 def build_vars():
@@ -59,13 +61,15 @@ def test_install_and_uninstall(tmp_path):
     assert not re.search(r"^cc .* -c ", out, re.M), \
         "install compiled something (was %s out of date? run make first):\n%s" % (BUILD, out)
 
-    for prog in ["beamd"] + TOOLS:
+    for prog in ["beamd"] + TOOLS + SCRIPTS:
         p = dest / "usr/bin" / prog
         assert p.is_file() and os.access(str(p), os.X_OK), prog
+    for prog in SCRIPTS:
+        assert '\nVERSION = None\n' not in (dest / "usr/bin" / prog).read_text(), prog
 
     # A man page per program, as in man/man1.
     groff = shutil.which("groff")
-    for prog in ["beamd"] + TOOLS:
+    for prog in ["beamd"] + TOOLS + SCRIPTS:
         page = dest / "usr/share/man/man1" / (prog + ".1")
         assert page.is_file(), page
         assert filecmp.cmp(str(page), os.path.join(REPO, "man", "man1", prog + ".1"), shallow=False)
@@ -76,7 +80,7 @@ def test_install_and_uninstall(tmp_path):
                                capture_output=True, text=True, timeout=30)
             assert r.returncode == 0 and r.stderr == "", (prog, r.stderr)
     assert sorted(os.listdir(dest / "usr/share/man/man1")) == sorted(
-        p + ".1" for p in ["beamd"] + TOOLS)
+        p + ".1" for p in ["beamd"] + TOOLS + SCRIPTS)
 
     # The unit, generated for PREFIX=/usr.
     unit = (dest / "lib/systemd/system/beamd.service").read_text()

@@ -445,6 +445,9 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TOOLS = sorted(d for d in os.listdir(os.path.join(REPO, "tools"))
                if os.path.isfile(os.path.join(REPO, "tools", d, "main.c")))
 LONGOPT = re.compile(r'\{\s*"([a-z0-9-]+)",\s*(?:no|required|optional)_argument')
+# Tools written in Python (argparse), installed from $(BUILD) like the others.
+SCRIPTS = ["beamd-pca-rebuild"]
+ARGPARSE_OPT = re.compile(r'add_argument\((?:"-\w",\s*)?"--([a-z0-9-]+)"')
 
 
 def _read(*parts):
@@ -472,6 +475,8 @@ def long_options(src):
 
 
 def tool_options(tool):
+    if tool in SCRIPTS:  # argparse adds --help itself
+        return set(ARGPARSE_OPT.findall(_read("tools", tool))) | {"help"}
     d = os.path.join("tools", tool)
     src = "".join(_read(d, f) for f in sorted(os.listdir(os.path.join(REPO, d))) if f.endswith(".c"))
     return long_options(src)
@@ -481,11 +486,11 @@ def test_tool_list_is_complete():
     # Guards the parametrisation below against a tool moved or renamed.
     assert {"beamd-ctl", "beamd-fit", "beamd-keygen", "beamd-ptycho", "beamd-record",
             "beamd-replay", "beamd-sim", "beamd-sub", "beamd-view"} <= set(TOOLS)
-    for t in TOOLS:
+    for t in TOOLS + SCRIPTS:
         assert {"help", "version"} <= tool_options(t), t
 
 
-@pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.parametrize("tool", TOOLS + SCRIPTS)
 def test_tool_version_and_help(tool):
     exe = os.path.join(BUILD, tool)
     v = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20)
@@ -507,7 +512,18 @@ def test_tool_version_and_help(tool):
     assert bad.returncode == 2, (bad.returncode, bad.stderr)
 
 
-@pytest.mark.parametrize("prog", ["beamd"] + TOOLS)
+def test_script_version_from_source_tree():
+    """Run from the source tree (VERSION = None), a Python tool reads
+    daemon/version.h, so the version is bumped in one place only."""
+    want = re.search(r'#define BEAMD_VERSION "([^"]+)"', _read("daemon", "version.h")).group(1)
+    for tool in SCRIPTS:
+        assert re.search(r"(?m)^VERSION = None$", _read("tools", tool)), tool
+        v = subprocess.run([os.path.join(REPO, "tools", tool), "--version"], capture_output=True,
+                           text=True, timeout=20)
+        assert v.returncode == 0 and v.stdout == "%s %s\n" % (tool, want), (v.stdout, v.stderr)
+
+
+@pytest.mark.parametrize("prog", ["beamd"] + TOOLS + SCRIPTS)
 def test_man_page_lists_every_option(prog):
     page = _read("man", "man1", prog + ".1")
     assert page.startswith(".\\\"") or page.startswith(".TH"), prog
@@ -615,3 +631,57 @@ def test_describe_stage_unknown_kind():
     assert 'unknown stage kind "nope"' in r.stderr
     for k in expected_kinds():
         assert re.search(r"\b%s\b" % k, r.stderr), (k, r.stderr)
+
+
+# ---- beamd-ctl endpoints --------------------------------------------------------
+# A bare HOST:PORT is tcp://HOST:PORT; a malformed endpoint is refused before
+# any socket is made, saying what was expected, with the daemon's own reason.
+
+CTL = os.path.join(BUILD, "beamd-ctl")
+
+
+def _ctl(*args, env=None):
+    return subprocess.run([CTL] + list(args), capture_output=True, text=True, timeout=20,
+                          env=env)
+
+
+@pytest.mark.parametrize("ep", ["tcp://127.0.0.1:%d", "127.0.0.1:%d", "localhost:%d"])
+def test_ctl_bare_host_port_is_tcp(ep):
+    port = free_port()
+    ctx = zmq.Context.instance()
+    rep = ctx.socket(zmq.REP)
+    rep.setsockopt(zmq.LINGER, 0)
+    rep.bind("tcp://127.0.0.1:%d" % port)
+    try:
+        p = subprocess.Popen([CTL, "-e", ep % port, "-t", "10", "ping"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        assert rep.poll(10000), "beamd-ctl never sent its command"
+        assert rep.recv() == b"ping"
+        rep.send(b'{"ok": true, "pong": 1}')
+        out, err = p.communicate(timeout=10)
+    finally:
+        rep.close()
+    assert p.returncode == 0, err
+    assert json.loads(out) == {"ok": True, "pong": 1}
+
+
+@pytest.mark.parametrize("ep,why", [
+    ("foo", 'missing ":port" after the host'),
+    ("tcp://foo", 'missing ":port" after the host'),
+    ("127.0.0.1:0", "the port must be 1..65535"),
+    ("127.0.0.1:http", "the port must be 1..65535"),
+    ("udp://127.0.0.1:5601", "unsupported transport"),
+    ("ipc://", "ipc:// needs a path"),
+    ("inproc://ctl", "inproc:// only reaches the same process"),
+    ("", "empty"),
+    ("tcp://127.0.0.1:5601 ", "contains whitespace"),
+])
+def test_ctl_bad_endpoint_says_what_it_expected(ep, why):
+    r = _ctl("-e", ep, "-t", "0.2", "ping")
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
+    assert r.stderr.startswith('beamd-ctl: bad endpoint "%s": expected tcp://HOST:PORT, '
+                               'HOST:PORT or ipc://PATH (' % ep), r.stderr
+    assert why in r.stderr, r.stderr
+    # $BEAMD_CONTROL goes through the same check.
+    e = _ctl("-t", "0.2", "ping", env=dict(os.environ, BEAMD_CONTROL=ep))
+    assert e.returncode == 2 and ('bad endpoint "%s"' % ep) in e.stderr, e.stderr

@@ -11,13 +11,38 @@
 #include <jansson.h>
 #include <zmq.h>
 
+#include "pipeline/cfg.h"
 #include "tools/common/cli.h"
 #include "tools/common/curve_opt.h"
 
+#define EP_EXPECTED "expected tcp://HOST:PORT, HOST:PORT or ipc://PATH"
+
+/* A bare HOST:PORT means tcp://HOST:PORT; the rest is checked by the
+ * daemon's own endpoint rules (beam_cfg_endpoint_why) so that what the
+ * config accepts, beamd-ctl accepts. inproc:// cannot reach another
+ * process, and "" (a disabled endpoint in the config) reaches nothing. */
+static int control_endpoint(const char *arg, char *out, size_t outlen) {
+  const char *why = NULL;
+  if (!arg[0])
+    why = "empty";
+  else if (!strncmp(arg, "inproc://", 9))
+    why = "inproc:// only reaches the same process";
+  else if ((size_t)snprintf(out, outlen, "%s%s", strstr(arg, "://") ? "" : "tcp://", arg) >= outlen)
+    why = "too long";
+  else
+    why = beam_cfg_endpoint_why(out);
+  if (why) {
+    fprintf(stderr, "beamd-ctl: bad endpoint \"%s\": " EP_EXPECTED " (%s)\n", arg, why);
+    return -1;
+  }
+  return 0;
+}
+
 static void usage(FILE *f) {
   fprintf(f, "usage: beamd-ctl [-e ENDPOINT] [-t SECONDS] [--pretty] status|stats|reload|stop|ping\n"
-             "  -e, --endpoint EP   control endpoint (default tcp://127.0.0.1:5601,\n"
-             "                      or $BEAMD_CONTROL)\n"
+             "  -e, --endpoint EP   control endpoint: tcp://HOST:PORT, HOST:PORT (= tcp://)\n"
+             "                      or ipc://PATH (default tcp://127.0.0.1:5601, or\n"
+             "                      $BEAMD_CONTROL)\n"
              "  -t, --timeout S     seconds to wait for the reply (default 5)\n"
              "  -p, --pretty        indent the JSON reply\n" TOOL_CURVE_USAGE
              "  -h, --help          this text\n" TOOL_VERSION_USAGE);
@@ -56,6 +81,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *cmd = argv[optind];
+  char epbuf[512];
+  if (control_endpoint(ep, epbuf, sizeof epbuf) != 0)
+    return 2;
+  ep = epbuf;
   void *ctx = zmq_ctx_new();
   void *s = zmq_socket(ctx, ZMQ_REQ);
   int ms = (int)(timeout * 1000), zero = 0;
