@@ -4,7 +4,7 @@
   params [param, y, x]) comes with every plane, one array per label, each
   downsampled like an image; a categorical image (integer dtype, string
   labels: a fit's status) is downsampled by the block maximum even when
-  --downsample is mean; an unlabelled 3-D array still sends plane 0 only.
+  --downsample is mean; an unlabelled 3-D array sends every plane, named by index.
 - the page with hand-made maps (NaN, outliers, every status code): planes
   selectable by label, 1-99 % colour limits (numpy's percentiles), NaN in
   its own colour, status as categories with counts, the pixel readout of
@@ -115,9 +115,10 @@ def test_labelled_stack_and_categorical_display_forms(run_tool, pub):
     h, a = got["fx.status"]
     assert h["data"]["categorical"] is True and h["data"]["downsample"] == "max"
     np.testing.assert_array_equal(a, block_reduce(status.astype(np.float32), 3, use_max=True))
-    h, a = got["other.stack"]
-    assert h["data"]["stack"] is False and len(h["data"]["arrays"]) == 1
-    np.testing.assert_allclose(a, block_reduce(plain[0], 3), rtol=1e-6, atol=1e-6)
+    h, a = got["other.stack"]  # unlabelled: every plane too, named by index
+    assert h["data"]["stack"] is True and [x["name"] for x in h["data"]["arrays"]] == ["0", "1", "2"]
+    for k in range(3):
+        np.testing.assert_allclose(a[k], block_reduce(plain[k], 3), rtol=1e-6, atol=1e-6)
 
 
 # ---- the page, hand-made maps -------------------------------------------------------

@@ -3,18 +3,19 @@
  * Every numeric dtype becomes float32 (a browser draws 8-bit colours; the
  * float keeps the values for a fixed colour range and for plots). Complex
  * arrays become two planes, magnitude and phase. Arrays of more than two
- * dimensions show their first plane (the last two axes). Images larger
+ * dimensions show their first plane (the last two axes), but for stacks. Images larger
  * than max_side are block-downsampled by one integer factor on both axes
  * (so the aspect ratio stays), curve-like 2-D arrays (one side <= 64) only
  * along their long side, so curves are never mixed together.
  *
- * Two forms follow the result descriptor, both made for the fit stage's
- * maps but not tied to it: a labelled stack (3-D, the descriptor's labels
- * name the planes, as a fit's params [param][y][x] are named by parameter)
- * sends every plane, one array per label, so a browser can switch planes
- * without asking; a categorical image (integer dtype whose labels are
- * strings, as a fit's status codes) is downsampled by the block maximum
- * whatever --downsample says, because a mean of codes is no code. */
+ * Two forms follow the result descriptor: a stack (any 3-D array of up to
+ * STACK_MAX planes: a fit's params [param][y][x], c2 per ROI, probe modes)
+ * sends every plane, one array each (two for complex ones), named by the
+ * descriptor's labels of the first axis when it has them, else by index,
+ * so a browser can switch planes without asking; a categorical image
+ * (integer dtype whose labels are strings, as a fit's status codes) is
+ * downsampled by the block maximum whatever --downsample says, because a
+ * mean of codes is no code. */
 #include <complex.h>
 #include <math.h>
 #include <stdlib.h>
@@ -28,7 +29,7 @@
 #define CURVE_SIDE 64     /* 2-D arrays with a side this small are curves */
 #define CURVE_MAX 65536   /* longest curve sent as is */
 #define RAW_HEX_BYTES 64  /* bytes of a bad message shown in hex */
-#define STACK_MAX 16      /* a labelled stack of up to this many planes is sent whole, */
+#define STACK_MAX 64      /* a 3-D array of up to this many planes is sent whole, */
 #define STACK_VALUES (1u << 22) /* when its display form is at most this many values (16 MiB) */
 
 /* ---- messages -------------------------------------------------------------- */
@@ -260,6 +261,12 @@ static view_msg_t *build_doc(const char *topic, const beam_msg_t *m, const void 
   else if (m->meta)
     doc = json_loadb(m->meta, m->meta_len, 0, NULL);
   json_object_set_new(o, "doc", doc ? doc : json_null());
+  /* A SERIES_START's header shape is the frame geometry (PROTOCOL.md §7):
+   * the page needs it to know which images are detector frames. */
+  if (m->hdr.type != BEAM_MSG_RESULT && m->hdr.ndim) {
+    json_object_set_new(o, "dtype", json_string(beam_dtype_name((beam_dtype_t)m->hdr.dtype)));
+    json_object_set_new(o, "shape", shape_json(m->hdr.shape, m->hdr.ndim));
+  }
   view_msg_t *r = view_msg_new(o, NULL, 0);
   json_decref(o);
   return r;
@@ -290,10 +297,19 @@ view_msg_t *view_disp_build(const view_opts_t *opt, const char *topic, const bea
   }
   size_t n = h->ndim ? (size_t)dh * dw : 0;
   int cplx = h->dtype == BEAM_DT_C64 || h->dtype == BEAM_DT_C128;
-  /* A labelled stack: every plane goes, named by its label. */
+  /* A stack: every plane goes, named by the labels of its first axis
+   * (a list of one label per plane, or {"<axis 0>": [...]}) or its index. */
   json_t *labels = desc ? json_object_get(desc, "labels") : NULL;
-  int stack = h->ndim == 3 && !cplx && json_is_array(labels) && planes > 1 &&
-              planes <= STACK_MAX && json_array_size(labels) == planes;
+  json_t *plabels = NULL;
+  if (json_is_array(labels) && json_array_size(labels) == planes)
+    plabels = labels;
+  else if (json_is_object(labels) && desc) {
+    const char *ax0 = json_string_value(json_array_get(json_object_get(desc, "axes"), 0));
+    json_t *l = ax0 && *ax0 ? json_object_get(labels, ax0) : NULL;
+    if (json_is_array(l) && json_array_size(l) == planes)
+      plabels = l;
+  }
+  int stack = h->ndim == 3 && planes > 1 && planes <= STACK_MAX;
   int categorical = h->ndim == 2 && !cplx && h->dtype >= BEAM_DT_U8 && h->dtype <= BEAM_DT_I64 &&
                     json_is_array(labels) && json_array_size(labels) > 0 &&
                     json_is_string(json_array_get(labels, 0));
@@ -312,10 +328,10 @@ view_msg_t *view_disp_build(const view_opts_t *opt, const char *topic, const bea
   }
   uint32_t oh = (dh + fy - 1) / fy, ow = (dw + fx - 1) / fx;
   size_t on = h->ndim ? (size_t)oh * ow : 0;
-  if (stack && (uint64_t)oh * ow * planes > STACK_VALUES)
-    stack = 0; /* too big to send whole: plane 0, as any other stack */
+  if (stack && (uint64_t)oh * ow * planes * (cplx ? 2 : 1) > STACK_VALUES)
+    stack = 0; /* too big to send whole: plane 0 only */
   /* nin planes of the source go in, nplanes arrays come out. */
-  unsigned nin = stack ? (unsigned)planes : 1, nplanes = cplx ? 2 : nin;
+  unsigned nin = stack ? (unsigned)planes : 1, nplanes = cplx ? 2 * nin : nin;
   float *tmp = NULL, *tmp2 = NULL;
   void *pay = NULL;
   view_msg_t *r = NULL;
@@ -340,8 +356,6 @@ view_msg_t *view_disp_build(const view_opts_t *opt, const char *topic, const bea
     tmp = malloc(n * sizeof(float) * (cplx ? 2 : 1));
     if (!tmp)
       goto out;
-    if (cplx)
-      to_c32(data, (beam_dtype_t)h->dtype, 0, n, tmp, tmp + n);
     json_object_set_new(o, "data", view);
     json_object_set_new(view, "arrays", arrays);
     view = arrays = NULL;
@@ -351,12 +365,16 @@ view_msg_t *view_disp_build(const view_opts_t *opt, const char *topic, const bea
     if (!tmp2)
       goto out;
     if (cplx) {
-      if (ds) {
-        downsample_cplx(tmp, tmp + n, dh, dw, fy, fx, use_max, tmp2, tmp2 + on);
-      } else {
-        for (size_t i = 0; i < n; i++) {
-          tmp2[i] = hypotf(tmp[i], tmp[n + i]);
-          tmp2[on + i] = atan2f(tmp[n + i], tmp[i]);
+      for (unsigned k = 0; k < nin; k++) {
+        float *mag = tmp2 + 2 * k * on, *ph = mag + on;
+        to_c32(data, (beam_dtype_t)h->dtype, k * n, n, tmp, tmp + n);
+        if (ds) {
+          downsample_cplx(tmp, tmp + n, dh, dw, fy, fx, use_max, mag, ph);
+        } else {
+          for (size_t i = 0; i < n; i++) {
+            mag[i] = hypotf(tmp[i], tmp[n + i]);
+            ph[i] = atan2f(tmp[n + i], tmp[i]);
+          }
         }
       }
     } else {
@@ -373,14 +391,19 @@ view_msg_t *view_disp_build(const view_opts_t *opt, const char *topic, const bea
     json_t *arr = json_object_get(json_object_get(o, "data"), "arrays");
     if (stack) {
       for (unsigned k = 0; k < nin; k++) {
-        json_t *l = json_array_get(labels, k);
+        json_t *l = plabels ? json_array_get(plabels, k) : NULL;
         char num[32];
         const char *nm = json_string_value(l);
         if (!nm) {
           snprintf(num, sizeof num, "%g", json_is_number(l) ? json_number_value(l) : (double)k);
           nm = num;
         }
-        json_array_append_new(arr, plane_stats(nm, tmp2 + k * on, on));
+        for (unsigned part = 0; part < (cplx ? 2u : 1u); part++) {
+          json_t *st = plane_stats(nm, tmp2 + (cplx ? 2 * k + part : k) * on, on);
+          if (cplx)
+            json_object_set_new(st, "part", json_string(part ? "phase" : "magnitude"));
+          json_array_append_new(arr, st);
+        }
       }
     } else {
       json_array_append_new(arr, plane_stats(cplx ? "magnitude" : "value", tmp2, on));

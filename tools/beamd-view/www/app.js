@@ -32,7 +32,7 @@
     latencies: [],          // ms, published -> drawn
     connected: false, unacked: 0, lastResultAt: 0, messages: 0, bytes: 0,
     rates: { t: [], fps: [], rps: [], drops: [] },
-    series: [], hist: {}, closedByUser: new Set(), autoDone: new Set(),
+    series: [], seriesInfo: new Map(), hist: {}, closedByUser: new Set(), autoDone: new Set(),
     errors: [],
   };
   window.beamdView = S;
@@ -88,6 +88,7 @@
   /* NaN is drawn in a colour its map does not have: mid grey, magenta on gray. */
   const NAN_RGB = { gray: [255, 0, 255] };
   const nanRGB = (cmap) => NAN_RGB[cmap] || [128, 128, 128];
+  S.luts = LUTS; S.nanRGB = nanRGB; // for tests: the NaN colour is in no map's range
   /* Categories (integer images whose descriptor labels name the values):
    * the fit status codes by name, anything else from the curve colours. */
   const STATUS_RGB = {
@@ -109,6 +110,7 @@
 
   /* ---- what a topic is: the view chosen from its descriptor -------------- */
   function isLagAxis(name) { return /^(lag|tau|delay|dt)$/i.test(name || ''); }
+  function isIterAxis(name) { return /^(iteration|iter|epoch|step)$/i.test(name || ''); }
   function viewKind(t) {
     if (!t) return 'raw';
     if (!t.ok) return 'raw';
@@ -235,10 +237,15 @@
     part.append(new Option('magnitude', '0'), new Option('phase', '1'));
     p.opts.part = control(p, 'part', part);
     p.opts.part.parentNode.style.display = 'none';
-    /* Planes of a labelled stack (a fit's parameters), by label. */
+    /* Planes of a stack (a fit's parameters, c2 per ROI, probe modes): a
+     * select by label (or index) and a slider to step through them. */
     const plane = el('select');
     p.opts.plane = control(p, 'plane', plane);
     p.opts.plane.parentNode.style.display = 'none';
+    const slide = el('input'); slide.type = 'range'; slide.min = '0'; slide.step = '1'; slide.value = '0';
+    p.opts.planeSlider = slide;
+    plane.parentNode.append(' ', slide);
+    slide.oninput = () => { plane.value = slide.value; if (p.last) p.pending = p.last; };
     /* Autoscale limits: min-max, or percentiles, which failed fits'
      * outliers cannot stretch (the default for fit maps). */
     const lim = el('select');
@@ -318,13 +325,114 @@
     const v = p.img.plane[iy * p.img.w + ix];
     const f = p.img.factor;
     const cat = p.img.categories;
-    p.hoverText = 'x ' + ix * f[1] + ', y ' + iy * f[0] + ': ' +
+    p.hoverText = 'x ' + ix * f[1] + ', y ' + iy * f[0] + physText(p, ix * f[1], iy * f[0]) + ': ' +
       (cat && v === v && cat[v] !== undefined ? cat[v] + ' (' + v + ')' : fmt(v));
     if (p.fitStage) {
       const r = fitPixel(p.fitStage, ix * f[1], iy * f[0]);
       if (r) p.hoverText = readoutText(r);
     }
     p.info.textContent = p.infoText + '  |  ' + p.hoverText;
+  }
+
+  /* ---- physical axes of images --------------------------------------------- */
+  /* Where an image's pixels have a size: the descriptor's labels of an axis
+   * as {origin, step, units} (ptycho_dm's object); else, from the series
+   * metadata (PROTOCOL.md §7), scan_step for a result of the scan's shape
+   * (roi_sum's scan image) and pixel_size for one of the detector frame's
+   * shape. null: pixel indices. Pixel j (original) is centred at
+   * origin + j * step. */
+  function imageAxes(h) {
+    const d = h.desc || {}, axes = d.axes || [], shape = h.shape || [], nd = shape.length;
+    if (nd < 2) return null;
+    const lab = d.labels && typeof d.labels === 'object' && !Array.isArray(d.labels) ? d.labels : null;
+    const out = {};
+    ['y', 'x'].forEach((xy, i) => {
+      const l = lab ? lab[axes[nd - 2 + i]] || lab[xy] : null;
+      if (l && typeof l === 'object' && !Array.isArray(l) && l.step > 0 && l.units && l.units !== 'px')
+        out[xy] = { origin: +l.origin || 0, step: +l.step, units: l.units, source: 'descriptor' };
+    });
+    if (out.x && out.y) return out;
+    const ser = S.seriesInfo.get(h.series_id);
+    if (!ser || !ser.doc) return null;
+    const md = ser.doc, ny = shape[nd - 2], nx = shape[nd - 1];
+    const pair = (v) => Array.isArray(v) ? (v.length === 2 ? [+v[0], +v[1]] : null) : [+v, +v];
+    const use = (st, source) => {
+      const s2 = pair(st);
+      if (!s2 || !(s2[0] > 0) || !(s2[1] > 0)) return null;
+      return { y: { origin: 0, step: s2[0], units: 'm', source }, x: { origin: 0, step: s2[1], units: 'm', source } };
+    };
+    const sc = md.scan_shape;
+    if (Array.isArray(sc) && sc.length === 2 && sc[0] === ny && sc[1] === nx && md.scan_step !== undefined)
+      return use(md.scan_step, 'scan_step');
+    const fs = ser.shape || [];
+    if (md.pixel_size !== undefined && fs.length >= 2 && fs[fs.length - 2] === ny && fs[fs.length - 1] === nx)
+      return use(md.pixel_size, 'pixel_size');
+    return null;
+  }
+  /* Metres in the unit that suits the extent. */
+  function lengthUnit(units, extent) {
+    if (units !== 'm') return { name: units, k: 1 };
+    const a = Math.abs(extent);
+    if (a >= 1) return { name: 'm', k: 1 };
+    if (a >= 1e-3) return { name: 'mm', k: 1e3 };
+    if (a >= 1e-6) return { name: 'µm', k: 1e6 };
+    return { name: 'nm', k: 1e9 };
+  }
+  /* One unit for both axes (when both are lengths), from the larger extent. */
+  function imageUnit(p, a) {
+    const A = p.img.axes, f = p.img.factor;
+    const ext = A.x.units === A.y.units ? Math.max(A.x.step * p.img.w * f[1], A.y.step * p.img.h * f[0])
+      : a.step * (a === A.x ? p.img.w * f[1] : p.img.h * f[0]);
+    return lengthUnit(a.units, ext);
+  }
+  const AX_B = 18, AX_L = 52, TICK_RGB = '#e8eaed';
+  /* Rulers along the bottom and left edges over the image, in the axes'
+   * units; returns the ticks drawn ({c: canvas coordinate, v: value in the
+   * axis units, label}) per axis. */
+  function drawImageAxes(p, ctx) {
+    const A = p.img.axes, f = p.img.factor, z = p.zoom, Wc = p.canvas.width, Hc = p.canvas.height;
+    const out = { x: [], y: [], units: {} };
+    ctx.fillStyle = 'rgba(13,15,18,0.85)';
+    ctx.fillRect(0, Hc - AX_B, Wc, AX_B);
+    ctx.fillRect(0, 0, AX_L, Hc - AX_B);
+    ctx.font = '10px sans-serif';
+    for (const [xy, lo, hi, off, fac] of [['x', AX_L, Wc, z.x, f[1]], ['y', 0, Hc - AX_B, z.y, f[0]]]) {
+      const a = A[xy];
+      const val = (c) => a.origin + ((c - off) / z.s * fac - 0.5) * a.step;
+      const pos = (v) => off + ((v - a.origin) / a.step + 0.5) / fac * z.s;
+      const u = imageUnit(p, a);
+      out.units[xy] = u.name;
+      let v0 = val(lo) * u.k, v1 = val(hi) * u.k;
+      if (v1 < v0) [v0, v1] = [v1, v0];
+      const want = Math.max(2, Math.floor((hi - lo) / (xy === 'x' ? 80 : 50)));
+      const raw = (v1 - v0) / want, e = Math.pow(10, Math.floor(Math.log10(raw || 1)));
+      const d = e * ([1, 2, 5, 10].find((m) => raw / e <= m) || 10);
+      ctx.fillStyle = TICK_RGB; ctx.strokeStyle = TICK_RGB; ctx.lineWidth = 1;
+      for (let i = Math.ceil(v0 / d); i * d <= v1 && out[xy].length < 20; i++) {
+        const v = Math.abs(i) < 1e-9 ? 0 : i * d, c = pos(v / u.k);
+        const label = String(+v.toPrecision(6));
+        out[xy].push({ c, v: v / u.k, label });
+        const r = Math.round(c) + 0.5;
+        ctx.beginPath();
+        if (xy === 'x') {
+          ctx.moveTo(r, Hc - AX_B); ctx.lineTo(r, Hc - AX_B + 5); ctx.stroke();
+          ctx.fillText(label, r - 8, Hc - 3);
+        } else {
+          ctx.moveTo(AX_L - 5, r); ctx.lineTo(AX_L, r); ctx.stroke();
+          ctx.fillText(label, 2, r + 3);
+        }
+      }
+    }
+    ctx.fillStyle = TICK_RGB;
+    ctx.fillText(out.units.x === out.units.y ? out.units.x : out.units.y + ' / ' + out.units.x, 2, Hc - 3);
+    return out;
+  }
+  /* "x, y" of an original pixel in the image's axis units, or ''. */
+  function physText(p, x, y) {
+    const A = p.img && p.img.axes;
+    if (!A) return '';
+    const f = (a, j) => { const u = imageUnit(p, a); return fmtP((a.origin + j * a.step) * u.k) + ' ' + u.name; };
+    return ' (' + f(A.x, x) + ', ' + f(A.y, y) + ')';
   }
 
   /* ---- fit maps: one pixel's parameters ± errors, chi2 and status ------------- */
@@ -395,16 +503,21 @@
     return [at(q0), at(q1)];
   }
 
-  /* The plane select of a labelled stack: options = labels, kept by name. */
-  function syncPlanes(p, names) {
+  /* The plane select of a stack: options = labels (or indices), kept by
+   * name; the slider follows it. */
+  function syncPlanes(p, names, axis) {
     const sel = p.opts.plane;
+    sel.parentNode.firstChild.textContent = (axis || 'plane') + ' ';
     const have = Array.from(sel.options, (o) => o.textContent);
+    p.opts.planeSlider.max = String(names.length - 1);
+    p.opts.planeSlider.value = sel.value || '0';
     if (have.length === names.length && have.every((x, i) => x === names[i])) return;
     const keep = sel.selectedIndex >= 0 ? have[sel.selectedIndex] : null;
     sel.textContent = '';
     names.forEach((nm, i) => sel.append(new Option(nm, String(i))));
     const j = names.indexOf(keep);
     sel.value = String(j >= 0 ? j : 0);
+    p.opts.planeSlider.value = sel.value;
   }
 
   function drawImage(p, m) {
@@ -412,19 +525,22 @@
     const H = shape[0], W = shape[1];
     if (!m.a || !H || !W) { p.info.textContent = 'no data'; return false; }
     const arrays = data.arrays || [];
-    const cplx = data.complex === undefined ? arrays.length > 1 : !!data.complex;
-    const stack = !cplx && arrays.length > 1;
+    const cplx = data.complex === undefined ? arrays.length > 1 && !data.stack : !!data.complex;
+    const per = cplx ? 2 : 1; // arrays per plane: magnitude and phase of complex ones
+    const stack = data.stack === undefined ? !cplx && arrays.length > 1 : !!data.stack && arrays.length > per;
     const desc = h.desc || {};
     const labels = Array.isArray(desc.labels) ? desc.labels : null;
     const categories = data.categorical && labels ? labels : null;
     p.opts.part.parentNode.style.display = cplx ? '' : 'none';
     p.opts.plane.parentNode.style.display = stack ? '' : 'none';
-    if (stack) syncPlanes(p, arrays.map((x) => x.name));
+    if (stack) syncPlanes(p, arrays.filter((_, i) => i % per === 0).map((x) => x.name), (desc.axes || [])[0]);
     /* Colour-scale controls mean nothing for categories. */
     for (const c of [p.opts.cmap, p.opts.auto, p.opts.lo, p.opts.hi, p.opts.log, p.opts.limits])
       c.parentNode.style.display = categories ? 'none' : '';
     p.cbar.style.display = p.cbarLabels.style.display = categories ? 'none' : '';
-    const k = cplx ? +p.opts.part.value : stack ? Math.min(+p.opts.plane.value || 0, arrays.length - 1) : 0;
+    const pl = stack ? Math.min(+p.opts.plane.value || 0, arrays.length / per - 1) : 0;
+    const phase = cplx && +p.opts.part.value === 1;
+    const k = pl * per + (phase ? 1 : 0);
     if ((k + 1) * H * W > m.a.length) { p.info.textContent = 'short payload'; return false; }
     const plane = m.a.subarray(k * H * W, (k + 1) * H * W);
     const st = arrays[k] || {};
@@ -433,7 +549,7 @@
     const q = parseFloat(p.opts.limits.value) || 0;
     if (p.opts.auto.checked) {
       lo = st.min; hi = st.max;
-      if (cplx && k === 1) { lo = -Math.PI; hi = Math.PI; }
+      if (phase) { lo = -Math.PI; hi = Math.PI; }
       else if (q > 0) [lo, hi] = percentiles(plane, q / 100, 1 - q / 100, logs);
       if (logs && !(q > 0)) {
         lo = Infinity;
@@ -446,7 +562,7 @@
       lo = parseFloat(p.opts.lo.value); hi = parseFloat(p.opts.hi.value);
     }
     if (!Number.isFinite(lo) || !Number.isFinite(hi)) { lo = 0; hi = 1; }
-    const cmap = cplx && k === 1 && p.opts.cmap.value === 'viridis' ? 'hsv' : p.opts.cmap.value;
+    const cmap = phase && p.opts.cmap.value === 'viridis' ? 'hsv' : p.opts.cmap.value;
     const lut = LUTS[cmap];
     const nan = nanRGB(cmap), nanPx = rgba(nan[0], nan[1], nan[2]);
     if (p.off.width !== W || p.off.height !== H) {
@@ -488,7 +604,7 @@
     }
     octx.putImageData(p.imgData, 0, 0);
     p.img = { w: W, h: H, plane, factor: data.factor || [1, 1], categories, counts,
-      plane_name: stack ? st.name : null, limits: categories ? null : [lo, hi], nan_rgb: nan };
+      plane_name: stack ? st.name : null, plane_index: pl, part: cplx ? (phase ? 'phase' : 'magnitude') : null, limits: categories ? null : [lo, hi], nan_rgb: nan };
     fitIfNeeded(p);
     const ctx = p.canvas.getContext('2d');
     ctx.setTransform(1, 0, 0, 1, 0, 0);
@@ -496,6 +612,8 @@
     ctx.fillRect(0, 0, p.canvas.width, p.canvas.height);
     ctx.imageSmoothingEnabled = false;
     ctx.drawImage(p.off, p.zoom.x, p.zoom.y, W * p.zoom.s, H * p.zoom.s);
+    p.img.axes = imageAxes(h);
+    p.img.ticks = p.img.axes ? drawImageAxes(p, ctx) : null;
     /* Legend: the categories with their counts, or the NaN colour. */
     p.legend.textContent = '';
     const swatch = (c, text) => {
@@ -524,7 +642,8 @@
     const f = data.factor || [1, 1];
     p.infoText = 'series ' + h.series_id + ' frame ' + h.frame_id + ' · ' + (h.shape || []).join('×') +
       (f[0] > 1 || f[1] > 1 ? ' shown ' + W + '×' + H + ' (' + data.downsample + ' of ' + f[0] + '×' + f[1] + ')' : '') +
-      (stack ? ' · ' + st.name : data.planes > 1 ? ' · plane 0 of ' + data.planes : '') +
+      (stack ? ' · ' + ((desc.axes || [])[0] || 'plane') + ' ' + st.name + ' (' + (pl + 1) + ' of ' + arrays.length / per + ')'
+        : data.planes > 1 ? ' · plane 0 of ' + data.planes : '') +
       (h.flags & 16 ? ' · final' : h.flags & 8 ? ' · partial' : '') +
       (st.nonfinite ? ' · ' + st.nonfinite + ' NaN/Inf' : '') + (h.desc ? '' : ' · no descriptor (raw)');
     p.info.textContent = p.infoText + (p.hoverText ? '  |  ' + p.hoverText : '');
@@ -573,6 +692,7 @@
     const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
     const sx = (W - L - R) / (x1 - x0), sy = (H - T - B) / (y1 - y0);
     const X = (v) => L + (v - x0) * sx, Y = (v) => H - B - (v - y0) * sy;
+    canvas.plotBox = { L, R, T, B, x0, x1, y0, y1, logx: !!o.logx, logy: !!o.logy };
     ctx.strokeStyle = '#2e323a'; ctx.fillStyle = '#9aa0a6'; ctx.font = '11px sans-serif';
     ctx.lineWidth = 1;
     const ticks = (a, b, log, px) => {
@@ -669,16 +789,23 @@
     } else {
       /* 2-D: one curve per column (axis 1) when axis 0 is the lag axis, else per row. */
       let [n0, n1] = shape;
-      const lagFirst = isLagAxis(axes[0]) || (!isLagAxis(axes[1]) && n1 <= n0);
+      const lagFirst = isLagAxis(axes[0]) || isIterAxis(axes[0]) || (!isLagAxis(axes[1]) && !isIterAxis(axes[1]) && n1 <= n0);
       const nx = lagFirst ? n0 : n1, k = lagFirst ? n1 : n0;
       const xAxis = lagFirst ? axes[0] : axes[1], cAxis = lagFirst ? axes[1] : axes[0];
-      const xv = xValues(h.topic, xAxis, nx);
+      let xv = xValues(h.topic, xAxis, nx);
       const names = curveNames(h.topic, cAxis || 'roi', k);
-      for (let j = 0; j < k; j++) {
+      const col = (j) => {
         const y = new Float32Array(nx);
         for (let i = 0; i < nx; i++) y[i] = lagFirst ? a[i * n1 + j] : a[j * n1 + i];
-        curves.push({ x: xv.x, y, name: names[j] });
-      }
+        return y;
+      };
+      /* A history whose curves include the x axis itself (ptycho_dm's error
+       * [iteration, metric] with a metric "iteration"): the metrics are
+       * plotted against that column's values, not the row index. */
+      const lab = d.labels && !Array.isArray(d.labels) ? d.labels[cAxis] : null;
+      const xc = Array.isArray(lab) && lab.length === k && xAxis ? lab.indexOf(xAxis) : -1;
+      if (xc >= 0) xv = { x: col(xc), label: xAxis, log: false };
+      for (let j = 0; j < k; j++) if (j !== xc) curves.push({ x: xv.x, y: col(j), name: names[j] });
       xl = xv.label; logx = xv.log;
       p.infoText = k + ' curves × ' + nx + ' points · series ' + h.series_id + ' frame ' + h.frame_id +
         (h.flags & 16 ? ' · final' : h.flags & 8 ? ' · partial' : '');
@@ -690,6 +817,8 @@
     });
     p.curves = curves.length;
     p.points = n;
+    p.plotted = { x: Array.from(curves.length ? curves[0].x : []), xlabel: xl, names: curves.map((c) => c.name),
+      logy: p.opts.logy.checked, box: p.canvas.plotBox };
     p.info.textContent = p.infoText + (h.desc ? '' : ' · no descriptor (raw)');
     return n > 0;
   }
@@ -1117,15 +1246,30 @@
       { x, y: Float32Array.from(R.drops), name: '' }], { xlabel: 's', ylabel: '' });
   }
 
+  /* One line per series: the viewer resends the newest beamd.series
+   * message to a page whose subscription changed, so the same start or end
+   * comes more than once; a message is a change of its series' line. */
   function onSeries(h) {
     const d = h.doc || {};
-    S.series.unshift((h.msg_type === 'SERIES_START' ? 'start ' : 'end ') + h.series_id +
-      (d.detector ? ' · ' + d.detector : '') + (d.nframes ? ' · ' + d.nframes + ' frames' : '') +
-      (h.flags & 128 ? ' · aborted' : ''));
-    S.series.length = Math.min(S.series.length, 20);
+    const start = h.msg_type === 'SERIES_START';
+    const info = S.seriesInfo.get(h.series_id) || { id: h.series_id };
+    if (start) { info.doc = d; info.shape = h.shape || info.shape; info.dtype = h.dtype; }
+    else info.end = { aborted: !!(h.flags & 128), missing: d.missing_frames };
+    S.seriesInfo.delete(h.series_id);
+    S.seriesInfo.set(h.series_id, info); // newest last
+    while (S.seriesInfo.size > 20) S.seriesInfo.delete(S.seriesInfo.keys().next().value);
+    S.series = Array.from(S.seriesInfo.values()).reverse().map((q) => {
+      const m = q.doc || {};
+      return 'series ' + q.id + (q.doc ? ' · started' : '') + (q.end ? ' · ended' : '') +
+        (m.detector ? ' · ' + m.detector : '') + (m.nframes ? ' · ' + m.nframes + ' frames' : '') +
+        (q.shape ? ' · ' + q.shape.join('×') : '') +
+        (q.end && q.end.missing ? ' · ' + q.end.missing + ' missing' : '') + (q.end && q.end.aborted ? ' · aborted' : '');
+    });
     const ul = $('series');
     ul.textContent = '';
     for (const s of S.series) ul.append(el('li', '', s));
+    /* Images of this series may now have physical axes. */
+    for (const q of S.panels.values()) if (q.kind === 'image' && q.last && !q.pending) q.pending = q.last;
   }
 
   /* ---- connection --------------------------------------------------------------- */
