@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "tools/beamd-view/view.h"
-#include "tools/common/clock.h"
+#include "pipeline/frame.h"
 #include "tools/common/curve_opt.h"
 
 #define CTL_TIMEOUT_NS 2000000000ull
@@ -48,8 +48,8 @@ static void publish(view_ctl_t *c, json_t *stats, const char *error) {
   json_object_set_new(o, "ok", json_boolean(error == NULL));
   if (error)
     json_object_set_new(o, "error", json_string(error));
-  json_object_set_new(o, "t_tx_ns", json_integer((json_int_t)tool_now_real_ns()));
-  double age = (double)(tool_now_mono_ns() - c->last_ok_ns) * 1e-9;
+  json_object_set_new(o, "t_tx_ns", json_integer((json_int_t)beam_realtime_ns()));
+  double age = (double)(beam_now_ns() - c->last_ok_ns) * 1e-9;
   json_object_set_new(o, "last_ok_age_s", c->last_ok_ns ? json_real(age) : json_null());
   if (!error) {
     json_object_set(o, "status", c->status ? c->status : json_null());
@@ -111,7 +111,7 @@ static int send_cmd(view_ctl_t *c, const char *cmd, int next_state) {
   if (zmq_send(c->sock, cmd, strlen(cmd), ZMQ_DONTWAIT) < 0)
     return -1;
   c->state = next_state;
-  c->deadline = tool_now_mono_ns() + CTL_TIMEOUT_NS;
+  c->deadline = beam_now_ns() + CTL_TIMEOUT_NS;
   return 0;
 }
 
@@ -152,7 +152,7 @@ static void ctl_check(view_ctl_t *c) {
       if (send_cmd(c, "stats", CTL_WAIT_STATS) < 0)
         fail(c, "cannot send \"stats\"");
     } else {
-      c->last_ok_ns = tool_now_mono_ns();
+      c->last_ok_ns = beam_now_ns();
       c->state = CTL_IDLE;
       publish(c, j, NULL);
       json_decref(j);
@@ -163,14 +163,14 @@ static void ctl_check(view_ctl_t *c) {
 static void on_timer(uv_timer_t *h) {
   view_ctl_t *c = h->data;
   if (c->state != CTL_IDLE) {
-    if (tool_now_mono_ns() < c->deadline) {
+    if (beam_now_ns() < c->deadline) {
       ctl_check(c);
       return;
     }
     fail(c, "no reply within 2 s (is beamd running?)");
     return;
   }
-  uint64_t now = tool_now_mono_ns();
+  uint64_t now = beam_now_ns();
   if (now < c->next_poll)
     return;
   if (!c->sock && sock_open(c) < 0)

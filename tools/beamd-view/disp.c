@@ -24,7 +24,7 @@
 #include <libwebsockets.h>
 
 #include "tools/beamd-view/view.h"
-#include "tools/common/clock.h"
+#include "pipeline/frame.h"
 
 #define CURVE_SIDE 64     /* 2-D arrays with a side this small are curves */
 #define CURVE_MAX 65536   /* longest curve sent as is */
@@ -239,7 +239,7 @@ static json_t *common_header(const char *kind, const char *topic, const beam_hdr
     json_object_set_new(o, "t_acq_ns", json_integer((json_int_t)h->t_acq_ns));
   }
   json_object_set_new(o, "t_rx_ns", json_integer((json_int_t)t_rx_ns));
-  json_object_set_new(o, "t_tx_ns", json_integer((json_int_t)tool_now_real_ns()));
+  json_object_set_new(o, "t_tx_ns", json_integer((json_int_t)beam_realtime_ns()));
   return o;
 }
 

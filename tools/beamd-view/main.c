@@ -17,7 +17,7 @@
 
 #include "tools/beamd-view/view.h"
 #include "tools/common/cli.h"
-#include "tools/common/clock.h"
+#include "pipeline/frame.h"
 #include "tools/common/curve_opt.h"
 
 #define DEFAULT_SUB "tcp://127.0.0.1:5600"
@@ -242,7 +242,7 @@ int main(int argc, char **argv) {
   memset(&v, 0, sizeof v);
   v.o = &o;
   v.curve = &curve;
-  v.started_ns = tool_now_mono_ns();
+  v.started_ns = beam_now_ns();
   uv_loop_t loop;
   uv_loop_init(&loop);
   v.loop = &loop;

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "tools/beamd-view/view.h"
-#include "tools/common/clock.h"
+#include "pipeline/frame.h"
 #include "tools/common/curve_opt.h"
 
 static void drain_all(view_t *v);
@@ -76,7 +76,7 @@ static void track_seq(view_sub_t *s, uint64_t seq) {
 /* Takes ownership of parts[0..n) (moved into the store or closed). */
 static void store(view_t *v, int si, zmq_msg_t *parts, size_t n, int overflow) {
   view_sub_t *s = &v->subs[si];
-  uint64_t now = tool_now_mono_ns();
+  uint64_t now = beam_now_ns();
   s->messages++;
   s->last_ns = now;
   v->total++;
@@ -133,7 +133,7 @@ static void store(view_t *v, int si, zmq_msg_t *parts, size_t n, int overflow) {
       json_decref(d);
     }
   }
-  t->t_rx_ns = tool_now_real_ns();
+  t->t_rx_ns = beam_realtime_ns();
   t->ver++;
   t->count++;
   for (size_t i = 0; i < n; i++)
@@ -301,10 +301,10 @@ static json_t *topic_json(const view_topic_t *t, uint64_t now) {
 }
 
 void view_store_publish_topics(view_t *v) {
-  uint64_t now = tool_now_mono_ns();
+  uint64_t now = beam_now_ns();
   json_t *o = json_object();
   json_object_set_new(o, "type", json_string("topics"));
-  json_object_set_new(o, "t_tx_ns", json_integer((json_int_t)tool_now_real_ns()));
+  json_object_set_new(o, "t_tx_ns", json_integer((json_int_t)beam_realtime_ns()));
   json_object_set_new(o, "uptime_s", json_real((double)(now - v->started_ns) * 1e-9));
   json_t *a = json_array();
   for (int i = 0; i < v->ntopics; i++)

@@ -33,7 +33,7 @@
 #include <libwebsockets.h>
 
 #include "tools/beamd-view/view.h"
-#include "tools/common/clock.h"
+#include "pipeline/frame.h"
 
 /* Small enough that the kernel usually takes a whole chunk, so lws rarely
  * has to buffer (copy) a remainder; measured: 256 KiB chunks cost about a
@@ -347,7 +347,7 @@ static view_msg_t *hello(view_t *v) {
                         "beamd-view", "max_rate", v->o->max_rate, "max_side", (int)v->o->max_side,
                         "downsample", v->o->ds_max ? "max" : "mean", "control",
                         v->o->control != NULL);
-  json_object_set_new(o, "t_tx_ns", json_integer((json_int_t)tool_now_real_ns()));
+  json_object_set_new(o, "t_tx_ns", json_integer((json_int_t)beam_realtime_ns()));
   json_t *subs = json_array();
   for (int i = 0; i < v->o->nsub; i++)
     json_array_append_new(subs, json_string(v->o->sub[i]));
@@ -377,7 +377,7 @@ static view_msg_t *next_msg(view_t *v, pss_t *p, int64_t *wait_us) {
   }
   if (p->windowed && p->credit <= 0)
     return NULL; /* the next ack asks for writable again */
-  uint64_t now = tool_now_mono_ns(), interval = (uint64_t)(1e9 / p->rate), soonest = 0;
+  uint64_t now = beam_now_ns(), interval = (uint64_t)(1e9 / p->rate), soonest = 0;
   int n = v->ntopics;
   for (int k = 0; k < n; k++) {
     int i = (int)((p->rr + (unsigned)k) % (unsigned)n);
