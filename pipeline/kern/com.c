@@ -3,6 +3,7 @@
  * and the scan maps: field, magnitude, divergence, curl, iDPC). Only the
  * per-frame sums differ between backends (com_cpu.c, gpu/com_cuda.cu). */
 #include "pipeline/kern/com.h"
+#include "pipeline/kern/from_series.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -198,28 +199,6 @@ static int build_runs(beam_com_host_t *h, int want_idx, beam_diag_t *d) {
   return 0;
 }
 
-/* "scan_shape": [ny, nx] of the series metadata: 1 found, 0 none, < 0 bad. */
-static int meta_scan(const beam_series_t *s, uint32_t *ny, uint32_t *nx) {
-  if (!s || !s->meta_json)
-    return 0;
-  json_t *root = json_loadb(s->meta_json, s->meta_len, 0, NULL);
-  json_t *v = json_is_object(root) ? json_object_get(root, "scan_shape") : NULL;
-  int rc = 0;
-  if (v) {
-    rc = -1;
-    if (json_is_array(v) && json_array_size(v) == 2 && json_is_integer(json_array_get(v, 0)) &&
-        json_is_integer(json_array_get(v, 1))) {
-      json_int_t a = json_integer_value(json_array_get(v, 0)), b = json_integer_value(json_array_get(v, 1));
-      if (a >= 1 && a <= 1000000 && b >= 1 && b <= 1000000) {
-        *ny = (uint32_t)a, *nx = (uint32_t)b;
-        rc = 1;
-      }
-    }
-  }
-  json_decref(root);
-  return rc;
-}
-
 static pthread_once_t fftw_once = PTHREAD_ONCE_INIT;
 static void fftw_init_once(void) { fftw_make_planner_thread_safe(); }
 
@@ -228,7 +207,7 @@ static int scan_start(beam_com_host_t *h, const beam_series_t *series, beam_diag
   uint32_t ny = c->scan_ny, nx = c->scan_nx;
   h->scan = c->scan_cfg;
   if (!h->scan) {
-    int rc = meta_scan(series, &ny, &nx);
+    int rc = beam__series_scan_shape(series, &ny, &nx);
     if (rc < 0)
       return BEAM_DIAG(d, BEAM_ESHAPE, "com: the series metadata's scan_shape is not [ny, nx] "
                        "(integers 1..1e6)");

@@ -41,3 +41,24 @@ int beam__series_beam_center(const beam_series_t *series, const char *who, const
   *x = v[1];
   return 0;
 }
+
+int beam__series_scan_shape(const beam_series_t *s, uint32_t *ny, uint32_t *nx) {
+  if (!s || !s->meta_json)
+    return 0;
+  json_t *root = json_loadb(s->meta_json, s->meta_len, 0, NULL);
+  json_t *v = json_is_object(root) ? json_object_get(root, "scan_shape") : NULL;
+  int rc = 0;
+  if (v) {
+    rc = -1;
+    if (json_is_array(v) && json_array_size(v) == 2 && json_is_integer(json_array_get(v, 0)) &&
+        json_is_integer(json_array_get(v, 1))) {
+      json_int_t a = json_integer_value(json_array_get(v, 0)), b = json_integer_value(json_array_get(v, 1));
+      if (a >= 1 && a <= 1000000 && b >= 1 && b <= 1000000) {
+        *ny = (uint32_t)a, *nx = (uint32_t)b;
+        rc = 1;
+      }
+    }
+  }
+  json_decref(root);
+  return rc;
+}

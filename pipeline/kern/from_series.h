@@ -36,6 +36,12 @@ int beam__series_real_array(const beam_series_t *series, const char *who, const 
 int beam__series_beam_center(const beam_series_t *series, const char *who, const char *key,
                              double *x, double *y, beam_diag_t *d);
 
+/* The raster scan's shape from the series metadata's "scan_shape"
+ * [ny, nx] (what beamd-sim's 4D-STEM pattern and detectors that know the
+ * scan send): 1 with *ny, *nx set, 0 when the metadata has none, < 0 when
+ * it is not two integers 1..1e6. */
+int beam__series_scan_shape(const beam_series_t *series, uint32_t *ny, uint32_t *nx);
+
 #ifdef __cplusplus
 }
 #endif

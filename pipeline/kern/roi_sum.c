@@ -33,7 +33,8 @@ const beam_param_t beam_roi_sum_params[] = {
     {"rois", BEAM_P_MAP_LIST, NULL, 0, 0, 0, NULL, roi_geom_params, "ROIs given by geometry", NULL},
     {"masks", BEAM_P_MAP, NULL, 0, 0, 0, NULL, roi_file_params, "ROIs given by a mask file", NULL},
     {"scan_shape", BEAM_P_INT_LIST, NULL, 0, 1, 1e6, NULL, NULL,
-     "[ny, nx]: also build the virtual-detector image of a raster scan (frame id -> pixel)", NULL},
+     "[ny, nx]: also build the virtual-detector image of a raster scan (frame id -> pixel); "
+     "default: the series metadata's scan_shape, if it has one", NULL},
     {"image_every", BEAM_P_INT, "256", 0, 1, 1e9, NULL, NULL, "publish the scan image every N frames (and at series end)", NULL},
     {"mask", BEAM_P_INFILE, NULL, 0, 0, 0, BEAM_FROM_SERIES, NULL,
      "bad-pixel mask (.h5/.npy, frame shape, nonzero = bad): bad pixels leave every ROI; "
@@ -614,8 +615,19 @@ int beam_roi_host_start(beam_stage_t *self, beam_roi_host_t *hs, const beam_seri
   beam__declare(&self->outs[0], "sums", BEAM_DT_F64, 1, nshape, "counts", 1);
   self->outs[0].axes[0] = "roi";
   self->outs[0].labels_json = c->labels_json;
-  if (c->scan) {
-    size_t n = c->nroi * (size_t)c->scan_ny * c->scan_nx;
+  hs->scan = c->scan, hs->scan_ny = c->scan_ny, hs->scan_nx = c->scan_nx;
+  if (!hs->scan) {
+    rc = beam__series_scan_shape(series, &hs->scan_ny, &hs->scan_nx);
+    if (rc < 0)
+      return BEAM_DIAG(d, BEAM_ESHAPE, "roi_sum: the series metadata's scan_shape is not [ny, nx] "
+                       "(integers 1..1e6)");
+    hs->scan = rc;
+    if (hs->scan && (double)c->nroi * hs->scan_ny * hs->scan_nx * sizeof(float) > (double)IMAGE_MAX_BYTES)
+      return BEAM_DIAG(d, BEAM_ELIMIT, "roi_sum: %zu ROIs x the series' %u x %u scan exceed the %llu-byte "
+                       "image limit", c->nroi, hs->scan_ny, hs->scan_nx, (unsigned long long)IMAGE_MAX_BYTES);
+  }
+  if (hs->scan) {
+    size_t n = c->nroi * (size_t)hs->scan_ny * hs->scan_nx;
     if (n > hs->img_cap) {
       free(hs->img);
       hs->img = malloc(n * sizeof *hs->img);
@@ -625,7 +637,7 @@ int beam_roi_host_start(beam_stage_t *self, beam_roi_host_t *hs, const beam_seri
     }
     for (size_t i = 0; i < n; i++)
       hs->img[i] = NAN;
-    uint32_t ishape[3] = {(uint32_t)c->nroi, c->scan_ny, c->scan_nx};
+    uint32_t ishape[3] = {(uint32_t)c->nroi, hs->scan_ny, hs->scan_nx};
     beam__declare(&self->outs[1], "image", BEAM_DT_F32, 3, ishape, "counts", 0);
     self->outs[1].axes[0] = "roi";
     self->outs[1].labels_json = c->labels_json;
@@ -642,21 +654,21 @@ int beam_roi_host_start(beam_stage_t *self, beam_roi_host_t *hs, const beam_seri
 void beam_roi_host_record(beam_roi_host_t *h, uint64_t frame_id, const double *sums) {
   const beam_roi_sum_conf_t *c = &h->conf;
   h->nframes++;
-  if (!c->scan)
+  if (!h->scan)
     return;
-  size_t npix = (size_t)c->scan_ny * c->scan_nx, p = (size_t)(frame_id % npix);
+  size_t npix = (size_t)h->scan_ny * h->scan_nx, p = (size_t)(frame_id % npix);
   for (size_t r = 0; r < c->nroi; r++)
     h->img[r * npix + p] = (float)sums[r];
 }
 
 int beam_roi_host_image(beam_roi_host_t *h, beam_emit_t *emit, int final) {
   const beam_roi_sum_conf_t *c = &h->conf;
-  if (!c->scan || (!final && h->nframes % c->image_every != 0))
+  if (!h->scan || (!final && h->nframes % c->image_every != 0))
     return 0;
   beam_frame_t *f = beam_emit_get(emit, 1);
   if (!f)
     return 0;
-  memcpy(f->data, h->img, c->nroi * (size_t)c->scan_ny * c->scan_nx * sizeof(float));
+  memcpy(f->data, h->img, c->nroi * (size_t)h->scan_ny * h->scan_nx * sizeof(float));
   f->flags = final ? BEAM_FLAG_FINAL : BEAM_FLAG_PARTIAL;
   beam_emit_put(emit, f);
   return 0;

@@ -97,6 +97,9 @@ typedef struct beam_roi_host_s {
   beam_roi_lists_t lists;
   beam_roi_runs_t runs;
   beam_indesc_t in;
+  int scan;         /* this series builds the scan image: scan_shape of the
+                     * config, else of the series metadata */
+  uint32_t scan_ny, scan_nx;
   float *img;       /* scan image [nroi, ny, nx], NaN where not yet scanned */
   size_t img_cap;   /* floats */
   uint64_t nframes; /* frames seen this series */

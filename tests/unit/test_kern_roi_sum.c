@@ -652,6 +652,66 @@ static void test_scan_image(void **state) {
   bh_free(&h);
 }
 
+/* Without scan_shape in the config the series metadata's is used, series
+ * by series; the config's wins where both are; a bad one refuses the
+ * series; none at all: sums only. */
+static void test_scan_shape_from_series(void **state) {
+  (void)state;
+  beam_cnode_t *cfg = bh_stage_cfg("roi_sum"), *rois = bh_seq(), *m = roi("all", "rect");
+  bh_set(m, "rect", "[0, 0, 2, 2]");
+  bh_push(rois, m);
+  bh_put(cfg, "rois", rois);
+  bh_t *h = make(cfg, 0, NULL);
+  uint32_t shp[2] = {2, 2};
+  beam_diag_t d = {0};
+  static const char meta[] = "{\"detector\": \"sim\", \"scan_shape\": [3, 2]}";
+  h->series.meta_json = (char *)meta;
+  h->series.meta_len = sizeof meta - 1;
+  assert_int_equal(bh_start(h, BEAM_DT_U8, 2, shp, &d), 0);
+  assert_int_equal(h->st.nouts, 2);
+  assert_int_equal(h->st.outs[1].shape[1], 3);
+  assert_int_equal(h->st.outs[1].shape[2], 2);
+  for (uint64_t k = 0; k < 6; k++) {
+    beam_frame_t *in = bh_frame_new(BEAM_DT_U8, 2, shp, k);
+    memset(in->data, (int)k + 1, 4);
+    assert_int_equal(bh_process(h, in), 0);
+    bh_frame_free(in);
+  }
+  assert_int_equal(bh_end(h), 0);
+  const float *f = bh_last(h, 1)->data;
+  for (int k = 0; k < 6; k++)
+    assert_true(f[k] == 4.0f * (float)(k + 1));
+  static const char bad[] = "{\"scan_shape\": [3]}";
+  h->series.meta_json = (char *)bad;
+  h->series.meta_len = sizeof bad - 1;
+  assert_int_equal(bh_start(h, BEAM_DT_U8, 2, shp, &d), BEAM_ESHAPE);
+  assert_non_null(strstr(d.msg, "scan_shape"));
+  static const char none[] = "{\"detector\": \"sim\"}";
+  h->series.meta_json = (char *)none;
+  h->series.meta_len = sizeof none - 1;
+  memset(&d, 0, sizeof d);
+  assert_int_equal(bh_start(h, BEAM_DT_U8, 2, shp, &d), 0);
+  assert_int_equal(h->st.nouts, 1);
+  h->series.meta_json = NULL;
+  h->series.meta_len = 0;
+  bh_free(&h);
+  /* The config's scan_shape over the series'. */
+  cfg = bh_stage_cfg("roi_sum"), rois = bh_seq(), m = roi("all", "rect");
+  bh_set(m, "rect", "[0, 0, 2, 2]");
+  bh_push(rois, m);
+  bh_put(cfg, "rois", rois);
+  bh_set(cfg, "scan_shape", "[1, 6]");
+  h = make(cfg, 0, NULL);
+  h->series.meta_json = (char *)meta;
+  h->series.meta_len = sizeof meta - 1;
+  assert_int_equal(bh_start(h, BEAM_DT_U8, 2, shp, &d), 0);
+  assert_int_equal(h->st.outs[1].shape[1], 1);
+  assert_int_equal(h->st.outs[1].shape[2], 6);
+  h->series.meta_json = NULL;
+  h->series.meta_len = 0;
+  bh_free(&h);
+}
+
 static void test_config_errors(void **state) {
   /* neither */
   bh_t *h = make(bh_stage_cfg("roi_sum"), BEAM_ECONFIG, "exactly one of rois");
@@ -917,6 +977,7 @@ int main(void) {
       cmocka_unit_test(test_hand_computed), cmocka_unit_test(test_random_u16),
       cmocka_unit_test(test_random_f32),    cmocka_unit_test(test_labels),
       cmocka_unit_test(test_weights),       cmocka_unit_test(test_scan_image),
+      cmocka_unit_test(test_scan_shape_from_series),
       cmocka_unit_test(test_config_errors), cmocka_unit_test(test_start_errors),
       cmocka_unit_test(test_fast_disjoint),
       cmocka_unit_test(test_mapped_bitwise), cmocka_unit_test(test_fast_overlap),
