@@ -12,15 +12,23 @@ on the live DECTRIS stream (test_series_geometry.py).
 - a file without a mask, and one whose mask is not the frame shape: the
   series is refused by the stage with the reason logged (beamd-replay warns
   about the wrong shape and sends no mask).
+- a server (a Python one) whose SERIES_START mask disagrees with its
+  description, or whose payload part is short: the mask is refused,
+  counted and logged with the reason, and the series still starts without
+  it (the stage with `mask: series` refuses it, the one without sums every
+  frame).
 """
 
 import os
+import re
 import sys
 
 import numpy as np
 
 from conftest import REPO, Ports
-from test_daemon_replay import replay_config, start_recorder, start_replay, wait_recorder
+import test_daemon_replay
+from test_daemon_replay import (FakeServer, replay_config, start_recorder, start_replay,
+                                wait_recorder)
 from test_record_nxmx import rec_stage, wait_complete
 
 sys.path.insert(0, os.path.join(REPO, "tools"))
@@ -137,3 +145,60 @@ def test_replay_without_mask_refused(tmp_path, start_beamd, run_tool):
             assert "shape is not the frame shape [40, 56]" in srv.stderr()
         assert b.stats()["input"]["replay"]["masks"] == 0
         assert b.alive()
+
+
+class MaskServer(FakeServer):
+    """FakeServer whose SERIES_START carries a uint16 mask payload with the
+    description `desc`, its payload part cut by `cut` bytes."""
+
+    def __init__(self, zctx, ep, frames, desc, cut):
+        self.desc, self.cut = desc, cut
+
+        def inline(req, k, frame):
+            k2 = min(len(frames), k + req["credit"])
+            return k2, [p for i in range(k, k2) for p in frame(i)], {}
+
+        super().__init__(zctx, ep, frames, inline)
+
+    def _msg(self, kind, **kw):
+        if kind != self.proto.SERIES_START:
+            return super()._msg(kind, **kw)
+        kw.pop("shape"), kw.pop("dtype")
+        parts = super()._msg(kind, array=np.ones((H, W), np.uint16),
+                             meta={"detector": "fake", "mask": self.desc}, **kw)
+        if self.cut:
+            parts[1] = parts[1][:-self.cut]
+        return parts
+
+
+def test_bad_mask_refused_series_goes_on(tmp_path, ports, zctx, start_beamd, run_tool):
+    n = 5
+    frames = mk.frames(n, (H, W), "uint16", 2)
+    good = {"array": "pixel_mask", "dtype": "uint16", "shape": [H, W]}
+    cases = [(dict(good, dtype="uint32"), 0, "a mask dtype that is not the frames' real dtype"),
+             (good, 2, "a mask payload that is not one raw part of the frame size")]
+    old = (test_daemon_replay.H, test_daemon_replay.W)
+    test_daemon_replay.H, test_daemon_replay.W = H, W  # FakeServer's frame geometry
+    try:
+        for i, (desc, cut, why) in enumerate(cases):
+            p = ports if i == 0 else Ports()
+            srv = MaskServer(zctx, p.ep_input, frames, desc, cut)
+            try:
+                b = start_beamd(replay_config(p, stages()), name="bad%d" % i)
+                out = tmp_path / ("results%d" % i)
+                rec = start_recorder(run_tool, p, out)
+                wait_recorder(rec, b, 20)
+                b.wait_log(re.escape("replay: series 1: pixel mask refused: " + why), timeout=5)
+                b.wait_log(r'roi_sum: mask: series, but series 1 carries no "pixel_mask" array',
+                           timeout=5)
+                rp = b.stats()["input"]["replay"]
+                assert rp["mask_refused"] == 1 and rp["masks"] == 0, rp
+                with h5py.File(str(out / "series_1.h5"), "r") as f:
+                    g = f["/results/vt.sums"]
+                    assert sorted(g["frame_id"][...].tolist()) == list(range(n))
+                    assert "vs.sums" not in f["/results"]
+                assert b.alive()
+            finally:
+                srv.close()
+    finally:
+        test_daemon_replay.H, test_daemon_replay.W = old
