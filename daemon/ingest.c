@@ -184,7 +184,7 @@ void beamd_ingest_malformed(beamd_t *d, const char *what, const char *why) {
   bad(d, what, NULL, why);
 }
 
-static void on_series_start(beamd_t *d, const beam_msg_t *m) {
+static void on_series_start(beamd_t *d, const beam_msg_t *m, const beam_series_array_t *arr) {
   const beam_hdr_t *h = &m->hdr;
   beam_series_t *s = beam_series_new(h->series_id, (beam_dtype_t)h->dtype, h->ndim, h->shape,
                                      m->meta, m->meta ? m->meta_len : 0);
@@ -192,6 +192,10 @@ static void on_series_start(beamd_t *d, const beam_msg_t *m) {
     bad(d, "SERIES_START", h, "out of memory");
     return;
   }
+  if (arr && beam_series_add_array(s, arr->name, arr->arr.dtype, arr->arr.ndim, arr->arr.shape,
+                                   arr->arr.data, arr->arr.nbytes) < 0)
+    beam_log_rl(&d->in.rl, LOG_WARNING, "input: series %llu: its \"%s\" array is not kept "
+                "(size or memory)", (unsigned long long)h->series_id, arr->name);
   if (result_mode(d))
     res_series_start(d, s); /* takes the creation ref */
   else
@@ -400,6 +404,11 @@ int beamd_ingest_frame(beamd_t *d, const beam_msg_t *m, uint64_t t_recv) {
 }
 
 void beamd_ingest_parts(beamd_t *d, const beam_part_t *parts, size_t n) {
+  beamd_ingest_parts_array(d, parts, n, NULL);
+}
+
+void beamd_ingest_parts_array(beamd_t *d, const beam_part_t *parts, size_t n,
+                              const beam_series_array_t *arr) {
   beamd_ingest_t *in = &d->in;
   uint64_t t_recv = beam_now_ns();
   beam_limits_t lim = beam_limits_default;
@@ -413,7 +422,7 @@ void beamd_ingest_parts(beamd_t *d, const beam_part_t *parts, size_t n) {
   }
   track_seq(d, m.hdr.seq);
   switch (m.hdr.type) {
-  case BEAM_MSG_SERIES_START: on_series_start(d, &m); break;
+  case BEAM_MSG_SERIES_START: on_series_start(d, &m, arr); break;
   case BEAM_MSG_FRAME: beamd_ingest_frame(d, &m, t_recv); break;
   case BEAM_MSG_SERIES_END: on_series_end(d, &m); break;
   case BEAM_MSG_RESULT: /* frames only with input.result_topic */

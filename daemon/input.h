@@ -131,6 +131,12 @@ const beamd_source_ops_t *beamd_source_find(unsigned mode);
 /* A beamd protocol message (parts as received, each payload part with its
  * owner or NULL): parse, track sequence numbers, dispatch. */
 void beamd_ingest_parts(beamd_t *d, const beam_part_t *parts, size_t n);
+/* The same, and when the message is a SERIES_START (not a result as a
+ * frame), arr (NULL: none) is attached to its series before it starts:
+ * an array the source took from the message itself (the replay input's
+ * pixel mask, src_replay.c). Copied; the caller keeps arr. */
+void beamd_ingest_parts_array(beamd_t *d, const beam_part_t *parts, size_t n,
+                              const beam_series_array_t *arr);
 /* A series begins: s carries geometry and metadata (and series arrays);
  * takes the creation reference. An open series is ended as aborted first. */
 void beamd_ingest_series_start(beamd_t *d, beam_series_t *s);

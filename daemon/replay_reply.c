@@ -144,6 +144,99 @@ static int read_at(beamd_rr_t *self, size_t i, beamd_rr_msg_t *m) {
   return 0;
 }
 
+static int mask_bad(beamd_rr_t *self, const char *why, const char *detail) {
+  snprintf(self->mask_why, sizeof self->mask_why, "%s%s", why, detail ? detail : "");
+  return BEAMD_RR_MASK_BAD;
+}
+
+/* A SERIES_START's mask (PROTOCOL.md 7.1, 13.5): the payload is the mask
+ * only when the metadata's "mask" describes exactly it, the frames' dtype
+ * and shape in one raw part; anything else is refused here and the series
+ * starts without it. The header decode checked raw_size and payload_size
+ * against the shape already. */
+static int read_mask(beamd_rr_t *self, size_t i, beamd_rr_msg_t *m) {
+  const beam_hdr_t *h = &m->h;
+  json_t *meta = NULL, *d = NULL;
+  if (h->flags & BEAM_FLAG_META) {
+    const beam_part_t *mp = &self->parts[i + 1 + h->nparts];
+    meta = json_loadb(mp->data, mp->size, 0, NULL);
+    d = json_object_get(meta, "mask");
+  }
+  int rc = BEAMD_RR_MASK_NONE;
+  if (!d && h->nparts == 0)
+    goto out;
+  if (!d) {
+    rc = mask_bad(self, "a payload the metadata has no \"mask\" for", NULL);
+    goto out;
+  }
+  if (h->nparts == 0) {
+    rc = mask_bad(self, "a \"mask\" in the metadata but no payload", NULL);
+    goto out;
+  }
+  json_t *arr = json_object_get(d, "array"), *dt = json_object_get(d, "dtype"),
+         *sh = json_object_get(d, "shape");
+  char got[96];
+  if (!json_is_object(d) || !json_is_string(arr) || strcmp(json_string_value(arr), "pixel_mask")) {
+    rc = mask_bad(self, "a \"mask\" that is not {\"array\": \"pixel_mask\", ...}", NULL);
+    goto out;
+  }
+  if (!json_is_string(dt) || beam_dtype_from_name(json_string_value(dt)) != h->dtype ||
+      h->dtype == BEAM_DT_C64 || h->dtype == BEAM_DT_C128) {
+    snprintf(got, sizeof got, " (%s; frames %s)", json_is_string(dt) ? json_string_value(dt) : "?",
+             beam_dtype_name((beam_dtype_t)h->dtype));
+    rc = mask_bad(self, "a mask dtype that is not the frames' real dtype", got);
+    goto out;
+  }
+  int same = h->ndim == 2 && json_is_array(sh) && json_array_size(sh) == 2;
+  for (size_t k = 0; same && k < 2; k++) {
+    json_t *v = json_array_get(sh, k);
+    same = json_is_integer(v) && json_integer_value(v) == (json_int_t)h->shape[k];
+  }
+  if (!same) {
+    snprintf(got, sizeof got, " (frames %ux%u)", h->shape[0], h->shape[1]);
+    rc = mask_bad(self, "a mask shape that is not the frame shape [y, x]", got);
+    goto out;
+  }
+  if (h->codec != BEAM_CODEC_RAW || h->nparts != 1 || self->parts[i + 1].size != h->raw_size) {
+    snprintf(got, sizeof got, " (codec %s, %u parts, %zu bytes for %llu)",
+             beam_codec_name((beam_codec_t)h->codec), h->nparts, self->parts[i + 1].size,
+             (unsigned long long)h->raw_size);
+    rc = mask_bad(self, "a mask payload that is not one raw part of the frame size", got);
+    goto out;
+  }
+  m->mask_data = self->parts[i + 1].data;
+  rc = BEAMD_RR_MASK_OK;
+out:
+  json_decref(meta);
+  return rc;
+}
+
+int beamd_rr_mask_u32(beam_dtype_t dt, const void *src, size_t n, uint32_t *out) {
+  /* double holds every value of the integer types a mask comes in closely
+   * enough for the clamp; the element is read with memcpy (any alignment). */
+  size_t es = beam_dtype_size(dt);
+  if (!es || dt == BEAM_DT_C64 || dt == BEAM_DT_C128)
+    return -1;
+  const unsigned char *p = src;
+  for (size_t i = 0; i < n; i++, p += es) {
+    double x;
+    switch (dt) {
+    case BEAM_DT_U8: x = *p; break;
+    case BEAM_DT_U16: { uint16_t v; memcpy(&v, p, 2); x = v; break; }
+    case BEAM_DT_U32: { uint32_t v; memcpy(&v, p, 4); out[i] = v; continue; }
+    case BEAM_DT_U64: { uint64_t v; memcpy(&v, p, 8); x = (double)v; break; }
+    case BEAM_DT_I8: x = (int8_t)*p; break;
+    case BEAM_DT_I16: { int16_t v; memcpy(&v, p, 2); x = v; break; }
+    case BEAM_DT_I32: { int32_t v; memcpy(&v, p, 4); x = v; break; }
+    case BEAM_DT_I64: { int64_t v; memcpy(&v, p, 8); x = (double)v; break; }
+    case BEAM_DT_F32: { float v; memcpy(&v, p, 4); x = v; break; }
+    default: { double v; memcpy(&v, p, 8); x = v; break; }
+    }
+    out[i] = x == 0.0 ? 0u : !(x >= 1.0) ? 1u : x >= 4294967295.0 ? UINT32_MAX : (uint32_t)x;
+  }
+  return 0;
+}
+
 int beamd_rr_next(beamd_rr_t *self, beamd_rr_msg_t *m) {
   if (self->err)
     return -self->err;
@@ -167,6 +260,8 @@ int beamd_rr_next(beamd_rr_t *self, beamd_rr_msg_t *m) {
   m->nparts = k;
   m->is_frame = m->h.type == BEAM_MSG_FRAME;
   m->src = BEAMD_RR_INLINE;
+  if (m->h.type == BEAM_MSG_SERIES_START)
+    m->mask = read_mask(self, i, m);
   if (m->is_frame && self->ask.map && (self->at || !self->map_ok)) {
     if (!self->map_ok) {
       snprintf(self->why, sizeof self->why, "%s", self->map_why);

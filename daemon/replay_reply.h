@@ -80,6 +80,14 @@ typedef struct beamd_rr_status_s {
   const char *map_error;
 } beamd_rr_status_t;
 
+/* What a SERIES_START says of the pixel mask it may carry as its payload
+ * (PROTOCOL.md 7.1 "mask", 13.5). */
+enum {
+  BEAMD_RR_MASK_NONE = 0, /* neither a payload nor a "mask" description */
+  BEAMD_RR_MASK_OK,       /* mask_data: the frames' dtype and shape, raw */
+  BEAMD_RR_MASK_BAD,      /* refused: why in beamd_rr_t.mask_why; the start itself is good */
+};
+
 /* One v1 message of the reply. */
 typedef struct beamd_rr_msg_s {
   beam_hdr_t h;
@@ -90,6 +98,8 @@ typedef struct beamd_rr_msg_s {
   int src;         /* BEAMD_RR_INLINE, _LANDED or _MAPPED */
   unsigned file;   /* MAPPED: index in files */
   uint64_t off;    /* MAPPED: byte offset of the payload in that file */
+  int mask;        /* SERIES_START: BEAMD_RR_MASK_* */
+  const void *mask_data; /* MASK_OK: h.raw_size bytes in the payload part */
 } beamd_rr_msg_t;
 
 /* The parse of one reply. Borrows the parts (they must outlive it); owns
@@ -103,6 +113,7 @@ typedef struct beamd_rr_s {
   int err;         /* BEAMD_RR_E*, 0 while none */
   size_t err_part; /* the part the error is at */
   char why[200];   /* the detail of err */
+  char mask_why[200]; /* why the last SERIES_START's mask was refused */
   /* internal */
   char map_why[160]; /* what is wrong with "map", told at the first FRAME */
   const beam_part_t *parts;
@@ -129,6 +140,13 @@ int beamd_rr_parse(beamd_rr_t *self, const beam_part_t *parts, size_t n, const b
  * below nfiles, but whether the file holds off + payload_size bytes is for
  * the caller, which maps it. */
 int beamd_rr_next(beamd_rr_t *self, beamd_rr_msg_t *m);
+
+/* A MASK_OK payload (n elements of dtype dt, as the frames) as the
+ * series' "pixel_mask" array into out (n uint32): 0 stays 0, any other
+ * value (negative, fractional, NaN) is bad and stays nonzero, clamped to
+ * 1..2^32-1. Returns 0, or -1 for a dtype no mask comes in (complex,
+ * none). */
+int beamd_rr_mask_u32(beam_dtype_t dt, const void *src, size_t n, uint32_t *out);
 
 /* Frees the status part's parse; the strings in self go with it. */
 void beamd_rr_release(beamd_rr_t *self);

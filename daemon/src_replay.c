@@ -114,6 +114,7 @@ typedef struct replay_s {
   uint64_t total;
   int loop;
   uint64_t requests, replies, resends, corrupt;
+  uint64_t masks, mask_refused; /* SERIES_START pixel masks taken, refused */
   /* commit bookkeeping */
   struct {
     uint64_t t_ns, w;
@@ -522,6 +523,56 @@ static void landed(replay_t *r, inflight_t *e, const beamd_rr_msg_t *m, beam_par
   bp[1].owner = &lo->base;
 }
 
+/* A SERIES_START, with the pixel mask it carries (replay_reply.c checked
+ * it against the "mask" description and the frame geometry) as the
+ * series' "pixel_mask" array, uint32 as a DECTRIS detector sends it. A
+ * refused mask is counted and logged, and the series starts without one:
+ * stages with mask: series then refuse it with their own message. */
+static void start_series(beamd_t *d, const beamd_rr_msg_t *m, const beamd_rr_t *rr,
+                         const beam_part_t *bp) {
+  replay_t *r = R(d);
+  beam_series_array_t a = {.name = "pixel_mask"};
+  if (m->mask == BEAMD_RR_MASK_OK) {
+    size_t n = beam_hdr_nelems(&m->h);
+    a.arr = (beam_array_t){.dtype = BEAM_DT_U32, .ndim = 2, .shape = {m->h.shape[0], m->h.shape[1]},
+                           .nbytes = n * sizeof(uint32_t)};
+    a.arr.data = malloc(a.arr.nbytes ? a.arr.nbytes : 1);
+    if (!a.arr.data || beamd_rr_mask_u32((beam_dtype_t)m->h.dtype, m->mask_data, n, a.arr.data) < 0) {
+      free(a.arr.data);
+      a.arr.data = NULL;
+      BEAM_LOG(LOG_ERR, "replay: series %llu: out of memory for its pixel mask; it starts "
+               "without one", (unsigned long long)m->h.series_id);
+      r->mask_refused++;
+    } else {
+      r->masks++;
+    }
+  } else if (m->mask == BEAMD_RR_MASK_BAD) {
+    r->mask_refused++;
+    BEAM_LOG(LOG_WARNING, "replay: series %llu: pixel mask refused: %s; the series starts "
+             "without one", (unsigned long long)m->h.series_id, rr->mask_why);
+  }
+  if (m->mask != BEAMD_RR_MASK_OK && m->h.nparts) {
+    /* A payload we did not take must not cost the series its start (a
+     * part size the message parser would refuse): the start goes on
+     * without it. */
+    beam_hdr_t h = m->h;
+    h.nparts = 0;
+    h.payload_size = 0;
+    h.codec = BEAM_CODEC_RAW;
+    uint8_t hb[BEAM_HDR_SIZE_V1];
+    beam_part_t p2[2] = {{hb, sizeof hb, NULL}, {NULL, 0, NULL}};
+    size_t n2 = 1;
+    if (beam_hdr_encode(&h, hb, sizeof hb) == (int)BEAM_HDR_SIZE_V1) {
+      if (h.flags & BEAM_FLAG_META)
+        p2[n2++] = bp[m->nparts - 1];
+      beamd_ingest_parts(d, p2, n2);
+      return;
+    }
+  }
+  beamd_ingest_parts_array(d, bp, m->nparts, a.arr.data ? &a : NULL);
+  free(a.arr.data);
+}
+
 /* The request a reply answers: its id (servers that do not echo ids answer
  * the oldest, and so does a status we cannot read). Returns its queue
  * position, or -1 for a late copy of a reply already taken (a request
@@ -634,7 +685,10 @@ static void on_reply(beamd_t *d, zmq_msg_t *parts, size_t n) {
     }
     if (m.is_frame)
       d->in.fed_next = idx;
-    beamd_ingest_parts(d, bp, m.nparts);
+    if (m.h.type == BEAM_MSG_SERIES_START)
+      start_series(d, &m, &rr, bp);
+    else
+      beamd_ingest_parts(d, bp, m.nparts);
     if (lo.base.taken) {
       e->offer[m.frame] = UINT_MAX; /* the frame holds it now */
       r->shm_frames++;
@@ -949,6 +1003,8 @@ static void replay_stats(beamd_t *d, void *state, json_t *obj) {
   json_object_set_new(o, "replies", json_integer((json_int_t)r->replies));
   json_object_set_new(o, "resends", json_integer((json_int_t)r->resends));
   json_object_set_new(o, "corrupt", json_integer((json_int_t)r->corrupt));
+  json_object_set_new(o, "masks", json_integer((json_int_t)r->masks));
+  json_object_set_new(o, "mask_refused", json_integer((json_int_t)r->mask_refused));
   json_object_set_new(o, "shm", json_string(!r->land ? "off" : r->shm_refused ? "refused" : "on"));
   json_object_set_new(o, "shm_frames", json_integer((json_int_t)r->shm_frames));
   json_object_set_new(o, "map", json_string(!r->land || !r->map ? "off"

@@ -48,6 +48,34 @@ static void check_msg(const beamd_rr_t *rr, const beamd_rr_msg_t *m, size_t want
   }
 }
 
+/* A start's mask is taken only as one raw part of the frame size, and a
+ * refused one says why; nothing else carries one. */
+static void check_mask(const beamd_rr_t *rr, const beamd_rr_msg_t *m) {
+  if (m->h.type != BEAM_MSG_SERIES_START) {
+    if (m->mask != BEAMD_RR_MASK_NONE || m->mask_data) abort();
+    return;
+  }
+  switch (m->mask) {
+  case BEAMD_RR_MASK_NONE:
+    if (m->mask_data || m->h.nparts) abort();
+    break;
+  case BEAMD_RR_MASK_BAD:
+    if (m->mask_data || !rr->mask_why[0]) abort();
+    break;
+  case BEAMD_RR_MASK_OK: {
+    if (m->h.nparts != 1 || m->h.codec != BEAM_CODEC_RAW || m->h.ndim != 2 ||
+        m->mask_data != parts[m->part + 1].data || parts[m->part + 1].size != m->h.raw_size)
+      abort();
+    size_t ne = (size_t)beam_hdr_nelems(&m->h);
+    uint32_t *out = malloc(ne * sizeof *out);
+    if (!out || beamd_rr_mask_u32((beam_dtype_t)m->h.dtype, m->mask_data, ne, out) != 0) abort();
+    free(out);
+    break;
+  }
+  default: abort();
+  }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1) return 0;
   beamd_rr_ask_t ask = {data[0] & 1, (data[0] >> 1) & 1, (data[0] >> 2) & 7,
@@ -73,6 +101,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   while ((got = beamd_rr_next(&rr, &m)) > 0) {
     if (rc || ask.info) abort();
     check_msg(&rr, &m, pos, nframe, n);
+    check_mask(&rr, &m);
     pos = m.part + m.nparts;
     nframe += (unsigned)m.is_frame;
   }

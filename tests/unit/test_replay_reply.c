@@ -13,6 +13,7 @@
 
 #include "tests/common/runner.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -446,13 +447,165 @@ static void test_noise(void **state) {
   }
 }
 
+/* A SERIES_START of the 4x8 uint16 frames with metadata `meta` and
+ * nparts payload parts of part_bytes each. */
+static void start(reply_t *r, const char *meta, unsigned codec, unsigned nparts, size_t part_bytes,
+                  uint64_t payload_size) {
+  beam_hdr_t h = {0};
+  h.type = BEAM_MSG_SERIES_START;
+  h.dtype = BEAM_DT_U16;
+  h.ndim = 2;
+  h.shape[0] = 4;
+  h.shape[1] = 8;
+  h.raw_size = 64;
+  h.codec = (uint8_t)codec;
+  h.nparts = (uint8_t)nparts;
+  h.payload_size = payload_size;
+  h.flags = meta ? BEAM_FLAG_META : 0;
+  h.meta_size = meta ? (uint32_t)strlen(meta) : 0;
+  h.series_id = 7;
+  assert_int_equal(beam_hdr_encode(&h, r->hdr[r->n], BEAM_HDR_SIZE_V1), BEAM_HDR_SIZE_V1);
+  r->p[r->n] = (beam_part_t){r->hdr[r->n], BEAM_HDR_SIZE_V1, NULL};
+  r->n++;
+  for (unsigned i = 0; i < nparts; i++)
+    r->p[r->n++] = (beam_part_t){payload, part_bytes, NULL};
+  if (meta)
+    r->p[r->n++] = (beam_part_t){meta, strlen(meta), NULL};
+}
+
+#define MASK_META "{\"detector\":\"x\",\"mask\":{\"array\":\"pixel_mask\",\"dtype\":\"uint16\"," \
+                  "\"shape\":[4,8],\"dataset\":\"/entry/instrument/detector/pixel_mask\"}}"
+
+static void test_mask(void **state) {
+  (void)state;
+  reply_t r;
+  status(&r, GET_OK);
+  start(&r, MASK_META, BEAM_CODEC_RAW, 1, 64, 64);
+  frame_inline(&r);
+  beamd_rr_ask_t ask = {0};
+  seed("start_mask", &r, &ask);
+  uint16_t v[32] = {0};
+  v[3] = 8;      /* hot (DECTRIS bit 3) */
+  v[9] = 1;      /* gap */
+  v[31] = 65535; /* a value above 16 bits, as the server sends it */
+  memcpy(payload, v, sizeof v);
+  beamd_rr_t rr;
+  beamd_rr_msg_t m[4];
+  int rc;
+  assert_int_equal(beamd_rr_parse(&rr, r.p, r.n, &ask), 0);
+  assert_int_equal(read_all(&rr, m, &rc), 2);
+  assert_int_equal(rc, 0);
+  assert_int_equal(m[0].mask, BEAMD_RR_MASK_OK);
+  assert_ptr_equal(m[0].mask_data, payload);
+  assert_int_equal(m[0].nparts, 3);
+  assert_int_equal(m[1].mask, BEAMD_RR_MASK_NONE);
+  uint32_t out[32];
+  assert_int_equal(beamd_rr_mask_u32((beam_dtype_t)m[0].h.dtype, m[0].mask_data, 32, out), 0);
+  for (int i = 0; i < 32; i++)
+    assert_int_equal(out[i], v[i]);
+  beamd_rr_release(&rr);
+  memset(payload, 0, sizeof payload);
+
+  /* A start without payload or description carries no mask and is no fault. */
+  status(&r, GET_OK);
+  start(&r, "{\"detector\":\"x\"}", BEAM_CODEC_RAW, 0, 0, 0);
+  assert_int_equal(beamd_rr_parse(&rr, r.p, r.n, &ask), 0);
+  assert_int_equal(read_all(&rr, m, &rc), 1);
+  assert_int_equal(m[0].mask, BEAMD_RR_MASK_NONE);
+  assert_null(m[0].mask_data);
+  beamd_rr_release(&rr);
+}
+
+/* Each mask the start cannot be trusted with: refused with its reason, and
+ * the start and the frame after it still taken. */
+static void test_mask_bad(void **state) {
+  (void)state;
+  static const struct {
+    const char *meta;
+    unsigned codec, nparts;
+    size_t part_bytes;
+    uint64_t payload_size;
+    const char *why;
+  } cases[] = {
+      {"{\"mask\":{\"array\":\"pixel_mask\",\"dtype\":\"uint32\",\"shape\":[4,8]}}",
+       BEAM_CODEC_RAW, 1, 64, 64, "not the frames' real dtype"},
+      {"{\"mask\":{\"array\":\"pixel_mask\",\"shape\":[4,8]}}", BEAM_CODEC_RAW, 1, 64, 64,
+       "not the frames' real dtype"},
+      {"{\"mask\":{\"array\":\"pixel_mask\",\"dtype\":\"uint16\",\"shape\":[8,4]}}",
+       BEAM_CODEC_RAW, 1, 64, 64, "not the frame shape"},
+      {"{\"mask\":{\"array\":\"pixel_mask\",\"dtype\":\"uint16\",\"shape\":[4,8,1]}}",
+       BEAM_CODEC_RAW, 1, 64, 64, "not the frame shape"},
+      {"{\"mask\":{\"array\":\"pixel_mask\",\"dtype\":\"uint16\",\"shape\":[4.0,8]}}",
+       BEAM_CODEC_RAW, 1, 64, 64, "not the frame shape"},
+      {"{\"mask\":{\"array\":\"flatfield\",\"dtype\":\"uint16\",\"shape\":[4,8]}}",
+       BEAM_CODEC_RAW, 1, 64, 64, "not {\"array\": \"pixel_mask\""},
+      {"{\"mask\":[1]}", BEAM_CODEC_RAW, 1, 64, 64, "not {\"array\""},
+      {"{}", BEAM_CODEC_RAW, 1, 64, 64, "has no \"mask\""},
+      {"not json", BEAM_CODEC_RAW, 1, 64, 64, "has no \"mask\""},
+      {NULL, BEAM_CODEC_RAW, 1, 64, 64, "has no \"mask\""},
+      {MASK_META, BEAM_CODEC_RAW, 0, 0, 0, "no payload"},
+      {MASK_META, BEAM_CODEC_RAW, 2, 32, 64, "one raw part"},
+      {MASK_META, BEAM_CODEC_RAW, 1, 60, 64, "one raw part"},
+      {MASK_META, BEAM_CODEC_LZ4, 1, 48, 48, "one raw part"},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    reply_t r;
+    status(&r, GET_OK);
+    start(&r, cases[c].meta, cases[c].codec, cases[c].nparts, cases[c].part_bytes,
+          cases[c].payload_size);
+    frame_inline(&r);
+    beamd_rr_ask_t ask = {0};
+    if (c == 2)
+      seed("start_mask_shape", &r, &ask);
+    beamd_rr_t rr;
+    beamd_rr_msg_t m[4];
+    int rc;
+    assert_int_equal(beamd_rr_parse(&rr, r.p, r.n, &ask), 0);
+    size_t k = read_all(&rr, m, &rc);
+    if (k != 2 || m[0].mask != BEAMD_RR_MASK_BAD || !strstr(rr.mask_why, cases[c].why))
+      fail_msg("case %zu: %zu messages, mask %d, why \"%s\"", c, k, m[0].mask, rr.mask_why);
+    assert_int_equal(rc, 0);
+    assert_null(m[0].mask_data);
+    assert_true(m[1].is_frame);
+    beamd_rr_release(&rr);
+  }
+}
+
+/* The payload's values as the series' uint32 array: zero stays zero and
+ * anything else stays bad. */
+static void test_mask_u32(void **state) {
+  (void)state;
+  uint32_t out[6];
+  int16_t i16[6] = {0, -3, 7, 32767, 1, 0};
+  assert_int_equal(beamd_rr_mask_u32(BEAM_DT_I16, i16, 6, out), 0);
+  uint32_t want16[6] = {0, 1, 7, 32767, 1, 0};
+  assert_memory_equal(out, want16, sizeof out);
+  float f32[6] = {0.0f, 0.25f, NAN, 3.9f, 1e20f, -0.0f};
+  assert_int_equal(beamd_rr_mask_u32(BEAM_DT_F32, f32, 6, out), 0);
+  uint32_t wantf[6] = {0, 1, 1, 3, UINT32_MAX, 0};
+  assert_memory_equal(out, wantf, sizeof out);
+  uint32_t u32[6] = {0, 1u << 31, UINT32_MAX, 8, 0, 2};
+  /* At an odd address: the payload part need not be aligned. */
+  uint8_t raw[sizeof u32 + 1];
+  memcpy(raw + 1, u32, sizeof u32);
+  assert_int_equal(beamd_rr_mask_u32(BEAM_DT_U32, raw + 1, 6, out), 0);
+  assert_memory_equal(out, u32, sizeof out);
+  uint64_t u64[2] = {1ull << 40, 0};
+  assert_int_equal(beamd_rr_mask_u32(BEAM_DT_U64, u64, 2, out), 0);
+  assert_int_equal(out[0], UINT32_MAX);
+  assert_int_equal(out[1], 0);
+  assert_int_equal(beamd_rr_mask_u32(BEAM_DT_C64, f32, 1, out), -1);
+  assert_int_equal(beamd_rr_mask_u32(BEAM_DT_NONE, f32, 1, out), -1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_get_inline), cmocka_unit_test(test_info),
       cmocka_unit_test(test_bad_status), cmocka_unit_test(test_refused),
       cmocka_unit_test(test_undecodable), cmocka_unit_test(test_landed),
       cmocka_unit_test(test_mapped),     cmocka_unit_test(test_mapped_bad),
-      cmocka_unit_test(test_noise),
+      cmocka_unit_test(test_noise),      cmocka_unit_test(test_mask),
+      cmocka_unit_test(test_mask_bad),   cmocka_unit_test(test_mask_u32),
   };
   return beam_run_tests(tests, NULL, NULL);
 }

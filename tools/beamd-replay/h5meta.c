@@ -3,7 +3,8 @@
  * Reads the NXmx / Eiger paths listed in docs/replay.md, converts values to
  * SI (eV for energy) using each dataset's "units" attribute, and refers to
  * large arrays (pixel mask, scan positions) by file and dataset rather than
- * inlining them. A value that is absent or unreadable is left out, never
+ * inlining them; the pixel mask is also read (rp_mask_load) to be sent as
+ * the SERIES_START payload. A value that is absent or unreadable is left out, never
  * guessed; nothing here is fatal, because frames without metadata are still
  * worth serving.
  */
@@ -78,6 +79,106 @@ static json_t *ref(const char *file, const char *dataset) {
   return json_pack("{s:s, s:s}", "file", file, "dataset", dataset);
 }
 
+static const char *mask_dataset(rp_src_t *s) {
+  static const char *masks[] = {DET "pixel_mask", DET "detectorSpecific/pixel_mask"};
+  for (size_t i = 0; i < 2; i++)
+    if (beam_h5_exists(s->file, masks[i]))
+      return masks[i];
+  return NULL;
+}
+
+/* Largest value an element of dtype dt holds exactly as a mask value:
+ * 2^N-1 for an N-bit unsigned type (the DECTRIS all-bits value), 2^(N-1)-1
+ * signed; floats hold any uint32 closely enough to stay nonzero. 0 for a
+ * dtype a mask cannot be sent in (complex). */
+static double mask_max(beam_dtype_t dt) {
+  switch (dt) {
+  case BEAM_DT_U8: return 255.0;
+  case BEAM_DT_U16: return 65535.0;
+  case BEAM_DT_I8: return 127.0;
+  case BEAM_DT_I16: return 32767.0;
+  case BEAM_DT_I32: return 2147483647.0;
+  case BEAM_DT_U32: case BEAM_DT_U64: case BEAM_DT_I64: case BEAM_DT_F32: case BEAM_DT_F64:
+    return 4294967295.0;
+  default: return 0.0;
+  }
+}
+
+static void mask_put(beam_dtype_t dt, void *out, size_t i, double v) {
+  switch (dt) {
+  case BEAM_DT_U8: ((uint8_t *)out)[i] = (uint8_t)v; break;
+  case BEAM_DT_U16: ((uint16_t *)out)[i] = (uint16_t)v; break;
+  case BEAM_DT_U32: ((uint32_t *)out)[i] = (uint32_t)v; break;
+  case BEAM_DT_U64: ((uint64_t *)out)[i] = (uint64_t)v; break;
+  case BEAM_DT_I8: ((int8_t *)out)[i] = (int8_t)v; break;
+  case BEAM_DT_I16: ((int16_t *)out)[i] = (int16_t)v; break;
+  case BEAM_DT_I32: ((int32_t *)out)[i] = (int32_t)v; break;
+  case BEAM_DT_I64: ((int64_t *)out)[i] = (int64_t)v; break;
+  case BEAM_DT_F32: ((float *)out)[i] = (float)v; break;
+  default: ((double *)out)[i] = v; break;
+  }
+}
+
+static void *mask_warn(rp_src_t *s, const char *ds, const char *why) {
+  fprintf(stderr, "beamd-replay: warning: file %s dataset %s: %s; the pixel mask is not sent "
+          "with the series (stages with mask: series refuse it)\n", s->path, ds, why);
+  return NULL;
+}
+
+void *rp_mask_load(rp_src_t *s, json_t *meta) {
+  const char *path = mask_dataset(s);
+  if (!path)
+    return NULL;
+  char why[512];
+  double top = mask_max(s->dtype);
+  if (top == 0.0)
+    return mask_warn(s, path, "a mask cannot be sent in the frames' complex dtype");
+  hid_t ds = H5Dopen2(s->file, path, H5P_DEFAULT);
+  if (ds < 0)
+    return mask_warn(s, path, rp_h5_reason(why, sizeof why));
+  hid_t sp = H5Dget_space(ds), t = H5Dget_type(ds);
+  H5T_class_t cls = H5Tget_class(t);
+  int nd = H5Sget_simple_extent_ndims(sp);
+  hsize_t dims[2] = {0, 0};
+  if (nd == 2)
+    H5Sget_simple_extent_dims(sp, dims, NULL);
+  H5Tclose(t);
+  H5Sclose(sp);
+  size_t n = (size_t)s->h * s->w;
+  double *v = NULL;
+  void *out = NULL;
+  const char *bad = NULL;
+  if (cls != H5T_INTEGER && cls != H5T_FLOAT)
+    bad = "not numbers";
+  else if (nd != 2 || dims[0] != s->h || dims[1] != s->w) {
+    snprintf(why, sizeof why, "shape is not the frame shape [%u, %u] (%d dimensions, [%llu, %llu])",
+             s->h, s->w, nd, (unsigned long long)dims[0], (unsigned long long)dims[1]);
+    bad = why;
+  } else if (!(v = malloc(n * sizeof *v)) || !(out = malloc(s->raw_size)))
+    bad = "out of memory";
+  else if (H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)
+    bad = rp_h5_reason(why, sizeof why);
+  H5Dclose(ds);
+  H5Eclear2(H5E_DEFAULT);
+  if (bad) {
+    free(v);
+    free(out);
+    return mask_warn(s, path, bad);
+  }
+  /* Nonzero (NaN included) stays nonzero: a value the frame dtype cannot
+   * hold becomes its largest, a negative or fractional one 1. */
+  for (size_t i = 0; i < n; i++) {
+    double x = v[i];
+    x = x == 0.0 ? 0.0 : !(x >= 1.0) ? 1.0 : x > top ? top : floor(x);
+    mask_put(s->dtype, out, i, x);
+  }
+  free(v);
+  json_object_set_new(meta, "mask", json_pack("{s:s, s:s, s:[I, I], s:s}", "array", "pixel_mask",
+                                              "dtype", beam_dtype_name(s->dtype), "shape",
+                                              (json_int_t)s->h, (json_int_t)s->w, "dataset", path));
+  return out;
+}
+
 json_t *rp_meta_build(rp_src_t *s) {
   json_t *m = json_object();
   if (!m)
@@ -109,13 +210,9 @@ json_t *rp_meta_build(rp_src_t *s) {
   if (quantity(s, DET "beam_center_x", BEAM_NX_PIXELS, &x) &&
       quantity(s, DET "beam_center_y", BEAM_NX_PIXELS, &y))
     json_object_set_new(m, "beam_center", json_pack("[ff]", y, x));
-  static const char *masks[] = {DET "pixel_mask", DET "detectorSpecific/pixel_mask"};
-  for (size_t i = 0; i < 2; i++) {
-    if (beam_h5_exists(s->file, masks[i])) {
-      json_object_set_new(m, "pixel_mask", ref(s->path, masks[i]));
-      break;
-    }
-  }
+  const char *mask = mask_dataset(s);
+  if (mask)
+    json_object_set_new(m, "pixel_mask", ref(s->path, mask));
   if (s->pos) {
     json_t *r = ref(s->path, s->pos_dataset);
     json_object_set_new(r, "units", json_string(s->pos_units));

@@ -134,6 +134,14 @@ const char *rp_h5_reason(char *buf, size_t len);
  * filled in by the server. Returns a new object or NULL (ENOMEM). */
 json_t *rp_meta_build(rp_src_t *src);
 
+/* The file's pixel mask (the dataset rp_meta_build refers to) as a
+ * SERIES_START payload (PROTOCOL.md 7.1 "mask", 13.5): the frames' dtype
+ * and shape, nonzero = bad, a value the dtype cannot hold sent as its
+ * largest (2^N-1 unsigned). Adds the "mask" description to meta. Returns
+ * src->raw_size malloc'd bytes, or NULL (no mask, or one that cannot be
+ * sent: a warning says why). */
+void *rp_mask_load(rp_src_t *src, json_t *meta);
+
 /* --meta-list [KEY=]DSET: each 1-D numeric dataset DSET of the file given
  * (one value per frame of the file, indexed like frame ids) goes into m as
  * KEY: [...] (KEY default: DSET's last path component), non-finite values
@@ -206,6 +214,7 @@ typedef struct rp_server_s {
   uint64_t seq;         /* next message sequence number (section 6) */
   rp_arena_t *arena;
   json_t *meta;         /* series metadata without the per-pass part */
+  void *mask;           /* the SERIES_START payload (src->raw_size bytes), or NULL */
   double tokens;        /* rate limiter */
   uint64_t tokens_ns;
   uint64_t last_next;   /* for the progress line */

@@ -42,6 +42,7 @@ typedef struct rp_rec_s {
   uint8_t *meta;     /* in the arena, or meta_owned */
   size_t mlen;
   char *meta_owned;  /* malloc'd JSON (SERIES_START), freed after sending */
+  int payload_copy;  /* the payload is the server's (the mask), sent as a copy */
   int in_shm;        /* the payload is in the consumer's landing slot */
   int in_place;      /* the payload is left in the file (section 13.8) */
 } rp_rec_t;
@@ -140,6 +141,7 @@ int rp_server_init(rp_server_t *self, void *sock, rp_src_t *src, const rp_opts_t
   self->shm.fd = -1;
   if (!self->meta || !self->recs || !self->slots || !self->gs || !self->locs || !self->loc_ok)
     return BEAM_DIAG(d, BEAM_ENOMEM, "server tables");
+  self->mask = rp_mask_load(src, self->meta);
   int mrc = rp_meta_lists(self->meta, src, o->meta_list, o->n_meta_list, d);
   if (mrc < 0)
     return mrc;
@@ -165,6 +167,8 @@ void rp_server_destroy(rp_server_t *self) {
   self->arena = NULL;
   json_decref(self->meta);
   self->meta = NULL;
+  free(self->mask);
+  self->mask = NULL;
   free(self->recs);
   self->recs = NULL;
   free(self->bad);
@@ -303,6 +307,14 @@ static int add_control(rp_server_t *self, rp_rec_t *r, unsigned type, uint64_t s
     r->mlen = strlen(r->meta_owned);
     h.flags |= BEAM_FLAG_META;
     h.meta_size = (uint32_t)r->mlen;
+    if (self->mask) {
+      /* Once per pass, so a copy costs nothing next to the frames. */
+      h.nparts = 1;
+      h.payload_size = self->src->raw_size;
+      r->payload = self->mask;
+      r->plen = self->src->raw_size;
+      r->payload_copy = 1;
+    }
     self->st.series_started++;
   } else {
     self->st.series_ended++;
@@ -619,7 +631,8 @@ static int serve_get(rp_server_t *self, const rp_req_t *q, volatile sig_atomic_t
     if (rc == 0 && (r->in_shm || r->in_place)) /* empty: the payload is in the slot or file */
       rc = send_copy(self, NULL, 0, !last || r->meta, stop);
     else if (rc == 0 && r->payload)
-      rc = send_zc(self, r->payload, r->plen, !last || r->meta, stop);
+      rc = r->payload_copy ? send_copy(self, r->payload, r->plen, !last || r->meta, stop)
+                           : send_zc(self, r->payload, r->plen, !last || r->meta, stop);
     if (rc == 0 && r->meta)
       rc = r->meta_owned ? send_copy(self, r->meta, r->mlen, !last, stop)
                          : send_zc(self, r->meta, r->mlen, !last, stop);
