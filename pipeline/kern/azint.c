@@ -4,6 +4,7 @@
  * is beam_azint_csr_apply here (the reference) and its parallel use in
  * azint_cpu.c / the kernel in gpu/azint_cuda.cu. */
 #include "pipeline/kern/azint.h"
+#include "pipeline/kern/from_series.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -600,14 +601,9 @@ int beam_azint_start(beam_stage_t *self, const beam_azint_conf_t *c, beam_azint_
     return BEAM_DIAG(d, BEAM_ELIMIT, WHO ": %ux%u frames have too many pixels", h, w);
   const beam_array_t *mask = c->mask.data ? &c->mask : NULL;
   if (c->mask_series) {
-    const beam_series_array_t *sa = beam_series_array(series, "pixel_mask");
-    if (!sa)
-      return BEAM_DIAG(d, BEAM_ECONFIG, WHO ": mask: series, but series %llu carries no \"pixel_mask\" "
-                       "array (a DECTRIS detector sends it only with header_detail \"all\")",
-                       series ? (unsigned long long)series->series_id : 0ull);
-    if (sa->arr.dtype == BEAM_DT_C64 || sa->arr.dtype == BEAM_DT_C128)
-      return BEAM_DIAG(d, BEAM_ENOTSUP, WHO ": the series' pixel_mask holds complex numbers");
-    mask = &sa->arr;
+    int mrc = beam__series_real_array(series, WHO, "mask", "pixel_mask", &mask, d);
+    if (mrc < 0)
+      return mrc;
   }
   if (mask && (mask->ndim != 2 || mask->shape[0] != h || mask->shape[1] != w))
     return BEAM_DIAG(d, BEAM_ESHAPE, WHO ": mask%s has shape %s but the frames are %s",
@@ -634,6 +630,16 @@ int beam_azint_start(beam_stage_t *self, const beam_azint_conf_t *c, beam_azint_
     beam__declare(&self->outs[o.cake_count], "cake_count", BEAM_DT_F64, 2, s2, "pixels", 1);
     beam__declare(&self->outs[o.chi], "chi", BEAM_DT_F64, 1, sc, "deg", 0);
     self->outs[o.chi].slots = 2;
+    double dr = c->npt > 1 ? t->radial[1] - t->radial[0] : 0, dc = c->npt_azim > 1 ? t->chi[1] - t->chi[0] : 0;
+    int k = snprintf(t->axes_json, sizeof t->axes_json,
+                     "{\"chi\": {\"origin\": %.17g, \"step\": %.17g, \"units\": \"deg\"}, "
+                     "\"radial\": {\"origin\": %.17g, \"step\": %.17g, \"units\": \"%s\"}}",
+                     t->chi[0], dc, t->radial[0], dr, unit_name(c->unit));
+    const char *axes = k > 0 && (size_t)k < sizeof t->axes_json && dr > 0 && dc > 0 ? t->axes_json : NULL;
+    self->outs[o.cake].labels_json = axes;
+    if (o.cake_sigma >= 0)
+      self->outs[o.cake_sigma].labels_json = axes;
+    self->outs[o.cake_count].labels_json = axes;
   }
   int last = o.chi >= 0 ? o.chi : o.radial;
   for (int k = 0; k <= last; k++) {

@@ -89,6 +89,9 @@ typedef struct beam_azint_tab_s {
   double *pre1, *pre2;
   double *radial;          /* npt centres, in `unit` */
   double *chi;             /* npt_azim centres, degrees */
+  /* The cake's axes as the descriptor's labels, {axis: {origin, step,
+   * units}} (bins are uniform), so viewers can draw them in q and chi. */
+  char axes_json[256];
 } beam_azint_tab_t;
 
 /* Per-bin sums of one matrix (accumulators; double like pyFAI's acc_t). */

@@ -196,6 +196,16 @@ def test_azint_matches_pyfai(case, tmp_path, ports, zctx, start_beamd, receivers
             assert K[fid].shape == (c["npt_azim"], npt)
             if fid == 0:
                 _close(chi[0][2], ref.azimuthal, 1e-9, case + " chi")
+                # The cake's descriptor gives its axes' physical scale (for
+                # viewers): uniform bins from the first centre, pyFAI's.
+                meta = next(m[3] for m in rx.snapshot("az.cake") if m[3])
+                lab = meta["labels"]
+                assert meta["axes"] == ["chi", "radial"] and lab["chi"]["units"] == "deg"
+                assert lab["radial"]["units"] == c["cfg"]["unit"]
+                _close(lab["chi"]["origin"] + lab["chi"]["step"] * np.arange(c["npt_azim"]),
+                       ref.azimuthal, 1e-9, case + " cake chi axis", atol=1e-9)
+                _close(lab["radial"]["origin"] + lab["radial"]["step"] * np.arange(npt),
+                       ref.radial, 1e-9, case + " cake radial axis", atol=1e-12)
             _compare(K[fid], KS.get(fid) if poisson else None, KC[fid], ref,
                      "%s cake frame %d" % (case, fid), crtol=1e-4, catol=1e-5)
 
