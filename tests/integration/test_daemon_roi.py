@@ -172,3 +172,29 @@ def test_correct_fused_into_roi_sum(tmp_path, ports, zctx, start_beamd, receiver
         assert stage(st, "vd")["runs_on"] == ("corr" if mode == "auto" else None)
         tx.close()
         b.kill()
+
+
+def test_scan_image_shape_from_the_series(ports, zctx, start_beamd, receivers, run_tool):
+    """beamd-sim's 4D-STEM pattern sends its scan shape in the series
+    metadata: roi_sum, given no scan_shape, builds the virtual-detector
+    image from it, each pixel the sum of the frame scanned there."""
+    h = w = 32
+    n = 25  # beamd-sim makes it a 5 x 5 raster (ceil(sqrt(n)) wide)
+    stages = [{"name": "vd", "kind": "roi_sum", "backend": "cpu", "image_every": 1000,
+               "rois": [{"name": "bf", "shape": "disk", "radius": 4}]}]
+    start_beamd(make_config(ports, stages, mode="pull"))
+    rx = Receiver(zctx, ports.ep_publish)
+    receivers.append(rx)
+    rx.wait_live()
+    sim = run_tool("beamd-sim", ["--socket", "push", "--bind", ports.ep_input, "--shape",
+                                 "%dx%d" % (h, w), "--dtype", "uint16", "--pattern", "stem",
+                                 "--frames", str(n), "--series", "1",
+                                 "--series-id", "9", "--quiet"])
+    assert sim.wait(30) == 0, sim.stderr()
+    rx.wait_series_end(9, timeout=15)
+    rx.wait_for(lambda ms: any(m[0] == "vd.image" and m[1].flags & proto.FLAG_FINAL for m in ms),
+                timeout=5, what="the final vd.image")
+    sums = {m[1].frame_id: m[2][0] for m in rx.snapshot("vd.sums")}
+    img = [m for m in rx.snapshot("vd.image") if m[1].flags & proto.FLAG_FINAL][-1][2]
+    assert img.shape == (1, 5, 5)
+    assert np.array_equal(img[0].ravel(), np.array([sums[f] for f in range(n)], np.float32))
