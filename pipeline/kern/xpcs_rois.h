@@ -1,5 +1,5 @@
-/* ROI definitions for the XPCS stage kinds (xpcs_multitau now, a two-time
- * stage later): which detector pixels belong to which ROI, as a compact
+/* ROI definitions for the XPCS stage kinds (xpcs_multitau, xpcs_twotime):
+ * which detector pixels belong to which ROI, as a compact
  * pixel list sorted by ROI so per-frame work streams one small array.
  *
  * Two sources, exactly one per stage:
