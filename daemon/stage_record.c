@@ -216,8 +216,6 @@ static int rec_init(beam_stage_t *self, beam_diag_t *d) {
   self->process_encoded = rec_process_encoded;
   self->counters[REC_CTR_PASSTHROUGH].name = "passthrough";
   self->ncounters = 1;
-  if (rc < 0)
-    rec_destroy(self);
   return rc;
 }
 

@@ -108,7 +108,7 @@ static void cu_destroy(beam_stage_t *self) {
   self->priv = NULL;
 }
 
-static int cu_init_(beam_stage_t *self, beam_diag_t *d) {
+static int cu_init(beam_stage_t *self, beam_diag_t *d) {
   cuda_t *s = (cuda_t *)calloc(1, sizeof *s);
   if (!s)
     return BEAM_DIAG(d, BEAM_ENOMEM, "azint: out of memory");
@@ -119,12 +119,6 @@ static int cu_init_(beam_stage_t *self, beam_diag_t *d) {
   return beam_azint_conf_load(&s->c, self->cfg, d);
 }
 
-static int cu_init(beam_stage_t *self, beam_diag_t *d) {
-  int rc = cu_init_(self, d);
-  if (rc < 0)
-    cu_destroy(self);
-  return rc;
-}
 
 static int upload(dcsr_t *dm, const beam_azint_csr_t *m, beam_diag_t *d) {
   int rc;

@@ -57,7 +57,7 @@ static void cu_destroy(beam_stage_t *self) {
   self->priv = NULL;
 }
 
-static int cu_init_(beam_stage_t *self, beam_diag_t *d) {
+static int cu_init(beam_stage_t *self, beam_diag_t *d) {
   cuda_t *s = (cuda_t *)calloc(1, sizeof *s);
   if (!s)
     return BEAM_DIAG(d, BEAM_ENOMEM, "correct: out of memory");
@@ -68,12 +68,6 @@ static int cu_init_(beam_stage_t *self, beam_diag_t *d) {
   return beam_correct_conf_load(&s->conf, self->cfg, d);
 }
 
-static int cu_init(beam_stage_t *self, beam_diag_t *d) {
-  int rc = cu_init_(self, d);
-  if (rc < 0)
-    cu_destroy(self);
-  return rc;
-}
 
 static int upload_tables(cuda_t *s, const beam_correct_src_t *src, beam_diag_t *d) {
   beam_correct_tab_t t;

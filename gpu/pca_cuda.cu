@@ -226,7 +226,7 @@ static void cu_destroy(beam_stage_t *self) {
   self->priv = NULL;
 }
 
-static int cu_init_(beam_stage_t *self, beam_diag_t *d) {
+static int cu_init(beam_stage_t *self, beam_diag_t *d) {
   cuda_t *s = (cuda_t *)calloc(1, sizeof *s);
   if (!s)
     return BEAM_DIAG(d, BEAM_ENOMEM, "pca: out of memory");
@@ -241,12 +241,6 @@ static int cu_init_(beam_stage_t *self, beam_diag_t *d) {
   return 0;
 }
 
-static int cu_init(beam_stage_t *self, beam_diag_t *d) {
-  int rc = cu_init_(self, d);
-  if (rc < 0)
-    cu_destroy(self);
-  return rc;
-}
 
 #define DALLOC(ptr, n) BEAM_CUDA_TRY(d, cudaMalloc((void **)&(ptr), (n) * sizeof *(ptr)))
 

@@ -35,7 +35,7 @@ static void cu_destroy(beam_stage_t *self) {
   self->priv = NULL;
 }
 
-static int cu_init_(beam_stage_t *self, beam_diag_t *d) {
+static int cu_init(beam_stage_t *self, beam_diag_t *d) {
   cuda_t *s = (cuda_t *)calloc(1, sizeof *s);
   if (!s)
     return BEAM_DIAG(d, BEAM_ENOMEM, "preview: out of memory");
@@ -46,12 +46,6 @@ static int cu_init_(beam_stage_t *self, beam_diag_t *d) {
   return beam__cuda_ctx_init(&s->cx, "preview", d);
 }
 
-static int cu_init(beam_stage_t *self, beam_diag_t *d) {
-  int rc = cu_init_(self, d);
-  if (rc < 0)
-    cu_destroy(self);
-  return rc;
-}
 
 static int cu_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in,
                     beam_diag_t *d) {

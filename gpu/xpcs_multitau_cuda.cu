@@ -196,7 +196,7 @@ static void cu_destroy(beam_stage_t *self) {
   self->priv = NULL;
 }
 
-static int cu_init_(beam_stage_t *self, beam_diag_t *d) {
+static int cu_init(beam_stage_t *self, beam_diag_t *d) {
   cuda_t *c = (cuda_t *)calloc(1, sizeof *c);
   if (!c)
     return BEAM_DIAG(d, BEAM_ENOMEM, "xpcs_multitau: out of memory");
@@ -208,12 +208,6 @@ static int cu_init_(beam_stage_t *self, beam_diag_t *d) {
   return beam_xmt_init(&c->x, self->cfg, d);
 }
 
-static int cu_init(beam_stage_t *self, beam_diag_t *d) {
-  int rc = cu_init_(self, d);
-  if (rc < 0)
-    cu_destroy(self);
-  return rc;
-}
 
 static int cu_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in,
                     beam_diag_t *d) {

@@ -5,8 +5,9 @@
  * destroy (graph build / teardown thread):
  *   init    reads parameters from self->cfg, loads files (masks, darks),
  *           allocates what does not depend on the frame shape. On failure it
- *           frees what it allocated, leaves self destroyable, fills d and
- *           returns < 0.
+ *           fills d and returns < 0, leaving self destroyable: whoever calls
+ *           init (the graph, the test harness) calls destroy afterwards
+ *           whatever init returned, so cleaning up is destroy's alone.
  *   start   a series begins: `in` says what frames this stage will receive.
  *           Validate (shape, dtype), size per-series buffers (allocation is
  *           allowed here: it is not the per-frame path) and declare outputs

@@ -104,8 +104,6 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
       n = BEAM_AZINT_MAX_THREADS;
     rc = beam_fjpool_new(&s->pool, n, "azint", d);
   }
-  if (rc < 0)
-    cpu_destroy(self);
   return rc;
 }
 

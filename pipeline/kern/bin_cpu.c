@@ -91,8 +91,6 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
     return BEAM_DIAG(d, BEAM_ENOMEM, "bin: out of memory");
   self->priv = s;
   int rc = beam_bin_conf_load(&s->conf, self->cfg, d);
-  if (rc < 0)
-    cpu_destroy(self);
   return rc;
 }
 

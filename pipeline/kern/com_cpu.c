@@ -168,8 +168,6 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
     return BEAM_DIAG(d, BEAM_ENOMEM, "com: out of memory");
   self->priv = h;
   int rc = beam_com_host_init(h, self->cfg, d);
-  if (rc < 0)
-    cpu_destroy(self);
   return rc;
 }
 

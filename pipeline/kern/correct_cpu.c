@@ -196,9 +196,7 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
     return BEAM_DIAG(d, BEAM_ENOMEM, "correct: out of memory");
   self->priv = s;
   int rc = beam_correct_conf_load(&s->conf, self->cfg, d);
-  if (rc < 0)
-    cpu_destroy(self);
-  else
+  if (rc == 0)
     self->map = cpu_map;
   return rc;
 }

@@ -649,8 +649,6 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
     return BEAM_DIAG(d, BEAM_ENOMEM, "pca: out of memory");
   self->priv = s;
   int rc = beam_pca_conf_load(&s->h.conf, self->cfg, d);
-  if (rc < 0)
-    cpu_destroy(self);
   return rc;
 }
 

@@ -36,8 +36,6 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
     return BEAM_DIAG(d, BEAM_ENOMEM, "preview: out of memory");
   self->priv = s;
   int rc = beam_preview_conf_load(&s->conf, self->cfg, d);
-  if (rc < 0)
-    cpu_destroy(self);
   return rc;
 }
 

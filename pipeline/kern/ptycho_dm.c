@@ -31,10 +31,8 @@ int beam_ptycho_dm_init(beam_stage_t *self, beam_dm_backend_t be, beam_diag_t *d
   self->priv = s;
   s->backend = be;
   int rc = beam_ptycho_dm_conf_load(&s->conf, self->cfg, d);
-  if (rc < 0) {
-    beam_ptycho_dm_destroy(self);
+  if (rc < 0)
     return rc;
-  }
   self->idle = beam_ptycho_dm_idle;
   return 0;
 }

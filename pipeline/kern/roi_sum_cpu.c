@@ -332,12 +332,10 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
     return BEAM_DIAG(d, BEAM_ENOMEM, "roi_sum: out of memory");
   self->priv = h;
   int rc = beam_roi_host_init(h, self->cfg, d);
-  if (rc < 0)
-    cpu_destroy(self);
   /* Each frame is read about once when ROIs are few (runs, then sums);
    * many overlapping ROIs read it many times over, work enough for a
    * thread of its own. */
-  else
+  if (rc == 0)
     self->light = h->conf.nroi <= ROI_LIGHT_MAX;
   return rc;
 }

@@ -756,8 +756,6 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
     }
     rc = beam_fjpool_new(&c->pool, th, WHO, d);
   }
-  if (rc < 0)
-    cpu_destroy(self);
   return rc;
 }
 

@@ -58,8 +58,6 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
     return BEAM_DIAG(d, BEAM_ENOMEM, "xpcs_twotime: out of memory");
   self->priv = x;
   int rc = beam_x2t_init(x, self->cfg, d);
-  if (rc < 0)
-    cpu_destroy(self);
   return rc;
 }
 
