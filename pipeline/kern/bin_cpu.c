@@ -90,8 +90,7 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
   if (!s)
     return BEAM_DIAG(d, BEAM_ENOMEM, "bin: out of memory");
   self->priv = s;
-  int rc = beam_bin_conf_load(&s->conf, self->cfg, d);
-  return rc;
+  return beam_bin_conf_load(&s->conf, self->cfg, d);
 }
 
 static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in,

@@ -281,14 +281,9 @@ int beam_com_host_start(beam_stage_t *self, beam_com_host_t *h, const beam_serie
   h->in = *in;
   const beam_array_t *mask = c->mask.data ? &c->mask : NULL;
   if (c->mask_series) {
-    const beam_series_array_t *sa = beam_series_array(series, "pixel_mask");
-    if (!sa)
-      return BEAM_DIAG(d, BEAM_ECONFIG, "com: mask: series, but series %llu carries no \"pixel_mask\" "
-                       "array (a DECTRIS detector sends it only with header_detail \"all\")",
-                       series ? (unsigned long long)series->series_id : 0ull);
-    if (!beam__dtype_real(sa->arr.dtype))
-      return BEAM_DIAG(d, BEAM_ENOTSUP, "com: the series' pixel_mask is not a real array");
-    mask = &sa->arr;
+    int rc = beam__series_real_array(series, "com", "mask", "pixel_mask", &mask, d);
+    if (rc < 0)
+      return rc;
   }
   if (mask && !same_shape(mask, in))
     return BEAM_DIAG(d, BEAM_ESHAPE, "com: mask%s has shape %s but the frames are %s",

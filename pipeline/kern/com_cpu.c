@@ -167,8 +167,7 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
   if (!h)
     return BEAM_DIAG(d, BEAM_ENOMEM, "com: out of memory");
   self->priv = h;
-  int rc = beam_com_host_init(h, self->cfg, d);
-  return rc;
+  return beam_com_host_init(h, self->cfg, d);
 }
 
 static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in,

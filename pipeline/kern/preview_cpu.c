@@ -35,8 +35,7 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
   if (!s)
     return BEAM_DIAG(d, BEAM_ENOMEM, "preview: out of memory");
   self->priv = s;
-  int rc = beam_preview_conf_load(&s->conf, self->cfg, d);
-  return rc;
+  return beam_preview_conf_load(&s->conf, self->cfg, d);
 }
 
 static int grow(void **p, size_t *cap, size_t bytes) {

@@ -57,8 +57,7 @@ static int cpu_init(beam_stage_t *self, beam_diag_t *d) {
   if (!x)
     return BEAM_DIAG(d, BEAM_ENOMEM, "xpcs_twotime: out of memory");
   self->priv = x;
-  int rc = beam_x2t_init(x, self->cfg, d);
-  return rc;
+  return beam_x2t_init(x, self->cfg, d);
 }
 
 static int cpu_start(beam_stage_t *self, const beam_series_t *series, const beam_indesc_t *in, beam_diag_t *d) {
